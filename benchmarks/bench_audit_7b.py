@@ -23,7 +23,8 @@ import torch
 import castwise
 from castwise import _autocast
 from castwise.trace import fake as fake_mod
-from castwise.trace.tracer import Tracer, python_backward
+from castwise.trace.backward import python_backward
+from castwise.trace.tracer import Tracer
 
 
 def build(layers: int) -> torch.nn.Module:

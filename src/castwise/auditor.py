@@ -31,7 +31,8 @@ from castwise.errors import AuditError, CastwiseError, PolicyError, TargetError
 from castwise.policy import ModuleRule, Policy
 from castwise.report import Finding, Origin, Report, Run
 from castwise.trace import fake as fake_mod
-from castwise.trace.tracer import Event, Prov, Trace, Tracer, run
+from castwise.trace.events import Event, Prov, Trace
+from castwise.trace.tracer import Tracer, run
 
 MODES = ("both", "eval", "train")
 DEVICES = ("cpu", "cuda")

@@ -8,7 +8,8 @@ from torch import nn
 from castwise import _autocast
 from castwise.stories import STORIES
 from castwise.trace import fake as fake_mod
-from castwise.trace.tracer import Tracer, python_backward, run
+from castwise.trace.backward import python_backward
+from castwise.trace.tracer import Tracer, run
 
 
 class Up(nn.Module):

@@ -2,7 +2,7 @@
 
 Fake kernels propagate dtypes but do not check them the way real kernels do (a fake
 ``linear(f32 input, bf16 weight)`` returns f32 where the real CPU and CUDA kernels raise). This
-table closes that gap: :func:`check` says whether the real kernel on ``device_type`` would refuse
+table closes that gap: :func:`check` says whether the real kernel on ``device`` would refuse
 the dtypes it gets, worded like the real error, and :func:`result_dtype` says what it returns when
 it accepts. Only metadata is read (dtype, shape, layout), never data, so it works on fake and meta
 tensors. It is called for every op from a dispatch mode: a lookup is one dict hit on the
@@ -24,6 +24,9 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
+
+from castwise.devices import Device
+from castwise.devices import get as get_device
 
 __all__ = ["Violation", "check", "is_covered", "result_dtype", "tensor_args"]
 
@@ -59,7 +62,7 @@ Kwargs = dict[str, Any]
 
 # A rule returns a Violation (the kernel refuses), the result dtype (it accepts), or None
 # (it accepts and the result is not modelled, e.g. an op that returns no tensor).
-Rule = Callable[[str, Args, Kwargs, str], Any]
+Rule = Callable[[str, Args, Kwargs, Device], Any]
 
 Tensor = torch.Tensor
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
@@ -99,12 +102,12 @@ def _cpp(dtype: torch.dtype) -> str:
     return _CPP.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def _legacy(dtype: torch.dtype, device_type: str) -> str:
+def _legacy(dtype: torch.dtype, dev: Device) -> str:
     """``Tensor.toString()``: "torch.FloatTensor", "torch.cuda.HalfTensor", "CPUBFloat16Type"."""
     name = _LEGACY.get(dtype)
     if name is None:
-        return f"{'CUDA' if device_type == 'cuda' else 'CPU'}{_sc(dtype)}Type"
-    return f"torch.cuda.{name}" if device_type == "cuda" else f"torch.{name}"
+        return f"{dev.label}{_sc(dtype)}Type"
+    return dev.legacy_type(name)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -226,16 +229,16 @@ def _can_cast(src: torch.dtype, dst: torch.dtype) -> bool:
 # bmm/baddbmm on CUDA read batch2 with data_ptr<scalar_t> of batch1's type (cuda/Blas.cpp).
 
 
-def _mm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     a, b = args[0], args[1]
     if a.dtype == b.dtype:
         if a.dtype == BOOL:
-            kernel = "addmm_cuda" if dev == "cuda" else "addmm_impl_cpu_"
+            kernel = "addmm_cuda" if dev.kernels == "cuda" else "addmm_impl_cpu_"
             return _viol(op, "unsupported", f"\"{kernel}\" not implemented for '{_sc(a.dtype)}'", args, kwargs,
                          [a, b], None)
         return a.dtype
     if op == "aten.mm":
-        what = "mat1 and mat2" if dev == "cuda" else "m1 and m2"
+        what = "mat1 and mat2" if dev.kernels == "cuda" else "m1 and m2"
         msg = f"expected {what} to have the same dtype, but got: {_cpp(a.dtype)} != {_cpp(b.dtype)}"
     elif op in ("aten.dot", "aten.vdot"):
         msg = f"dot : expected both vectors to have same dtype, but found {_sc(a.dtype)} and {_sc(b.dtype)}"
@@ -247,7 +250,7 @@ def _mm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return _viol(op, "mismatch", msg, args, kwargs, [a], b.dtype)
 
 
-def _addmm_like(op: str, args: Args, kwargs: Kwargs, dev: str, bias: Tensor | None, m1: Tensor, m2: Tensor) -> Any:
+def _addmm_like(op: str, args: Args, kwargs: Kwargs, dev: Device, bias: Tensor | None, m1: Tensor, m2: Tensor) -> Any:
     if bias is None:
         return _mm("aten.mm", (m1, m2), {}, dev) if m1.dtype != m2.dtype else m1.dtype
     if bias.dtype != m2.dtype:
@@ -260,11 +263,11 @@ def _addmm_like(op: str, args: Args, kwargs: Kwargs, dev: str, bias: Tensor | No
     return _viol(op, "mismatch", msg, args, kwargs, culprits, ref)
 
 
-def _addmm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _addmm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return _addmm_like(op, args, kwargs, dev, args[0], args[1], args[2])
 
 
-def _linear(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _linear(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x, w = args[0], args[1]
     b = _arg(args, kwargs, 2, "bias")
     out = _addmm_like(op, args, kwargs, dev, b, x, w)
@@ -275,7 +278,7 @@ def _linear(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return out
 
 
-def _baddbmm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _baddbmm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, b1, b2 = args[0], args[1], args[2]
     if s.dtype != b1.dtype:
         msg = (f"Input dtypes must be the same, got: input {_cpp(s.dtype)}, batch1: {_cpp(b1.dtype)}, "
@@ -288,7 +291,7 @@ def _baddbmm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return _viol(op, "mismatch", msg, args, kwargs, culprits, ref)
 
 
-def _addmv(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _addmv(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, m, v = args[0], args[1], args[2]
     if s.dtype == m.dtype == v.dtype:
         return s.dtype
@@ -306,9 +309,9 @@ def _addmv(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # weight and bias must all share the input's type.
 
 
-def _conv_check(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor, w: Tensor, b: Tensor | None) -> Any:
-    if dev == "cuda" or x.dtype == BF16:
-        tail = "" if dev == "cuda" else " or input should be a MKLDNN tensor and {0} is a dense tensor"
+def _conv_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, w: Tensor, b: Tensor | None) -> Any:
+    if dev.kernels == "cuda" or x.dtype == BF16:
+        tail = "" if dev.kernels == "cuda" else " or input should be a MKLDNN tensor and {0} is a dense tensor"
         if w.dtype != x.dtype:
             culprits, ref = _odd([x, w, b], prefer=w)
             return _viol(op, "mismatch", f"Input type ({_legacy(x.dtype, dev)}) and weight type "
@@ -326,22 +329,22 @@ def _conv_check(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor, w: Ten
     return x.dtype
 
 
-def _conv(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _conv(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return _conv_check(op, args, kwargs, dev, args[0], args[1], _arg(args, kwargs, 2, "bias"))
 
 
-def _conv_nobias(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:  # cudnn_convolution(self, weight, ...)
+def _conv_nobias(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:  # cudnn_convolution(self, weight, ...)
     return _conv_check(op, args, kwargs, dev, args[0], args[1], None)
 
 
-def _conv_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _conv_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     go, x, w = args[0], args[1], args[2]
     mask = _arg(args, kwargs, 10, "output_mask", [True, True, True])
     if go.dtype != x.dtype:
         return _viol(op, "mismatch", f"expected scalar type {_sc(x.dtype)} but found {_sc(go.dtype)}", args, kwargs,
                      [go], x.dtype)
     # CPU measured: oneDNN's bf16 backward also takes an f32 weight; CUDA (cudnn) wants one type
-    if w.dtype != x.dtype and not (dev == "cpu" and x.dtype == BF16 and w.dtype == F32):
+    if w.dtype != x.dtype and not (dev.kernels == "cpu" and x.dtype == BF16 and w.dtype == F32):
         return _viol(op, "mismatch", f"expected scalar type {_sc(x.dtype)} but found {_sc(w.dtype)}", args, kwargs,
                      [w], x.dtype)
     return x.dtype if mask[0] else w.dtype
@@ -360,7 +363,7 @@ def _conv_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # (cuda/Normalization.cu is_mixed_type: parameters read as acc type) keeps the mixed rule.
 
 
-def _norm_params(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor, params: Sequence[Tensor | None],
+def _norm_params(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, params: Sequence[Tensor | None],
                  cuda_mixed: bool, kernel_message: bool = False, shared_mixed_check: bool = False) -> Violation | None:
     defined = [p for p in params if p is not None]
     if not defined:
@@ -375,7 +378,7 @@ def _norm_params(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor, param
         return Violation(v.op, v.kind, f"expected scalar type {_sc(x.dtype)} but found {_sc(found.dtype)}",
                          v.culprits, v.expected)
     mixed = defined[0].dtype != x.dtype
-    if dev == "cuda" and not cuda_mixed:
+    if dev.kernels == "cuda" and not cuda_mixed:
         bad = [p for p in defined if p.dtype != x.dtype]
         if not bad:
             return None
@@ -398,19 +401,19 @@ def _norm_params(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor, param
     else:
         bad = [p for p in defined if p.dtype != x.dtype]
         expected = x.dtype
-    msg = ("mixed dtype (CPU): expect parameter to have scalar type of Float" if dev == "cpu"
+    msg = ("mixed dtype (CPU): expect parameter to have scalar type of Float" if dev.kernels == "cpu"
            else f"expected scalar type Float but found {_sc(bad[0].dtype)}")
     return _viol(op, "norm", msg, args, kwargs, bad, expected)
 
 
-def _layer_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _layer_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     v = _norm_params(op, args, kwargs, dev, x, [_arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")],
                      cuda_mixed=False)
     return v or x.dtype
 
 
-def _group_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _group_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     at = 2 if op == "aten.group_norm" else 1  # group_norm(input, num_groups, weight, bias, ...)
     v = _norm_params(op, args, kwargs, dev, x, [_arg(args, kwargs, at, "weight"), _arg(args, kwargs, at + 1, "bias")],
@@ -418,7 +421,7 @@ def _group_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return v or x.dtype
 
 
-def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # native_batch_norm / _native_batch_norm_legit(_no_training) / _batch_norm_with_update /
     # cudnn_batch_norm: (input, weight, bias, running_mean, running_var, ...); .no_stats has no
     # running stats (args[3] is the `training` bool).
@@ -432,7 +435,7 @@ def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return v or x.dtype
 
 
-def _layer_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _layer_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     go, x = args[0], args[1]
     w, b = _arg(args, kwargs, 5, "weight"), _arg(args, kwargs, 6, "bias")
     if go.dtype != x.dtype:
@@ -441,7 +444,7 @@ def _layer_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return _norm_params(op, args, kwargs, dev, x, [w, b], cuda_mixed=False, kernel_message=True) or x.dtype
 
 
-def _group_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _group_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     go, x = args[0], args[1]
     if go.dtype != x.dtype:  # group_norm.cpp, all devices
         return _viol(op, "mismatch", "Expected scalar types of X and dY are same.", args, kwargs, [go], x.dtype)
@@ -449,7 +452,7 @@ def _group_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return _norm_params(op, args, kwargs, dev, x, [w], cuda_mixed=False, kernel_message=True) or x.dtype
 
 
-def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # the parameters' mixed check runs before grad_out is read (CPU measured)
     go, x = args[0], args[1]
     params = [_arg(args, kwargs, 2, "weight")]
@@ -466,12 +469,12 @@ def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return x.dtype
 
 
-def _rms_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _rms_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # CPU measured: any weight dtype (layer_norm.cpp falls back from the fused kernel to the
     # composite when input and weight differ; the result is cast back to the input's dtype).
     x = args[0]
     w = _arg(args, kwargs, 2, "weight")
-    if op == "aten._fused_rms_norm" and dev == "cuda" and w is not None and w.dtype != x.dtype:
+    if op == "aten._fused_rms_norm" and dev.kernels == "cuda" and w is not None and w.dtype != x.dtype:
         # called directly, the CUDA fused kernel reads weight as data_ptr<T> of the input's type
         # (cuda/layer_norm_kernel.cu); the composite rms_norm never calls it with a mismatch
         return _viol(op, "norm", f"expected scalar type {_sc(x.dtype)} but found {_sc(w.dtype)}", args, kwargs, [w],
@@ -489,7 +492,7 @@ def _rms_norm(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # dtype; cudnn (transformers/cuda/attention.cu, cudnn MHA) takes only f16/bf16.
 
 
-def _qkv(op: str, args: Args, kwargs: Kwargs, dev: str, msg_style: str) -> Violation | None:
+def _qkv(op: str, args: Args, kwargs: Kwargs, dev: Device, msg_style: str) -> Violation | None:
     q, k, v = args[0], args[1], args[2]
     if q.dtype == k.dtype == v.dtype:
         return None
@@ -511,14 +514,14 @@ def _qkv(op: str, args: Args, kwargs: Kwargs, dev: str, msg_style: str) -> Viola
     return _viol(op, "mismatch", msg, args, kwargs, culprits, ref)
 
 
-def _not_on_device(op: str, args: Args, kwargs: Kwargs, dev: str, devices: tuple[str, ...]) -> Violation | None:
-    if dev in devices:
+def _not_on_device(op: str, args: Args, kwargs: Kwargs, dev: Device, devices: tuple[str, ...]) -> Violation | None:
+    if dev.kernels in devices:
         return None
     return _viol(op, "unsupported", f"Could not run 'aten::{op.removeprefix('aten.')}' with arguments from the "
-                 f"'{dev.upper()}' backend.", args, kwargs, [], None)
+                 f"'{dev.label}' backend.", args, kwargs, [], None)
 
 
-def _sdpa(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q = args[0]
     v = _qkv(op, args, kwargs, dev, "composite")
     if v:
@@ -528,7 +531,8 @@ def _sdpa(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
         return _viol(op, "mask", f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
                      f"attn_mask.dtype: {_cpp(mask.dtype)} and  query.dtype: {_cpp(q.dtype)} instead.", args, kwargs,
                      [mask], q.dtype)
-    if dev == "cuda" and mask is not None and mask.dtype != BOOL and mask.dtype != q.dtype and q.dtype in _REDUCED:
+    if (dev.kernels == "cuda" and mask is not None and mask.dtype != BOOL and mask.dtype != q.dtype
+            and q.dtype in _REDUCED):
         # On CUDA flash attention takes no mask, so a masked f16/bf16 call goes to the
         # memory-efficient kernel, which wants the bias in q's dtype (transformers/cuda/attention.cu
         # "invalid dtype for bias - should match query's dtype"); the float32 mask that passes
@@ -538,13 +542,13 @@ def _sdpa(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return q.dtype
 
 
-def _sdpa_math(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_math(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # CPU measured: the math kernel upcasts reduced q/k/v to float32 and casts the result back
     # to q's dtype, so mixed dtypes and any mask dtype pass.
     return args[0].dtype
 
 
-def _sdpa_flash_cpu(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_flash_cpu(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q = args[0]
     v = _qkv(op, args, kwargs, dev, "scalar")
     if v:
@@ -556,7 +560,7 @@ def _sdpa_flash_cpu(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return q.dtype
 
 
-def _sdpa_flash_cuda(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_flash_cuda(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q = args[0]
     bad = _not_on_device(op, args, kwargs, dev, ("cuda",))
     if bad:
@@ -568,7 +572,7 @@ def _sdpa_flash_cuda(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return _qkv(op, args, kwargs, dev, "flash_cuda") or q.dtype
 
 
-def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q = args[0]
     bad = _not_on_device(op, args, kwargs, dev, ("cuda",))
     if bad:
@@ -585,7 +589,7 @@ def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return q.dtype
 
 
-def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q = args[0]
     bad = _not_on_device(op, args, kwargs, dev, ("cuda",))
     if bad:
@@ -603,7 +607,7 @@ def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return q.dtype
 
 
-def _sdpa_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # flash/efficient/cudnn backward: (grad_out, q, k, v, out, ...) in one dtype, as the forward
     grad, q, k, v = args[0], args[1], args[2], args[3]
     if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
@@ -620,11 +624,11 @@ def _sdpa_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return q.dtype
 
 
-def _sdpa_overrideable(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _sdpa_overrideable(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return _qkv(op, args, kwargs, dev, "scalar") or args[0].dtype
 
 
-def _fused_weights(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor,
+def _fused_weights(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor,
                    layers: Sequence[tuple[Tensor, Tensor | None]], norms: Sequence[Tensor | None]) -> Any:
     # The fused encoder-layer / MHA kernels (transformers/attention.cpp, transformer.cpp) run
     # their projections as mm/addmm in x's dtype, so weights and biases must have x's dtype;
@@ -653,14 +657,14 @@ def _fused_weights(op: str, args: Args, kwargs: Kwargs, dev: str, x: Tensor,
     return x.dtype
 
 
-def _transformer_encoder_layer(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _transformer_encoder_layer(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     src = args[0]
     layers = [(args[3], args[4]), (args[5], args[6]), (args[14], args[15]), (args[16], args[17])]
     norms = [args[10], args[11], args[12], args[13]]
     return _fused_weights(op, args, kwargs, dev, src, layers, norms)
 
 
-def _native_mha(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _native_mha(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q, k, v = args[0], args[1], args[2]
     if not (q.dtype == k.dtype == v.dtype):
         return _qkv(op, args, kwargs, dev, "scalar")
@@ -676,14 +680,14 @@ def _native_mha(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # grad to be at::Float").
 
 
-def _softmax(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _softmax(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     half_to_float = bool(_arg(args, kwargs, 2, "half_to_float", False))
     if not (_is_float(x.dtype) or x.dtype.is_complex):
         return _viol(op, "unsupported", f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'", args,
                      kwargs, [x], F32)
     if half_to_float:
-        if dev == "cpu":
+        if dev.kernels == "cpu":
             return _viol(op, "unsupported", "softmax with half to float conversion is not supported on CPU", args,
                          kwargs, [x], None)
         if x.dtype != F16:
@@ -692,7 +696,7 @@ def _softmax(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return x.dtype
 
 
-def _softmax_dtype(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _softmax_dtype(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # softmax.int / log_softmax.int / _safe_softmax(self, dim, dtype=None): computes in `dtype`
     x = args[0]
     dtype = _arg(args, kwargs, 2, "dtype")
@@ -702,14 +706,14 @@ def _softmax_dtype(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return dtype if dtype is not None else x.dtype
 
 
-def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     go, out = args[0], args[1]
     input_dtype = _arg(args, kwargs, 3, "input_dtype")
     if go.dtype != out.dtype:
         return _viol(op, "mismatch", f"expected scalar type {_sc(go.dtype)} but found {_sc(out.dtype)}", args, kwargs,
                      [out], go.dtype)
     if input_dtype is not None and input_dtype != go.dtype:
-        if dev == "cuda":
+        if dev.kernels == "cuda":
             if not (go.dtype == F32 and input_dtype == F16):
                 return _viol(op, "mismatch", "expected input and grad types to match, or input to be at::Half and "
                              "grad to be at::Float", args, kwargs, [go], input_dtype)
@@ -724,7 +728,7 @@ def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # ScatterGatherChecks.h, IndexingUtils.h; CPU messages measured)
 
 
-def _embedding(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _embedding(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     w, idx = args[0], args[1]
     if idx.dtype not in _INDEX_TYPES:
         return _viol(op, "index", "Expected tensor for argument #1 'indices' to have one of the following scalar "
@@ -733,7 +737,7 @@ def _embedding(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return w.dtype
 
 
-def _embedding_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _embedding_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     g, idx = args[0], args[1]
     if idx.dtype not in _INDEX_TYPES:
         return _viol(op, "index", "Expected tensor for argument #2 'indices' to have one of the following scalar "
@@ -750,7 +754,7 @@ def _check_indices(op: str, args: Args, kwargs: Kwargs, indices: Sequence[Tensor
     return None
 
 
-def _index_put(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _index_put(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, indices, values = args[0], args[1], args[2]
     v = _check_indices(op, args, kwargs, indices)
     if v:
@@ -762,11 +766,11 @@ def _index_put(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _index(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _index(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return _check_indices(op, args, kwargs, args[1]) or args[0].dtype
 
 
-def _masked_scatter(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _masked_scatter(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, mask, src = args[0], args[1], args[2]
     if mask.dtype != BOOL:
         return _viol(op, "mask", f"masked_scatter_ only supports boolean masks, but got mask with dtype "
@@ -777,7 +781,7 @@ def _masked_scatter(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _masked_fill(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _masked_fill(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, mask, value = args[0], args[1], args[2]
     if mask.dtype != BOOL:
         return _viol(op, "mask", f"masked_fill_ only supports boolean masks, but got mask with dtype "
@@ -788,7 +792,7 @@ def _masked_fill(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype  # the value is cast to self's dtype
 
 
-def _scatter(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _scatter(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, index = args[0], args[2]
     src = args[3] if len(args) > 3 else kwargs.get("src")
     if index.dtype not in _INDEX_TYPES:
@@ -799,14 +803,14 @@ def _scatter(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _gather(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _gather(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, index = args[0], args[2]
     if index.dtype not in _INDEX_TYPES:
         return _viol(op, "index", "gather(): Expected dtype int32/int64 for index", args, kwargs, [index], I64)
     return s.dtype
 
 
-def _index_select(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _index_select(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, index = args[0], args[2]
     if index.dtype not in _INDEX_TYPES:
         return _viol(op, "index", "index_select(): Expected dtype int32 or int64 for index", args, kwargs, [index],
@@ -814,7 +818,7 @@ def _index_select(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _index_copy(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _index_copy(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, index, src = args[0], args[2], args[3]
     if index.dtype != I64:
         return _viol(op, "index", f"index_copy_(): Expected a long tensor for index, but got {_sc(index.dtype)}", args,
@@ -825,7 +829,7 @@ def _index_copy(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _index_add(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _index_add(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, index, src = args[0], args[2], args[3]
     if index.dtype not in _INDEX_TYPES:
         return _viol(op, "index", "index_add_(): Expected dtype int32/int64 for index", args, kwargs, [index], I64)
@@ -835,7 +839,7 @@ def _index_add(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _where(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _where(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     cond = args[0]
     if cond.dtype not in (BOOL, U8):  # uint8 still accepted, with a deprecation warning
         return _viol(op, "mask", f"where expected condition to be a boolean tensor, but got a tensor with dtype "
@@ -847,17 +851,17 @@ def _where(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # losses (Loss.cpp, LossNLL.cpp; CPU measured, the checks are device-agnostic)
 
 
-def _loss_input(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _loss_input(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # huber_loss / mse_loss_backward / smooth_l1_loss_backward return the input's dtype
     x = args[1] if op.endswith("_backward") else args[0]
     return x.dtype
 
 
-def _loss_target(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _loss_target(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return args[1].dtype  # binary_cross_entropy_with_logits computes in the target's dtype (measured)
 
 
-def _loss_same(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _loss_same(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # binary_cross_entropy(input, target, ...) / huber_loss_backward(grad, input, target, ...)
     backward = op.endswith("_backward")
     x = args[1] if backward else args[0]
@@ -869,7 +873,7 @@ def _loss_same(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return x.dtype
 
 
-def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x, target = args[0], args[1]
     weight = _arg(args, kwargs, 2, "weight")
     if target.dtype not in (I64, U8):
@@ -881,7 +885,7 @@ def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return x.dtype
 
 
-def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     grad, x, target = args[0], args[1], args[2]
     weight, total = _arg(args, kwargs, 3, "weight"), _arg(args, kwargs, 6, "total_weight")
     if target.dtype not in (I64, U8):
@@ -898,22 +902,22 @@ def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 # pointwise: promotion, in-place castability, strict ops
 
 
-def _promoting(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _promoting(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return result_type([*args, *kwargs.values()])
 
 
-def _true_divide(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _true_divide(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if kwargs.get("rounding_mode") is not None or (len(args) > 2 and isinstance(args[2], str)):
         return result_type(args[:2])
     common = result_type(args[:2])
     return common if common is None or common.is_floating_point or common.is_complex else torch.get_default_dtype()
 
 
-def _comparison(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _comparison(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return BOOL
 
 
-def _cat(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _cat(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     tensors = [t for t in args[0] if isinstance(t, torch.Tensor)]
     out: torch.dtype | None = None
     for t in tensors:  # cat promotes over every input, whatever its shape
@@ -921,7 +925,7 @@ def _cat(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return out
 
 
-def _inplace(op: str, args: Args, kwargs: Kwargs, dev: str, divide: bool = False) -> Any:
+def _inplace(op: str, args: Args, kwargs: Kwargs, dev: Device, divide: bool = False) -> Any:
     s = args[0]
     others = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, (torch.Tensor, bool, int, float, complex))]
     common = result_type([s, *others])
@@ -940,12 +944,12 @@ def _inplace(op: str, args: Args, kwargs: Kwargs, dev: str, divide: bool = False
     return s.dtype
 
 
-def _inplace_div(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _inplace_div(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     rounding = kwargs.get("rounding_mode") or (args[2] if len(args) > 2 and isinstance(args[2], str) else None)
     return _inplace(op, args[:2], {}, dev, divide=rounding is None)
 
 
-def _lerp(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _lerp(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # lerp does not promote (Lerp.cpp meta): end must have self's dtype; a weight tensor with
     # dims too (a 0-dim weight is exempt, measured)
     s, end = args[0], args[1]
@@ -959,24 +963,24 @@ def _lerp(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return s.dtype
 
 
-def _copy(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _copy(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return args[0].dtype  # copy_ casts whatever it gets
 
 
-def _same_as_self(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _same_as_self(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     first = args[0] if args else next(iter(kwargs.values()), None)
     if isinstance(first, (list, tuple)):
         first = first[0] if first else None
     return first.dtype if isinstance(first, torch.Tensor) else None
 
 
-def _float_unary(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _float_unary(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # sqrt, exp, sigmoid, ...: integral/bool inputs compute in the default dtype
     x = args[0]
     return x.dtype if (x.dtype.is_floating_point or x.dtype.is_complex) else torch.get_default_dtype()
 
 
-def _float_only(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _float_only(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # activations (gelu, silu, ...) have float kernels only
     x = args[0]
     if not (x.dtype.is_floating_point or x.dtype.is_complex):
@@ -985,12 +989,12 @@ def _float_only(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return x.dtype
 
 
-def _to_copy(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _to_copy(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     return dtype if dtype is not None else args[0].dtype
 
 
-def _to(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _to(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     if dtype is None:
         for a in args[1:]:
@@ -1001,12 +1005,12 @@ def _to(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return dtype if dtype is not None else args[0].dtype
 
 
-def _like(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _like(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     return dtype if dtype is not None else args[0].dtype
 
 
-def _factory(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _factory(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     if dtype is not None:
         return dtype
@@ -1023,12 +1027,12 @@ def _factory(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return torch.get_default_dtype()
 
 
-def _reduce_keep(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _reduce_keep(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     return dtype if dtype is not None else args[0].dtype
 
 
-def _reduce_sum(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _reduce_sum(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     if dtype is not None:
         return dtype
@@ -1036,7 +1040,7 @@ def _reduce_sum(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return x.dtype if (x.dtype.is_floating_point or x.dtype.is_complex) else I64
 
 
-def _mean(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _mean(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     x = args[0]
     if dtype is None and not (x.dtype.is_floating_point or x.dtype.is_complex):
@@ -1045,11 +1049,11 @@ def _mean(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
     return dtype if dtype is not None else x.dtype
 
 
-def _to_long(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _to_long(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return I64
 
 
-def _no_tensor(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _no_tensor(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return None  # returns no tensor (item, sym sizes, ...): nothing to check
 
 
@@ -1202,15 +1206,15 @@ def _no_kernel_rule(key: str, spec: _NoKernel) -> Rule:
     """The rule for one op of ``_NO_KERNEL``; the spec is bound here, so a call is no lookup."""
     cpu_only = key in _CPU_ONLY
 
-    def rule(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+    def rule(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         x = args[spec.arg]
-        if dev == "cuda" and cpu_only:
+        if dev.kernels == "cuda" and cpu_only:
             return _not_on_device(op, args, kwargs, dev, ("cpu",))
         # the complex FFTs name the value type: complex32 reads "Half"
         value = x.dtype.to_real() if x.dtype.is_complex else x.dtype
         if value in _REDUCED and not (op == "aten._cdist_forward" and _cdist_uses_mm(args, kwargs)):
-            msg = spec.cuda if dev == "cuda" else spec.cpu
-            if dev == "cuda" and spec.cuda_half and value == F16:
+            msg = spec.cuda if dev.kernels == "cuda" else spec.cpu
+            if dev.kernels == "cuda" and spec.cuda_half and value == F16:
                 if not _fft_sizes_pow2(op, args, kwargs):
                     return _viol(op, "unsupported", "cuFFT only supports dimensions whose sizes are powers of two "
                                  "when computing in half precision", args, kwargs, [x], F32)
@@ -1227,10 +1231,10 @@ def _no_kernel_rule(key: str, spec: _NoKernel) -> Rule:
     return rule
 
 
-def _rrelu(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _rrelu(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # CPU measured: only the training path samples noise, in a kernel without Half
     x = args[0]
-    if dev == "cpu" and x.dtype == F16 and _arg(args, kwargs, 4, "training", False):
+    if dev.kernels == "cpu" and x.dtype == F16 and _arg(args, kwargs, 4, "training", False):
         return _viol(op, "unsupported", "\"rrelu_with_noise_out_cpu\" not implemented for 'Half'", args, kwargs, [x],
                      F32)
     return _float_only(op, args, kwargs, dev)
@@ -1239,7 +1243,7 @@ def _rrelu(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
 _COMPLEX_PARTS = (F16, F32, F64)
 
 
-def _complex_ctor(op: str, args: Args, kwargs: Kwargs, dev: str) -> Any:
+def _complex_ctor(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # TensorFactories.cpp complex_check_dtype, device-agnostic (CPU measured): Half, Float or
     # Double parts (no bf16: there is no bf16 complex type), both of one dtype
     a, b = args[0], args[1]
@@ -1413,14 +1417,20 @@ def _rule(func: torch._ops.OpOverload) -> tuple[Rule, str] | None:
     return entry
 
 
-def _outcome(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device_type: str) -> Any:
+def _outcome(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: Device | str) -> Any:
+    dev = get_device(device)
     entry = _rule(func)
+    if dev.contracts and entry is not None:
+        # the device's own rule for this op replaces its kernel family's
+        entry = (dev.contracts.get(entry[1], entry[0]), entry[1])
+    elif dev.contracts:
+        entry = _delta_rule(func, dev)
     if entry is None:
         return None
     rule, name = entry
     args, kwargs = tuple(args), dict(kwargs or {})
     try:
-        return rule(name, args, kwargs, device_type)
+        return rule(name, args, kwargs, dev)
     except _NoPromotion as e:
         float8 = [d for d in e.dtypes if d.itemsize == 1 and d.is_floating_point] or list(e.dtypes)
         culprits = [t for t in tensor_args(args, kwargs) if t.dtype in float8]
@@ -1431,16 +1441,27 @@ def _outcome(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device_typ
         return None
 
 
-def check(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device_type: str) -> Violation | None:
-    """The violation the real kernel on ``device_type`` ("cpu"/"cuda") would raise, or None."""
-    out = _outcome(func, args, kwargs, device_type)
+def _delta_rule(func: torch._ops.OpOverload, dev: Device) -> tuple[Rule, str] | None:
+    """A device delta for an op the family table does not know."""
+    try:
+        packet = f"{func.namespace}.{func._opname}"
+    except AttributeError:
+        return None
+    rule = dev.contracts.get(f"{packet}.{func._overloadname}") or dev.contracts.get(packet)
+    return (rule, packet) if rule is not None else None
+
+
+def check(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: Device | str) -> Violation | None:
+    """The violation the real kernel on ``device`` (a Device or a registered name) would raise, or None."""
+    out = _outcome(func, args, kwargs, device)
     return out if isinstance(out, Violation) else None
 
 
-def result_dtype(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device_type: str) -> torch.dtype | None:
+def result_dtype(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs,
+                 device: Device | str) -> torch.dtype | None:
     """The dtype of the (first) tensor the real kernel returns when it accepts; None when the op is
     not in the table or the kernel refuses."""
-    out = _outcome(func, args, kwargs, device_type)
+    out = _outcome(func, args, kwargs, device)
     return out if isinstance(out, torch.dtype) else None
 
 

@@ -14,133 +14,38 @@ Why this shape (each point was measured, see DESIGN.md "Engine principles"):
 - Provenance: every tensor maps to the origin of its current dtype. A dtype-changing op is an
   origin; a dtype-preserving op passes on the origin of an input of that dtype (autocast's
   casts first, then parameters and buffers, then the rest in argument order).
+
+The tracer keeps provenance and the module stack; everything else it does with an op (contract
+checks, up-casts, activation bytes, numerics) is an observer (``castwise.trace.observers``).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_map
 
 from castwise import _autocast
 from castwise._dtypes import fmt_tensor, name_of
-from castwise.report import Origin
-from castwise.trace import contracts, fastpath
-from castwise.trace.contracts import Violation
+from castwise.devices import Device
+from castwise.devices import get as get_device
+from castwise.trace import fastpath
+from castwise.trace.backward import engine_replaced
+from castwise.trace.contracts import Violation, tensor_args
+from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
+from castwise.trace.observers import Observer, OpCall, default_observers, overrides
+from castwise.trace.values import NO_VALUE, ShadowValues
 
 _aten = torch.ops.aten
 _SKIP = frozenset({torch.ops.prim.device.default})
 _SCALAR = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default})
-_SHADOW_MAX = 1 << 16  # elements: values are kept for small tensors only (masks, ids, positions)
-_NO_VALUE = object()
 _NAMES: dict[Any, str] = {}
 _TO_COPY = frozenset({_aten._to_copy.default})
-_LOW = (torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class Prov:
-    """Where a tensor's current dtype came from.
-
-    ``kind``: ``param`` / ``buffer`` / ``attribute`` (a module's plain tensor attribute) /
-    ``input`` (a model input) / ``created`` (a factory op in forward: arange, zeros...) /
-    ``cast`` (an explicit ``.to``) / ``autocast`` (a cast or op autocast chose) / ``op`` (any
-    other op whose result dtype differs from its inputs') / ``backward``.
-    """
-
-    kind: str
-    module: str
-    op: str | None
-    tensor: str | None
-    dtype: torch.dtype
-
-    def origin(self) -> Origin:
-        if self.kind == "input":  # the tensor text says it is a model input
-            return Origin(None, self.op, self.tensor)
-        if self.module:
-            return Origin(self.module, self.op, self.tensor)
-        # "" would read as a model input: say the root module made it
-        return Origin(None, self.op, f"{self.tensor} at the model's top level")
-
-    def describe(self) -> str:
-        where = f"`{self.module}`" if self.module else "the model's top level"
-        if self.kind in ("param", "buffer", "attribute", "input"):
-            return f"{self.tensor}"
-        what = {"created": "created by", "cast": "cast by", "autocast": "made by autocast in",
-                "op": "made by", "backward": "made in backward by"}.get(self.kind, "made by")
-        return f"{what} {self.op} in {where}" if self.op else f"{what} {where}"
-
-
-@dataclass(frozen=True)
-class Event:
-    """A contract violation, or an op that raised, with the provenance of its operands."""
-
-    phase: str  # "forward" | "backward"
-    module: str
-    op: str
-    violation: Violation | None
-    error: BaseException | None
-    dtypes: tuple[torch.dtype, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    provs: tuple[Prov | None, ...]
-    autocast: torch.dtype | None  # autocast dtype in force where the op ran, if any
-    fastpath: bool
-
-
-@dataclass(frozen=True)
-class Upcast:
-    """A module turned low-precision activations into float32 outside autocast."""
-
-    module: str
-    in_dtype: torch.dtype
-    prov: Prov | None
-    shape: tuple[int, ...]
-
-
-@dataclass
-class Frame:
-    name: str
-    module: nn.Module
-    autocast: torch.dtype | None
-    inputs: list[torch.Tensor]
-
-
-@dataclass
-class Trace:
-    """What one run recorded."""
-
-    # (module, op, phase, inputs, outputs), inputs/outputs as (dtype, shape) pairs
-    ops: list[tuple[str, str, str, tuple[Any, ...], tuple[Any, ...]]] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    upcasts: list[Upcast] = field(default_factory=list)
-    uncovered: dict[str, set[str]] = field(default_factory=dict)  # op -> modules
-    activation_bytes: dict[str, int] = field(default_factory=dict)
-    failure: Event | None = None
-    error: BaseException | None = None
-    stack: list[Frame] = field(default_factory=list)  # module stack when the model raised
-    error_phase: str = "forward"
-    status: str = "ok"
-
-    def rows(self) -> list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]]:
-        """The recorded ops with tensors printed as ``bf16[2, 4]``."""
-        return [
-            (m, op, phase, tuple(fmt_tensor(name_of(d), s) for d, s in ins),
-             tuple(fmt_tensor(name_of(d), s) for d, s in outs))
-            for m, op, phase, ins, outs in self.ops
-        ]
-
-
-def shape_of(t: torch.Tensor) -> tuple[int, ...]:
-    """The shape, or () for a nested tensor (which has none)."""
-    return () if t.is_nested else tuple(t.shape)
 
 
 def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -196,20 +101,22 @@ class _AttrMap:
         t.__dict__[self.key] = value
 
 
-class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records every op's module, dtypes and provenance; checks it against the contract table."""
+class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records every op's module, dtypes and provenance, and calls its observers on each."""
 
-    def __init__(self, model: nn.Module, device_type: str, *, fake: bool, record_ops: bool = True) -> None:
+    def __init__(self, model: nn.Module, device: Device | str, *, fake: bool, record_ops: bool = True,
+                 observers: Sequence[Observer] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
-        self.device_type = device_type
+        self.device = get_device(device)
+        self.device_type = self.device.autocast_type
         self.fake = fake
         self.record_ops = record_ops
-        # tensor -> Prov, tensor -> module that made it (weak: the run's tensors die with it)
+        # tensor -> Prov, tensor -> module that made it (kept on the run's own tensors)
         self.prov: Any = _AttrMap("prov")
         self.creator: Any = _AttrMap("creator")
         self.stack: list[Frame] = []
-        self.phase = "forward"
+        self.phase: Any = "forward"
         self.root_autocast: torch.dtype | None = None
         self.current_node: Any = None  # set by the Python backward walker
         self.use_engine_node = True
@@ -217,7 +124,17 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.stand = fastpath.Stand()
         self.shadow: Any = _AttrMap("value")  # fake tensor -> real CPU tensor with its values
         self.shadow_count = 0
+        self.observers: list[Observer] = list(default_observers() if observers is None else observers)
+        # only the hooks an observer overrides are called: the per-op cost stays what it needs
+        self._checkers = [o for o in self.observers if overrides(o, "check")]
+        self._afters = [o for o in self.observers if overrides(o, "after")]
+        self._exits = [o for o in self.observers if overrides(o, "module_exit")]
         self._seed(model)
+
+    def finish(self) -> None:
+        """Tell every observer the run ended."""
+        for obs in self.observers:
+            obs.finish(self.trace)
 
     # -- provenance seeds --------------------------------------------------------------------
 
@@ -266,15 +183,10 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 break
         else:
             return
-        if self.phase != "forward" or frame.autocast is not None or not name:
+        if self.phase != "forward":
             return
-        ins = [t for t in frame.inputs if t.is_floating_point()]
-        if not ins or not all(t.dtype in _LOW for t in ins):
-            return
-        for t in flat_outputs(output):
-            if t.dtype == torch.float32:
-                self.trace.upcasts.append(Upcast(name, ins[0].dtype, self.prov.get(t), shape_of(t)))
-                break
+        for obs in self._exits:
+            obs.module_exit(self, frame, output)
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
@@ -315,7 +227,7 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 return func(*args, **kwargs)
         if self.shadow_count and func in _SCALAR:
             value = self._shadow_value(func, args, kwargs, tensors)
-            if value is not _NO_VALUE:
+            if value is not NO_VALUE:
                 return value
         module = self.module()
         name = _NAMES.get(func)
@@ -326,17 +238,11 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if forward and torch.is_grad_enabled():
             self._tag_nodes(tensors)
         rnn_cell = func in fastpath.RNN_CELLS
-        if is_fast:
-            violation = (fastpath.check_fused(func, args, kwargs, self.stand, self.autocast_here())
-                         if func in fastpath.FUSED else None)
-        elif func in fastpath.RNN_CONTRACT:
-            violation = fastpath.check_rnn_cell(func, args, kwargs)
-        else:
-            violation = contracts.check(func, args, kwargs, self.device_type)
-            if not contracts.is_covered(func):
-                self.trace.uncovered.setdefault(name, set()).add(module)
-        if violation is not None:
-            self.trace.events.append(self._event(func, name, module, args, kwargs, violation, None, is_fast))
+        call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast)
+        for obs in self._checkers:
+            violation = obs.check(call)
+            if violation is not None:
+                self.trace.events.append(self._event(func, name, module, args, kwargs, violation, None, is_fast))
         try:
             if is_fast and self.fake and fastpath.needs_fake_run(func, args, self.stand):
                 mask = self.value_of(args[1]) if func in fastpath.LEFT_ALIGNED and len(args) > 1 else None
@@ -351,85 +257,12 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if self.trace.failure is None:
                 self.trace.failure = self._event(func, name, module, args, kwargs, None, exc, is_fast)
             raise
-        self._propagate(func, name, module, tensors, out, forward)
+        outs = self._propagate(func, name, module, tensors, out, forward)
         if self.shadow_count and not is_fast:
             self._shadow_run(func, args, kwargs, tensors, out)
+        for obs in self._afters:
+            obs.after(call, outs)
         return out
-
-    # -- values of small tensors (fake tensors have none) ------------------------------------
-    # Masks, ids and positions derived only from the inputs and small constants keep a real CPU
-    # copy of their values, so value-dependent code (`if mask.all():`, the encoder's left-aligned
-    # mask check) runs as it would for real instead of stopping the fake run.
-
-    def seed_values(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        with _disable_current_modes():  # real copies, even when called inside the fake mode
-            for fake, real in pairs:
-                if real.numel() <= _SHADOW_MAX and real.device.type == "cpu":
-                    self.shadow[fake] = real.detach().clone()  # in-place ops must not reach the caller's
-                    self.shadow_count += 1
-
-    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
-        found: torch.Tensor | None = self.shadow.get(t)
-        return found
-
-    def _real_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
-        missing = False
-
-        def real(x: Any) -> Any:
-            nonlocal missing
-            if isinstance(x, torch.Tensor):
-                value = self.shadow.get(x)
-                if value is None:
-                    missing = True
-                return value
-            if isinstance(x, torch.device):
-                return torch.device("cpu")
-            return x
-
-        out = tree_map(real, (args, kwargs))
-        if missing:
-            return None
-        new_args, new_kwargs = out
-        if "device" in new_kwargs:
-            new_kwargs["device"] = torch.device("cpu")
-        return new_args, new_kwargs
-
-    def _shadow_value(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      tensors: list[torch.Tensor]) -> Any:
-        mapped = self._real_args(args, kwargs) if tensors else None
-        if mapped is None:
-            return _NO_VALUE
-        try:
-            with _disable_current_modes():
-                return func(*mapped[0], **mapped[1])
-        except Exception:
-            return _NO_VALUE
-
-    def _shadow_run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor],
-                    out: Any) -> None:
-        shadow = self.shadow
-        if not all(t in shadow for t in tensors):  # first: the cheap test that fails for most ops
-            return
-        outs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)] \
-            if isinstance(out, (tuple, list)) else []
-        if not outs or any(o.is_nested or o.numel() > _SHADOW_MAX for o in outs) or (func.is_view and not tensors):
-            return
-        if not tensors and func._schema.is_mutable:
-            return
-        mapped = self._real_args(args, kwargs)
-        if mapped is None:
-            return
-        try:
-            with _disable_current_modes():
-                real = func(*mapped[0], **mapped[1])
-        except Exception:  # a value we cannot compute is a value we do not know
-            return
-        reals = [real] if isinstance(real, torch.Tensor) else [r for r in real if isinstance(r, torch.Tensor)] \
-            if isinstance(real, (tuple, list)) else []
-        for o, r in zip(outs, reals, strict=False):
-            if o not in self.shadow:
-                self.shadow[o] = r
-                self.shadow_count += 1
 
     def _run_with_caller_autocast(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dtype = self.autocast_here()
@@ -440,7 +273,7 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _event(self, func: Any, name: str, module: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                violation: Violation | None, error: BaseException | None, is_fast: bool) -> Event:
-        tensors = contracts.tensor_args(args, kwargs)
+        tensors = tensor_args(args, kwargs)
         return Event(
             self.phase, module, name, violation, error,
             tuple(t.dtype for t in tensors), tuple(shape_of(t) for t in tensors),
@@ -461,16 +294,15 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._tag_nodes(flat_outputs(out))
 
     def _propagate(self, func: Any, name: str, module: str, tensors: list[torch.Tensor], out: Any,
-                   forward: bool) -> None:
+                   forward: bool) -> list[torch.Tensor]:
         if isinstance(out, torch.Tensor):
             outs: list[torch.Tensor] = [out]
         elif isinstance(out, (tuple, list)):
             outs = [o for o in out if isinstance(o, torch.Tensor)]
         else:
-            return
+            return []
         prov = self.prov
         record = self.record_ops
-        is_view = func.is_view if forward else True
         for o in outs:
             if o in prov:  # in-place: the tensor keeps its origin
                 continue
@@ -497,17 +329,13 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             prov[o] = chosen
             if forward:
                 self.creator[o] = module
-                if not is_view and o.is_floating_point() and not o.is_nested:
-                    key = name_of(dtype)
-                    self.trace.activation_bytes[key] = (
-                        self.trace.activation_bytes.get(key, 0) + o.numel() * o.element_size()
-                    )
         if record:  # raw (dtype, shape) pairs: formatting waits until someone reads them
             self.trace.ops.append((
                 module, name, self.phase,
                 tuple((t.dtype, shape_of(t)) for t in tensors),
                 tuple((o.dtype, shape_of(o)) for o in outs),
             ))
+        return outs
 
     def _new_origin(self, func: Any, name: str, module: str, tensors: list[torch.Tensor],
                     o: torch.Tensor) -> Prov:
@@ -523,115 +351,6 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 # -- running a model under the tracer ---------------------------------------------------------
-
-
-def _edge(t: Any) -> tuple[Any, int]:
-    if isinstance(t, torch.Tensor):
-        edge = torch.autograd.graph.get_gradient_edge(t)
-        return edge.node, edge.output_nr
-    return t.node, t.output_nr  # a GradientEdge
-
-
-def python_backward(tracer: Tracer, roots: Any, grads: Any, inputs: Any = (), accumulate: bool = True) -> tuple[
-        torch.Tensor | None, ...]:
-    """Backward without the autograd engine, node by node (what ``torch.autograd.backward`` and
-    ``torch.autograd.grad`` do, minus hooks and streams).
-
-    The engine needs a CUDA context for CUDA tensors, which a CPU-only machine cannot create,
-    even for fake ones; calling the nodes directly runs the same backward formulas, and tells
-    which node runs, for attribution. Tensor and node hooks are not run this way.
-    """
-    buffers: dict[Any, list[torch.Tensor | None]] = {}
-
-    def add(node: Any, nr: int, g: torch.Tensor) -> None:
-        buf = buffers.setdefault(node, [])
-        buf.extend([None] * (nr + 1 - len(buf)))
-        current = buf[nr]
-        buf[nr] = g if current is None else current + g
-
-    starts = []
-    for root, g in zip(roots, grads, strict=False):
-        node, nr = _edge(root)
-        if node is None:
-            continue
-        if g is None:
-            g = torch.ones_like(root)
-        add(node, nr, g)
-        starts.append(node)
-    targets = [_edge(t) for t in inputs]
-    target_nodes = {n for n, _ in targets}
-    captured: dict[tuple[Any, int], torch.Tensor | None] = {}
-    deps: dict[Any, int] = collections.defaultdict(int)
-    seen = set(starts)
-    todo = list(starts)
-    while todo:
-        node = todo.pop()
-        for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
-            deps[nxt] += 1
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    ready = [n for n in dict.fromkeys(starts) if deps[n] == 0]
-    previous = (tracer.current_node, tracer.use_engine_node)
-    tracer.use_engine_node = False
-    try:
-        with torch.no_grad():
-            while ready:
-                node = ready.pop()
-                got = buffers.pop(node, [])
-                if node in target_nodes:
-                    for n, nr in targets:
-                        if n is node:
-                            captured[(n, nr)] = got[nr] if nr < len(got) else None
-                if not accumulate and node.name() == "torch::autograd::AccumulateGrad":
-                    continue
-                n_in = len(node._input_metadata)
-                got = got + [None] * (n_in - len(got))
-                tracer.current_node = node
-                outs = node(*got) if callable(node) else node.apply(*got)
-                if outs is None or isinstance(outs, torch.Tensor):
-                    outs = (outs,)
-                for (nxt, nr), g in zip(node.next_functions, outs, strict=False):
-                    if nxt is None:
-                        continue
-                    if isinstance(g, torch.Tensor):
-                        meta = nxt._input_metadata
-                        if nr < len(meta):
-                            # what the engine's validate_outputs does: reduce broadcasts, cast dtypes
-                            want = meta[nr]
-                            if tuple(want.shape) != tuple(g.shape):
-                                g = g.sum_to_size(want.shape)
-                            if want.dtype != g.dtype:
-                                g = g.to(want.dtype)
-                        add(nxt, nr, g)
-                    deps[nxt] -= 1
-                    if deps[nxt] == 0:
-                        ready.append(nxt)
-    finally:
-        tracer.current_node, tracer.use_engine_node = previous
-    return tuple(captured.get(t) for t in targets) if not accumulate else ()
-
-
-@contextmanager
-def engine_replaced(tracer: Tracer) -> Iterator[None]:
-    """Route ``backward()`` and ``autograd.grad()`` (also inside custom backward functions)
-    through :func:`python_backward` for the duration of a fake-CUDA audit."""
-    import torch.autograd as autograd_pkg
-
-    original = getattr(autograd_pkg, "_engine_run_backward")  # noqa: B009
-
-    def substitute(t_outputs: Any, grad_tensors: Any, keep_graph: Any = None, create_graph: Any = None,
-                   inputs: Any = (), allow_unreachable: Any = True, accumulate_grad: bool = True,
-                   **kwargs: Any) -> tuple[torch.Tensor | None, ...]:
-        return python_backward(tracer, list(t_outputs), list(grad_tensors), tuple(inputs or ()), accumulate_grad)
-
-    setattr(autograd_pkg, "_engine_run_backward", substitute)  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(autograd_pkg, "_engine_run_backward", original)  # noqa: B010
 
 
 def pick_loss(out: Any) -> torch.Tensor | None:
@@ -689,6 +408,7 @@ def run(tracer: Tracer, model: nn.Module, args: tuple[Any, ...], kwargs: dict[st
     finally:
         tracer.stack.clear()
         tracer.phase = "forward"
+        tracer.finish()
     if trace.events:
         trace.status = "error"
     return trace

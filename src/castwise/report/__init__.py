@@ -11,25 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castwise import rules as _rules
+from castwise.trace.events import Origin, RunStatus
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where an offending dtype came from: a module, an op in it, or a named tensor."""
-
-    module: str | None = None
-    op: str | None = None
-    tensor: str | None = None  # e.g. "param encoder.0.weight", "input x", "bf16[2, 4]"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"module": self.module, "op": self.op, "tensor": self.tensor}
-
-    def __str__(self) -> str:
-        parts = [p for p in (self.tensor, self.op and f"op {self.op}") if p]
-        where = f"`{self.module}`" if self.module else "(model input)" if self.module == "" else ""
-        return " ".join(p for p in (where, *parts) if p) or "(unknown)"
 
 
 @dataclass(frozen=True)
@@ -89,7 +73,7 @@ class Run:
     mode: str
     device: str
     policy: str | None
-    status: str  # "ok" | "error"
+    status: RunStatus  # "incomplete": the run stopped before the end (CW902)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "device": self.device, "policy": self.policy, "status": self.status}
@@ -127,6 +111,6 @@ class Report:
         return json.dumps(self.to_dict(), indent=2)
 
     def __str__(self) -> str:
-        from castwise.render import render_report
+        from castwise.report.text import render_report
 
         return render_report(self)

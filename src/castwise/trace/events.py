@@ -1,0 +1,142 @@
+"""What a traced run records: frozen values, torch-free at import.
+
+The tracer (``castwise.trace.tracer``) produces these; the audit's rules read them and the
+report shows them. They hold torch objects (dtypes, exceptions) but never import torch, so the
+torch-free layers (``report``, ``lint``) can name them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from castwise._dtypes import fmt_tensor, name_of
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from castwise.trace.contracts import Violation
+
+Phase = Literal["forward", "backward"]
+RunStatus = Literal["ok", "error", "incomplete"]
+
+ProvKind = Literal["param", "buffer", "attribute", "input", "created", "cast", "autocast", "op", "backward"]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an offending dtype came from: a module, an op in it, or a named tensor."""
+
+    module: str | None = None
+    op: str | None = None
+    tensor: str | None = None  # e.g. "param encoder.0.weight", "input x", "bf16[2, 4]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module": self.module, "op": self.op, "tensor": self.tensor}
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.tensor, self.op and f"op {self.op}") if p]
+        where = f"`{self.module}`" if self.module else "(model input)" if self.module == "" else ""
+        return " ".join(p for p in (where, *parts) if p) or "(unknown)"
+
+
+@dataclass(frozen=True)
+class Prov:
+    """Where a tensor's current dtype came from.
+
+    ``kind``: ``param`` / ``buffer`` / ``attribute`` (a module's plain tensor attribute) /
+    ``input`` (a model input) / ``created`` (a factory op in forward: arange, zeros...) /
+    ``cast`` (an explicit ``.to``) / ``autocast`` (a cast or op autocast chose) / ``op`` (any
+    other op whose result dtype differs from its inputs') / ``backward``.
+    """
+
+    kind: ProvKind
+    module: str
+    op: str | None
+    tensor: str | None
+    dtype: torch.dtype
+
+    def origin(self) -> Origin:
+        if self.kind == "input":  # the tensor text says it is a model input
+            return Origin(None, self.op, self.tensor)
+        if self.module:
+            return Origin(self.module, self.op, self.tensor)
+        # "" would read as a model input: say the root module made it
+        return Origin(None, self.op, f"{self.tensor} at the model's top level")
+
+    def describe(self) -> str:
+        where = f"`{self.module}`" if self.module else "the model's top level"
+        if self.kind in ("param", "buffer", "attribute", "input"):
+            return f"{self.tensor}"
+        what = {"created": "created by", "cast": "cast by", "autocast": "made by autocast in",
+                "op": "made by", "backward": "made in backward by"}.get(self.kind, "made by")
+        return f"{what} {self.op} in {where}" if self.op else f"{what} {where}"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A contract violation, or an op that raised, with the provenance of its operands."""
+
+    phase: Phase
+    module: str
+    op: str
+    violation: Violation | None
+    error: BaseException | None
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    provs: tuple[Prov | None, ...]
+    autocast: torch.dtype | None  # autocast dtype in force where the op ran, if any
+    fastpath: bool
+
+
+@dataclass(frozen=True)
+class Upcast:
+    """A module turned low-precision activations into float32 outside autocast."""
+
+    module: str
+    in_dtype: torch.dtype
+    prov: Prov | None
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Frame:
+    name: str
+    module: nn.Module
+    autocast: torch.dtype | None
+    inputs: list[torch.Tensor]
+
+
+@dataclass
+class Trace:
+    """What one run recorded."""
+
+    # (module, op, phase, inputs, outputs), inputs/outputs as (dtype, shape) pairs
+    ops: list[tuple[str, str, str, tuple[Any, ...], tuple[Any, ...]]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    upcasts: list[Upcast] = field(default_factory=list)
+    uncovered: dict[str, set[str]] = field(default_factory=dict)  # op -> modules
+    activation_bytes: dict[str, int] = field(default_factory=dict)
+    failure: Event | None = None
+    error: BaseException | None = None
+    stack: list[Frame] = field(default_factory=list)  # module stack when the model raised
+    error_phase: Phase = "forward"
+    status: RunStatus = "ok"
+    # what observers beyond the built-in ones recorded, by observer name (numerics, module tree...)
+    observed: dict[str, Any] = field(default_factory=dict)
+
+    def rows(self) -> list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]]:
+        """The recorded ops with tensors printed as ``bf16[2, 4]``."""
+        return [
+            (m, op, phase, tuple(fmt_tensor(name_of(d), s) for d, s in ins),
+             tuple(fmt_tensor(name_of(d), s) for d, s in outs))
+            for m, op, phase, ins, outs in self.ops
+        ]
+
+
+def shape_of(t: torch.Tensor) -> tuple[int, ...]:
+    """The shape, or () for a nested tensor (which has none)."""
+    return () if t.is_nested else tuple(t.shape)
+
+

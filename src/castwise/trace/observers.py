@@ -1,0 +1,144 @@
+"""Observers: what the tracer does with each op, beyond provenance.
+
+The tracer (a dispatch mode) runs every op, keeps provenance, and calls its observers:
+``check`` before the op runs (a contract check answers with a ``Violation``), ``after`` once it
+ran (its outputs in hand), ``module_exit`` when a module returns, ``finish`` at the end of the
+run. Contract checks, silent up-casts and activation bytes are observers; numerics and the
+report's module tree are more. A new observer subclasses :class:`Observer`, overrides what it
+needs, and is passed as ``Tracer(..., observers=[...])``: the tracer itself does not change.
+
+Observers are called for every op of a 405B-parameter audit: keep ``after`` cheap, and do not
+override a hook you do not need (the tracer only calls the hooks an observer overrides).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from castwise._dtypes import name_of
+from castwise.trace.events import Upcast, shape_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from castwise.trace.contracts import Violation
+    from castwise.trace.events import Frame, Trace
+    from castwise.trace.tracer import Tracer
+
+_LOW_NAMES = ("bfloat16", "float16")
+
+
+class OpCall:
+    """One op as the tracer sees it. A plain slotted object, not a dataclass: one is made per op."""
+
+    __slots__ = ("args", "func", "is_fast", "kwargs", "module", "name", "phase", "tensors", "tracer")
+
+    def __init__(self, tracer: Tracer, func: Any, name: str, module: str, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], tensors: list[torch.Tensor], is_fast: bool) -> None:
+        self.tracer = tracer
+        self.func = func  # the aten OpOverload
+        self.name = name  # "aten.addmm"
+        self.module = module  # named_modules() name ("" at the top level)
+        self.phase = tracer.phase
+        self.args = args
+        self.kwargs = kwargs
+        self.tensors = tensors  # the op's tensor arguments, flattened
+        self.is_fast = is_fast  # a fused fast-path kernel (TransformerEncoderLayer, MHA)
+
+    @property
+    def device(self) -> Any:
+        """The simulated target device (a ``castwise.devices.Device``)."""
+        return self.tracer.device
+
+    @property
+    def trace(self) -> Trace:
+        return self.tracer.trace
+
+
+class Observer:
+    """Base class: every hook does nothing. Override the ones you need."""
+
+    name = "observer"
+
+    def check(self, call: OpCall) -> Violation | None:
+        """Before the op runs: the violation a real kernel would raise, or None."""
+        return None
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        """After the op ran (not called when it raised)."""
+
+    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+        """A module's forward returned ``output`` (forward phase only)."""
+
+    def finish(self, trace: Trace) -> None:
+        """The run ended (also when the model raised)."""
+
+
+def overrides(observer: Observer, hook: str) -> bool:
+    """True when ``observer`` defines its own ``hook`` (the tracer skips the base no-ops)."""
+    return getattr(type(observer), hook) is not getattr(Observer, hook)
+
+
+# -- the built-in observers ----------------------------------------------------------------------
+
+
+class ContractObserver(Observer):
+    """Checks every op against what the target device's real kernel accepts (trace/contracts)."""
+
+    name = "contracts"
+
+    def check(self, call: OpCall) -> Violation | None:
+        from castwise.trace import contracts, fastpath
+
+        func = call.func
+        if call.is_fast:
+            if func in fastpath.FUSED:
+                return fastpath.check_fused(func, call.args, call.kwargs, call.tracer.stand,
+                                            call.tracer.autocast_here())
+            return None
+        if func in fastpath.RNN_CONTRACT:
+            return fastpath.check_rnn_cell(func, call.args, call.kwargs)
+        violation = contracts.check(func, call.args, call.kwargs, call.device)
+        if not contracts.is_covered(func):
+            call.trace.uncovered.setdefault(call.name, set()).add(call.module)
+        return violation
+
+
+class ActivationBytesObserver(Observer):
+    """Bytes of floating activations made in forward, by dtype (views and in-place writes excluded)."""
+
+    name = "activation_bytes"
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        if call.phase != "forward" or call.func.is_view:
+            return
+        counts = call.trace.activation_bytes
+        for o in outputs:
+            if not o.is_floating_point() or o.is_nested or any(o is t for t in call.tensors):
+                continue
+            key = name_of(o.dtype)
+            counts[key] = counts.get(key, 0) + o.numel() * o.element_size()
+
+
+class UpcastObserver(Observer):
+    """Modules that take low-precision activations and return float32 outside autocast (CW120)."""
+
+    name = "upcasts"
+
+    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+        if frame.autocast is not None or not frame.name:
+            return
+        ins = [t for t in frame.inputs if t.is_floating_point()]
+        if not ins or not all(name_of(t.dtype) in _LOW_NAMES for t in ins):
+            return
+        from castwise.trace.tracer import flat_outputs
+
+        for t in flat_outputs(output):
+            if name_of(t.dtype) == "float32":
+                tracer.trace.upcasts.append(Upcast(frame.name, ins[0].dtype, tracer.prov.get(t), shape_of(t)))
+                break
+
+
+def default_observers() -> list[Observer]:
+    """What an audit observes: contracts, silent up-casts, activation bytes."""
+    return [ContractObserver(), UpcastObserver(), ActivationBytesObserver()]

@@ -1,0 +1,94 @@
+"""Real values for small fake tensors: masks, ids and positions.
+
+Fake tensors have no values. Tensors derived only from the inputs and small constants keep a
+real CPU copy of their values, so value-dependent code (``if mask.all():``, the encoder's
+left-aligned mask check) runs as it would for real instead of stopping the fake run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_map
+
+_SHADOW_MAX = 1 << 16  # elements: values are kept for small tensors only (masks, ids, positions)
+NO_VALUE = object()
+
+
+class ShadowValues:
+    """Mixed into the tracer: ``shadow`` maps a fake tensor to a real CPU tensor with its values."""
+
+    shadow: Any
+    shadow_count: int
+
+    def seed_values(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        with _disable_current_modes():  # real copies, even when called inside the fake mode
+            for fake, real in pairs:
+                if real.numel() <= _SHADOW_MAX and real.device.type == "cpu":
+                    self.shadow[fake] = real.detach().clone()  # in-place ops must not reach the caller's
+                    self.shadow_count += 1
+
+    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        found: torch.Tensor | None = self.shadow.get(t)
+        return found
+
+    def _real_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        missing = False
+
+        def real(x: Any) -> Any:
+            nonlocal missing
+            if isinstance(x, torch.Tensor):
+                value = self.shadow.get(x)
+                if value is None:
+                    missing = True
+                return value
+            if isinstance(x, torch.device):
+                return torch.device("cpu")
+            return x
+
+        out = tree_map(real, (args, kwargs))
+        if missing:
+            return None
+        new_args, new_kwargs = out
+        if "device" in new_kwargs:
+            new_kwargs["device"] = torch.device("cpu")
+        return new_args, new_kwargs
+
+    def _shadow_value(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      tensors: list[torch.Tensor]) -> Any:
+        mapped = self._real_args(args, kwargs) if tensors else None
+        if mapped is None:
+            return NO_VALUE
+        try:
+            with _disable_current_modes():
+                return func(*mapped[0], **mapped[1])
+        except Exception:
+            return NO_VALUE
+
+    def _shadow_run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor],
+                    out: Any) -> None:
+        shadow = self.shadow
+        if not all(t in shadow for t in tensors):  # first: the cheap test that fails for most ops
+            return
+        outs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)] \
+            if isinstance(out, (tuple, list)) else []
+        if not outs or any(o.is_nested or o.numel() > _SHADOW_MAX for o in outs) or (func.is_view and not tensors):
+            return
+        if not tensors and func._schema.is_mutable:
+            return
+        mapped = self._real_args(args, kwargs)
+        if mapped is None:
+            return
+        try:
+            with _disable_current_modes():
+                real = func(*mapped[0], **mapped[1])
+        except Exception:  # a value we cannot compute is a value we do not know
+            return
+        reals = [real] if isinstance(real, torch.Tensor) else [r for r in real if isinstance(r, torch.Tensor)] \
+            if isinstance(real, (tuple, list)) else []
+        for o, r in zip(outs, reals, strict=False):
+            if o not in self.shadow:
+                self.shadow[o] = r
+                self.shadow_count += 1
