@@ -15,6 +15,9 @@ from torch import nn
 
 import castwise
 from castwise import auditor
+from castwise.auditor.findings import unsupported_dtype
+from castwise.auditor.session import run_audit
+from castwise.auditor.suggest import _safe_fixes
 from castwise.applied import apply
 from castwise.cli import main
 from castwise.errors import AuditError, TargetError
@@ -36,7 +39,7 @@ def _load(path: Path) -> ModuleType:
 def test_every_audit_rule_has_a_fixture() -> None:
     from castwise.rules import audit as audit_rules
 
-    codes = {r.code for r in audit_rules.RULES}
+    codes = set(audit_rules.rules())
     covered = {p.name[:5] for p in AUDIT_FIXTURES}
     assert codes == covered
 
@@ -362,12 +365,12 @@ def test_no_kernel_for_a_dtype_is_cw111_with_an_fp32_island_fix(fake: bool) -> N
 
 
 def test_unsupported_dtype_error_texts_are_recognised() -> None:
-    assert auditor._unsupported_dtype("\"cdist\" not implemented for 'BFloat16'") == torch.bfloat16
-    assert auditor._unsupported_dtype("Unsupported dtype Half") == torch.float16
-    assert auditor._unsupported_dtype("MKL FFT doesn't support tensors of type: BFloat16") == torch.bfloat16
-    assert auditor._unsupported_dtype("linalg.inv: Low precision dtypes not supported. Got Half") == torch.float16
-    assert auditor._unsupported_dtype("mat1 and mat2 must have the same dtype") is False
-    assert auditor._unsupported_dtype("FakeTensor does not support meta") is False  # not a dtype: a fake limit
+    assert unsupported_dtype("\"cdist\" not implemented for 'BFloat16'") == torch.bfloat16
+    assert unsupported_dtype("Unsupported dtype Half") == torch.float16
+    assert unsupported_dtype("MKL FFT doesn't support tensors of type: BFloat16") == torch.bfloat16
+    assert unsupported_dtype("linalg.inv: Low precision dtypes not supported. Got Half") == torch.float16
+    assert unsupported_dtype("mat1 and mat2 must have the same dtype") is False
+    assert unsupported_dtype("FakeTensor does not support meta") is False  # not a dtype: a fake limit
 
 
 def test_float16_lstm_under_cpu_autocast_has_no_onednn_kernel_in_both_modes() -> None:
@@ -516,10 +519,10 @@ def test_a_candidate_that_runs_every_op_as_before_is_never_suggested() -> None:
     # finding that does (as a fake run that missed a real kernel's refusal would).
     model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4)
     policy = Policy.parse("pure_bf16")
-    report, runs, _ = auditor._audit(model, x, policy, "cpu", "eval", True)
+    report, runs = run_audit(model, x, policy, "cpu", "eval", True)
     assert report.ok
     claim = castwise.Finding(code="CW101", message="claimed", module="")
-    fixed = auditor._safe_fixes(policy, [claim], torch.bfloat16)
+    fixed = _safe_fixes(policy, [claim], torch.bfloat16)
     assert fixed is not None and fixed != policy  # a different spelling...
     claimed = castwise.Report(findings=[claim], runs=report.runs)
     assert auditor.suggest_policy(model, x, policy, "cpu", "eval", True, claimed, runs) is None  # ...not a fix

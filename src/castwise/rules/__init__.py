@@ -51,13 +51,26 @@ class Rule:
         )
 
 
-def _build() -> dict[str, Rule]:
-    from castwise.rules import audit as _audit
-    from castwise.rules import lint as _lint
+def _catalog_modules() -> list[Rule]:
+    """Every rule's entry: the audit's rule units, and each catalog module's ``RULES``."""
+    import importlib
+    import pkgutil
 
+    from castwise.rules import audit as _audit
+
+    found = [r.meta for r in _audit.rules().values()]
+    package = importlib.import_module(__name__)
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or info.ispkg:
+            continue
+        found.extend(getattr(importlib.import_module(f"{__name__}.{info.name}"), "RULES", ()))
+    return found
+
+
+def _build() -> dict[str, Rule]:
     registry: dict[str, Rule] = {}
     names: set[str] = set()
-    for rule in (*_audit.RULES, *_lint.RULES):
+    for rule in _catalog_modules():
         # a broken catalog is a bug in castwise, not user input: fail loudly at import
         if not _CODE.match(rule.code) or not _NAME.match(rule.name):
             raise RuntimeError(f"malformed rule code/name: {rule.code} {rule.name}")

@@ -1,0 +1,47 @@
+"""``castwise.audit``: run a model (forward, and backward in train mode) and report its dtype flow.
+
+The audit runs on a fake copy of the model (no weight memory, any size) on the target device,
+under the user's policy, with the tracer (castwise.trace) recording every op and the origin of
+every tensor's dtype, and its observers checking each op against the real kernels' dtype
+contracts. The rules (castwise.rules.audit, one module per code) turn what the runs recorded
+into findings; a suggested policy is searched for by re-auditing the rules' fixes. The user's
+model and every global setting are left exactly as they were.
+
+Layout: ``session`` (copy, apply, run each mode), ``context`` (what rules read), ``findings``
+(events through the rules), ``suggest`` (the verified policy), ``target`` (CLI targets).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from castwise._state import preserved_state
+from castwise.auditor.session import MODES, check_args, run_audit
+from castwise.auditor.suggest import suggest_policy
+from castwise.auditor.target import load_target
+from castwise.policy import Policy
+from castwise.report import Report
+
+
+def audit(model: nn.Module, inputs: Any, *, policy: Policy | str | None = None, device: str | None = None,
+          mode: str = "both", fake: bool = True) -> Report:
+    """Run ``model`` on ``inputs`` (forward, and backward in train mode) and report its dtype flow.
+
+    ``inputs``: a tensor, a tuple of positional args or a dict of keyword args. ``policy``: a
+    Policy or any string ``Policy.parse`` accepts (None: the model as it is, no autocast).
+    ``device``: the target device to simulate (a registered name: "cpu", "cuda"; default where
+    the model is). ``mode``: "train" (forward + backward), "eval" (eval() under no_grad) or
+    "both". ``fake``: fake tensors (no weight memory, any size); False: real tensors on this
+    machine. The user's model and every global setting are left as they were, also when the
+    model raises.
+    """
+    pol, dev = check_args(model, policy, device, mode, fake)
+    report, runs = run_audit(model, inputs, pol, dev, mode, fake)
+    if not report.ok:
+        report.suggested_policy = suggest_policy(model, inputs, pol, dev, mode, fake, report, runs)
+    return report
+
+
+__all__ = ["MODES", "audit", "load_target", "preserved_state", "suggest_policy"]

@@ -1,0 +1,217 @@
+"""What the audit's rules read: one refused op as a :class:`Ctx`, a run as a :class:`Session`.
+
+``make_ctx`` turns an event (a contract violation, or an op that raised) into the context every
+rule check sees: the op, its operands' dtypes and provenance, and which operands are at fault.
+Which operand is "at fault" is decided once, here, so every rule blames the same tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from castwise._dtypes import short_of
+from castwise.devices import Device
+from castwise.rules.audit._text import is_ancestor, where
+from castwise.trace.events import Origin, Prov
+
+if TYPE_CHECKING:
+    from castwise.policy import ModuleRule, Policy
+    from castwise.report import Finding
+    from castwise.trace.events import Trace
+    from castwise.trace.tracer import Tracer
+
+LOW = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Diag:
+    """A diagnosis before it becomes a Finding (findings of several modes and places merge)."""
+
+    code: str
+    module: str
+    op: str | None
+    origin: Origin | None
+    message: str
+    fix: str
+    culprit_modules: tuple[str, ...] = ()
+    expected: str | None = None
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """One refused op, as the rules see it."""
+
+    phase: str
+    module: str
+    op: str | None
+    kind: str | None  # the contract's violation kind, or "unsupported" / None for raised errors
+    text: str  # the real (or predicted) error message
+    dtypes: tuple[torch.dtype, ...]
+    provs: tuple[Prov | None, ...]
+    culprits: list[int]
+    is_fast: bool
+    autocast: torch.dtype | None
+    compute: torch.dtype
+    expected: str | None
+    device: Device
+    dominant: torch.dtype | None
+    unsupported: torch.dtype | None
+    stray: bool  # the culprit is a tensor the policy left off its dtype (CW122)
+    culprit_provs: list[Prov]
+
+    @property
+    def first(self) -> Prov | None:
+        return self.culprit_provs[0] if self.culprit_provs else None
+
+    @property
+    def origin(self) -> Origin | None:
+        first = self.first
+        return first.origin() if first else None
+
+    @property
+    def got(self) -> str:
+        return ", ".join(sorted({short_of(self.dtypes[i]) for i in self.culprits if i < len(self.dtypes)}))
+
+    @property
+    def at(self) -> str:
+        return where(self.module) + (f" ({self.op})" if self.op else "")
+
+    @property
+    def comp(self) -> str:
+        return short_of(self.compute)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.module for p in self.culprit_provs if p.module))
+
+    def diag(self, code: str, message: str, fix: str, origin: Origin | bool | None = True,
+             modules: tuple[str, ...] | None = None) -> Diag:
+        """A diagnosis at this op; ``origin=True``: the culprit's origin."""
+        org = self.origin if origin is True else origin if isinstance(origin, Origin) else None
+        return Diag(code, self.module, self.op, org, message, fix,
+                    self.modules if modules is None else modules, self.expected)
+
+
+def _own(p: Prov, module: str) -> bool:
+    return p.kind in ("param", "buffer") and is_ancestor(p.module, module)
+
+
+def culprits_of(dtypes: tuple[torch.dtype, ...], given: tuple[int, ...], compute: torch.dtype,
+                own: dict[str, torch.dtype] | None = None) -> list[int]:
+    """Which operands are at fault: the table's answer, else those off the expected dtype."""
+    if given:
+        return list(given)
+    floats = [i for i, d in enumerate(dtypes) if d.is_floating_point]
+    if own:
+        want = next(iter(own.values()))
+        odd = [i for i in floats if dtypes[i] != want]
+        if odd:
+            return odd
+    odd = [i for i in floats if dtypes[i] != compute]
+    if odd and len(odd) < len(floats):
+        return odd
+    if len({dtypes[i] for i in floats}) > 1:
+        counts: dict[torch.dtype, int] = {}
+        for i in floats:
+            counts[dtypes[i]] = counts.get(dtypes[i], 0) + 1
+        rare = min(counts, key=lambda d: counts[d])
+        return [i for i in floats if dtypes[i] == rare]
+    return floats
+
+
+def _blame(module: str, dtypes: tuple[torch.dtype, ...], provs: tuple[Prov | None, ...], culprits: list[int],
+           compute: torch.dtype, stray: bool) -> tuple[list[int], list[Prov]]:
+    """The culprits' provenance; when the table blames this module's own weights, the operand that
+    differs from them instead, unless the weights are the odd ones (off the compute dtype)."""
+    culprit_provs = [p for p in (provs[i] for i in culprits if i < len(provs)) if p is not None]
+    causes = [p for p in culprit_provs if not _own(p, module)]
+    if culprit_provs and not causes and not stray:
+        wrong = culprit_provs[0].dtype
+        others = [p for i, p in enumerate(provs) if p is not None and i < len(dtypes)
+                  and dtypes[i].is_floating_point and dtypes[i] != wrong and not _own(p, module)]
+        if others and not (wrong != compute and all(p.dtype == compute for p in others)):
+            causes = others
+            culprits = [i for i, p in enumerate(provs) if p is not None and p in causes]
+    return culprits, causes or culprit_provs
+
+
+def make_ctx(*, phase: str, module: str, op: str | None, kind: str | None, text: str,
+             dtypes: tuple[torch.dtype, ...], provs: tuple[Prov | None, ...], culprits: list[int],
+             is_fast: bool, autocast: torch.dtype | None, compute: torch.dtype, expected: str | None,
+             device: Device, dominant: torch.dtype | None = None, unsupported: torch.dtype | None = None,
+             off_policy: frozenset[str] = frozenset()) -> Ctx:
+    floats = [i for i in range(min(len(dtypes), len(provs))) if dtypes[i].is_floating_point]
+    stray = [i for i in floats if (p := provs[i]) is not None and p.tensor in off_policy
+             and any(dtypes[j] != dtypes[i] for j in floats)]
+    if stray:
+        # a tensor the policy left off its dtype (CW122) is the odd one wherever it meets others
+        culprits = stray
+    if not stray and autocast is None and culprits and all(dtypes[i] == compute for i in culprits
+                                                         if i < len(dtypes)):
+        # outside autocast the model's own dtype is the norm: the operand off it is the odd one
+        odd = [i for i in floats if dtypes[i] != compute]
+        if odd:
+            culprits = odd
+    culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray))
+    return Ctx(phase, module, op, kind, text, dtypes, provs, culprits, is_fast, autocast, compute, expected,
+               device, dominant, unsupported, bool(stray), culprit_provs)
+
+
+@dataclass
+class RunRecord:
+    """One run of the model (a mode) and what the audit knows about the copy it ran."""
+
+    mode: str
+    trace: Trace
+    compute: torch.dtype
+    param_dtypes: dict[str, int] = field(default_factory=dict)
+    casts: list[tuple[str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
+    module_params: dict[str, dict[str, torch.dtype]] = field(default_factory=dict)
+    tracer: Tracer | None = None
+    fake: bool = True
+    device: Device | None = None
+    dominant: torch.dtype = torch.float32  # the copy's most common parameter dtype, as it ran
+    # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
+    unexpected: list[tuple[str, str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
+    unmatched: list[tuple[str, str]] = field(default_factory=list)  # (policy rule, suggestion)
+
+    def off_policy(self) -> frozenset[str]:
+        """The provenance names of the tensors the policy left off its dtype (as the tracer names them)."""
+        return frozenset(f"{kind} {m + '.' if m else ''}{n}" for m, n, kind, _d, _w in self.unexpected)
+
+
+@dataclass(frozen=True)
+class Session:
+    """What run-level rules scan: every run, the policy, and the findings of the event checks."""
+
+    runs: list[RunRecord]
+    policy: Policy | None
+    findings: list[Finding]
+
+
+@dataclass
+class FixContext:
+    """Handed to a rule's ``policy_fix``: the compute dtype and a collector for module rules."""
+
+    compute: torch.dtype
+    rules: list[ModuleRule] = field(default_factory=list)
+    existing: tuple[Any, ...] = ()
+
+    def add(self, selector: str, dtype: torch.dtype, kind: str) -> None:
+        from castwise.policy import ModuleRule
+
+        if not selector or selector in ("*",):
+            return
+        rule = ModuleRule(selector, dtype, kind)  # type: ignore[arg-type]
+        if rule not in self.existing and rule not in self.rules:
+            self.rules.append(rule)
+
+    def culprits(self, finding: Finding) -> list[str]:
+        details = dict(finding.details)
+        found = list(details.get("culprit_modules", []))
+        if not found and finding.origin is not None and finding.origin.module:
+            found = [finding.origin.module]
+        return found

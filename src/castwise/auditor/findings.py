@@ -1,0 +1,210 @@
+"""From what a run recorded to findings: each refused op through the rules' checks in
+precedence order, the model's own error, merged across modes and repeated blocks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from castwise import devices
+from castwise.auditor.context import Diag, RunRecord, culprits_of, make_ctx
+from castwise.report import Finding
+from castwise.rules.audit import cw130, cw902, ordered_checks
+from castwise.trace.events import Event, Prov
+
+# what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"
+# (a KeyError("not a dtype problem") is not a dtype error)
+_DTYPE_ERROR = re.compile(
+    r"scalar type|same dtype|dtypes? (?:mismatch|do(?:es)? not match)|to have the same|should be the same|"
+    r"mixed dtype|expected (?:both|all)?.{0,40}(?:dtype|type)|found (?:BFloat16|Half|Float|Double)|"
+    r"(?:BFloat16|Half|Float|Double|float16|bfloat16|float32) (?:!=|and) |"
+    r"got (?:BFloat16|Half|Float|Double|float16|bfloat16|float32|torch\.\w+)|"
+    r"dtype .{0,40}(?:!=|but got|instead|does not match)|dtypes match|data ?type|"
+    r"only supports? (?:fp16|bf16|half|float16|bfloat16)",
+    re.IGNORECASE,
+)
+_DTYPE_EXCEPTIONS = (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError)
+_UNSUPPORTED_TEXT = re.compile(
+    r"not implemented for '(\w+)'|[Uu]nsupported dtype:? '?(\w+)|not supported for (?:dtype )?'?(\w+)'?|"
+    r"does(?: not|n't) support (?:dtype |tensors of type:? )?'?(\w+)'?|dtypes not supported\. Got (\w+)",
+)
+_SCALAR_NAMES = {"BFloat16": torch.bfloat16, "Half": torch.float16, "Float": torch.float32,
+                 "Double": torch.float64, "ComplexHalf": torch.complex32, "Long": torch.int64,
+                 "Int": torch.int32, "Bool": torch.bool, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CUDA_RUNTIME = re.compile(
+    r"nvidia driver|cuda driver|cuda error|torch not compiled with cuda|no cuda gpus|cudaerror|"
+    r"cuda runtime|cuda_visible_devices|cudnn",
+    re.IGNORECASE,
+)
+_FAKE_LIMITS = frozenset({
+    "DataDependentOutputException", "DynamicOutputShapeException", "UnsupportedOperatorException",
+    "UnsupportedFakeTensorException", "GuardOnDataDependentSymNode",
+})
+
+
+def is_dtype_error(exc: BaseException) -> bool:
+    """An exception that reports dtypes (a kernel's or a layer's own dtype check)."""
+    return isinstance(exc, _DTYPE_EXCEPTIONS) and bool(_DTYPE_ERROR.search(str(exc)))
+
+
+def unsupported_dtype(text: str) -> torch.dtype | bool:
+    """The dtype an "unsupported dtype" error names; True for a kernel that names none (oneDNN);
+    False: not such an error."""
+    if "could not create a primitive descriptor" in text:
+        return True  # oneDNN has no kernel for these operands (e.g. a float16 LSTM on CPU)
+    match = _UNSUPPORTED_TEXT.search(text)
+    if match is None:
+        return False
+    word = next((g for g in match.groups() if g), "")
+    # only a dtype the kernel names makes it a dtype problem ("does not support X" may be anything)
+    return _SCALAR_NAMES.get(word, False)
+
+
+def _cuda_runtime_error(exc: BaseException) -> bool:
+    """The exception came from touching the real CUDA runtime (a fake CUDA audit's limit)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return "AcceleratorError" in names or bool(_CUDA_RUNTIME.search(str(exc)))
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    text = str(exc).lower()
+    return bool(names & {"DataDependentOutputException", "DynamicOutputShapeException",
+                         "GuardOnDataDependentSymNode"}) or "data-dependent" in text or "data dependent" in text
+
+
+def _fake_limit(exc: BaseException) -> bool:
+    """The fake-tensor machinery could not run an op: a limit of the audit, not a model error."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    text = str(exc).lower()
+    return bool(names & _FAKE_LIMITS) or "nestedtensorimpl" in text or "fake tensor" in text \
+        or _data_dependent(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def classify(r: RunRecord, **event: Any) -> Diag:
+    """The first rule check (in precedence order) that explains this refused op."""
+    ctx = make_ctx(**event, compute=r.compute, device=r.device or devices.CPU, dominant=r.dominant,
+                   off_policy=r.off_policy())
+    for check in ordered_checks():
+        diag = check.match(ctx)
+        if diag is not None:
+            return diag
+    raise RuntimeError("castwise: no audit rule matched (the catch-all CW110 is missing)")
+
+
+def _from_event(ev: Event, r: RunRecord) -> Diag:
+    v = ev.violation
+    text = v.message if v is not None else f"{type(ev.error).__name__}: {ev.error}"
+    culprits = culprits_of(ev.dtypes, v.culprits if v is not None else (), r.compute)
+    return classify(r, phase=ev.phase, module=ev.module, op=ev.op, kind=v.kind if v is not None else None,
+                    text=text, dtypes=ev.dtypes, provs=ev.provs, culprits=culprits, is_fast=ev.fastpath,
+                    autocast=ev.autocast, expected=v.expected if v is not None else None)
+
+
+def _forward_echo(ev: Event, forward: list[Event]) -> bool:
+    """A backward violation that only repeats a forward one: the fake run went on past a forward
+    error (the real run would have stopped there), and the same op's backward meets the same mix."""
+    return ev.phase == "backward" and any(f.module == ev.module or f.op == ev.op for f in forward)
+
+
+def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None) -> Diag:
+    """Python code raised on dtypes (a strict layer's own check): the module's inputs and weights."""
+    trace = r.trace
+    frame = trace.stack[-1] if trace.stack else None
+    tensors = [t for t in frame.inputs if t.is_floating_point()] if frame else []
+    own = r.module_params.get(module, {})
+    prov_of = r.tracer.prov_of if r.tracer is not None else (lambda t: None)
+    provs = tuple(prov_of(t) for t in tensors) + tuple(
+        Prov("param", module, None, f"param {module + '.' if module else ''}{n}", d) for n, d in own.items()
+    )
+    dtypes = tuple(t.dtype for t in tensors) + tuple(own.values())
+    return classify(r, phase=trace.error_phase, module=module, op=None, kind=kind, text=text, dtypes=dtypes,
+                    provs=provs, culprits=culprits_of(dtypes, (), r.compute, own), is_fast=False,
+                    autocast=frame.autocast if frame else None, expected=None, unsupported=bad)
+
+
+def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
+    """The finding for what the model raised (None: already reported as a predicted violation)."""
+    trace, fail = r.trace, r.trace.failure
+    last = trace.events[-1] if trace.events else None
+    if fail is not None and last is not None and last.op == fail.op and last.module == fail.module:
+        return None  # the real kernel raised what the table predicted (real mode): already reported
+    forward = [ev for ev in trace.events if ev.phase == "forward"]
+    if forward and trace.error_phase == "backward" and r.fake:
+        return None  # backward of a forward the real run would not have finished
+    module = trace.stack[-1].name if trace.stack else (fail.module if fail else "")
+    text = f"{type(exc).__name__}: {_first_line(exc)}"
+    unsupported = unsupported_dtype(str(exc))
+    kind = "unsupported" if unsupported is not False else None
+    bad = unsupported if isinstance(unsupported, torch.dtype) else None
+    simulated_cuda = r.fake and r.device is not None and r.device.kernels == "cuda"
+    cuda_limit = simulated_cuda and _cuda_runtime_error(exc)
+    if r.fake and (_fake_limit(exc) or cuda_limit) and kind is None:
+        return cw902.diagnose(module=fail.module if fail else module, op=fail.op if fail else None, text=text,
+                              cuda_limit=cuda_limit, data_dependent=_data_dependent(exc),
+                              simulated_cuda=simulated_cuda)
+    dtype_error = kind is not None or is_dtype_error(exc)
+    if dtype_error and fail is not None:
+        # an op raised on dtypes (a custom op's own check, a kernel in a real run)
+        return classify(r, phase=fail.phase, module=fail.module, op=fail.op, kind=kind, text=text,
+                        dtypes=fail.dtypes, provs=fail.provs, culprits=culprits_of(fail.dtypes, (), r.compute),
+                        is_fast=fail.fastpath, autocast=fail.autocast, expected=None, unsupported=bad)
+    if dtype_error:
+        return _raised_in_python(r, module, kind, text, bad)
+    return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
+
+
+def diags_of_run(r: RunRecord) -> list[Diag]:
+    """The error findings of one run: contract violations, then what the model raised."""
+    forward = [ev for ev in r.trace.events if ev.phase == "forward"]
+    out = [_from_event(ev, r) for ev in r.trace.events if not _forward_echo(ev, forward)]
+    if r.trace.error is not None:
+        raised = _raised(r, r.trace.error)
+        if raised is not None:
+            out.append(raised)
+    return out
+
+
+def merge(per_mode: dict[str, list[Diag]]) -> list[Finding]:
+    """One finding per (code, op): the first diagnosis, its modes, the other places it shows."""
+    merged: dict[tuple[str, str | None], tuple[Diag, list[str], list[str]]] = {}
+    for mode, diags in per_mode.items():
+        for d in diags:
+            key = (d.code, d.op)
+            if key not in merged:
+                merged[key] = (d, [mode], [d.module])
+                continue
+            first, modes, places = merged[key]
+            if mode not in modes:
+                modes.append(mode)
+            if d.module not in places:
+                places.append(d.module)
+            extra = tuple(m for m in d.culprit_modules if m not in first.culprit_modules)
+            if extra:
+                merged[key] = (Diag(first.code, first.module, first.op, first.origin, first.message, first.fix,
+                                    first.culprit_modules + extra, first.expected), modes, places)
+    return [_finding(d, tuple(m for m in ("train", "eval") if m in modes), places)
+            for d, modes, places in merged.values()]
+
+
+def _finding(d: Diag, modes: tuple[str, ...], places: list[str]) -> Finding:
+    message = d.message.rstrip()
+    if not message.endswith((".", "?", "!")):
+        message += "."
+    if len(places) > 1:
+        more = ", ".join(f"`{p}`" for p in places[1:4]) + (", ..." if len(places) > 4 else "")
+        message += f" Also at {more}." if len(places) == 2 else f" Also at {len(places) - 1} more modules: {more}."
+    details: list[tuple[str, Any]] = []
+    if d.culprit_modules:
+        details.append(("culprit_modules", list(d.culprit_modules)))
+    if len(places) > 1:
+        details.append(("also_at", places[1:]))
+    return Finding(code=d.code, message=message, module=d.module, op=d.op, origin=d.origin, modes=modes,
+                   fix=d.fix, details=tuple(details))

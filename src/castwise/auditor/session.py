@@ -1,0 +1,256 @@
+"""One audit session: the user's model copied (fake or real), the policy applied, each mode
+run under the tracer, and the runs' records turned into a report by the rules."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from castwise import _autocast, devices
+from castwise._dtypes import name_of
+from castwise._state import preserved_state
+from castwise.auditor.context import RunRecord, Session
+from castwise.auditor.findings import diags_of_run, merge
+from castwise.errors import AuditError, PolicyError
+from castwise.policy import Policy
+from castwise.report import Finding, Report, Run
+from castwise.rules import audit as audit_rules
+from castwise.trace import fake as fake_mod
+from castwise.trace.events import RunStatus, Trace
+from castwise.trace.tracer import Tracer, run
+
+MODES = ("both", "eval", "train")
+
+
+def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    if isinstance(inputs, list):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _parse_policy(policy: Any) -> Policy | None:
+    if policy is None:
+        return None
+    if isinstance(policy, (str, Policy)):
+        return Policy.parse(policy)
+    raise AuditError(f"policy must be a castwise.Policy, a policy string or None, not {type(policy).__name__}")
+
+
+def _model_device(model: nn.Module) -> str:
+    for t in (*model.parameters(), *model.buffers()):
+        return "cpu" if t.device.type == "meta" else t.device.type
+    return "cpu"
+
+
+def dominant_dtype(model: nn.Module) -> torch.dtype:
+    counts: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    # a tie goes to float32: hand-casting goes the other way
+    return max(counts, key=lambda d: (counts[d], d == torch.float32)) if counts else torch.float32
+
+
+def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    try:
+        params = [p.name for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    named = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)]
+    return named + list(kwargs.items())
+
+
+def _named_tensors(name: str, obj: Any) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        return [(name, obj)]
+    if isinstance(obj, (list, tuple)):
+        return [x for i, v in enumerate(obj) for x in _named_tensors(f"{name}[{i}]", v)]
+    if isinstance(obj, dict):
+        return [x for k, v in obj.items() for x in _named_tensors(f"{name}[{k!r}]", v)]
+    return []
+
+
+
+# -- one run ------------------------------------------------------------------------------------
+
+
+def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool,
+              compute: torch.dtype, record_ops: bool,
+              observers: list[Any] | None = None) -> RunRecord:
+    from castwise.applied import apply, iter_casts
+
+    dev = devices.get(device)
+
+    args, kwargs = _split_inputs(inputs)
+    named = _input_names(model, args, kwargs)
+    fmode = fake_mod.new_mode() if fake else None
+    if fmode is not None:
+        copy = fake_mod.fake_model(model, fmode, dev.fake_device)
+        memo: dict[int, torch.Tensor] = {}
+        args = fake_mod.fake_inputs(args, fmode, dev.fake_device, memo)
+        kwargs = fake_mod.fake_inputs(kwargs, fmode, dev.fake_device, memo)
+        named = [(n, fake_mod.fake_inputs(v, fmode, dev.fake_device, memo)) for n, v in named]
+    else:
+        copy = fake_mod.real_model(model)
+        args, kwargs = fake_mod.real_inputs(args), fake_mod.real_inputs(kwargs)
+        named = _input_names(copy, args, kwargs)
+    result = RunRecord(mode, Trace(), compute, fake=fake, device=devices.get(device))
+    with contextlib.ExitStack() as stack:
+        # the run is defined by the policy alone, not by an autocast the caller happens to be in
+        for device_type in _autocast.DEVICE_TYPES:
+            stack.enter_context(_autocast.autocast(device_type, None, enabled=False))
+        if fmode is not None and dev.kernels == "cuda":
+            # RNNs ask the CUDA runtime whether cuDNN can run, which fails without a GPU: run them on
+            # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
+            stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        if fmode is not None:
+            stack.enter_context(fmode)
+        applied = apply(copy, policy) if policy is not None else None
+        if applied is not None:
+            result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
+            result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
+        tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops, observers=observers)
+        tracer.seed_inputs([x for n, v in named for x in _named_tensors(n, v)])
+        if fmode is not None:
+            originals = _split_inputs(inputs)
+            real = [t for _n, t in _named_tensors("", originals)]
+            tracer.seed_values([(memo[id(t)], t) for t in real if id(t) in memo])
+        for p in copy.parameters():
+            key = name_of(p.dtype)
+            result.param_dtypes[key] = result.param_dtypes.get(key, 0) + p.numel()
+        result.dominant = dominant_dtype(copy)
+        for mname, module in copy.named_modules():
+            result.module_params[mname] = {n: p.dtype for n, p in module.named_parameters(recurse=False)}
+        result.tracer = tracer
+        result.trace = run(tracer, copy, args, kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
+    return result
+
+
+def _unexpected_dtypes(model: nn.Module, policy: Policy, decisions: dict[str, Any],
+                       casts: list[tuple[str, str, torch.dtype, torch.dtype]]) -> list[
+                           tuple[str, str, str, torch.dtype, torch.dtype]]:
+    """Floating parameters/buffers that, after ``apply``, are not in the dtype the policy gives
+    them: what apply leaves alone (mixed policies cast nothing outside islands) in another dtype,
+    e.g. a buffer cast to bf16 by hand in a model trained under bf16-mixed."""
+    cast = {(m, n) for m, n, _b, _a in casts}
+    out: list[tuple[str, str, str, torch.dtype, torch.dtype]] = []
+    seen: set[int] = set()
+    for mname, module in model.named_modules():
+        island = _island_of(mname, decisions)
+        for kind, store in (("param", module._parameters), ("buffer", module._buffers)):
+            for tname, t in store.items():
+                if t is None or id(t) in seen or not t.is_floating_point() or (mname, tname) in cast:
+                    continue
+                seen.add(id(t))
+                if kind == "param":
+                    want = island or policy.param_dtype
+                else:
+                    want = island or (policy.buffer_dtype if policy.is_mixed and policy.buffer_dtype is not None
+                                      else policy.param_dtype if policy.is_mixed else policy.effective_buffer_dtype)
+                if t.dtype != want:
+                    out.append((mname, tname, kind, t.dtype, want))
+    return out
+
+
+def _island_of(name: str, decisions: dict[str, Any]) -> torch.dtype | None:
+    """The dtype of the innermost island that holds module ``name`` (None: no island)."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts), -1, -1):
+        d = decisions.get(".".join(parts[:i]))
+        if d is not None and d.island is not None:
+            island: torch.dtype = d.island
+            return island
+    return None
+
+
+def _current_dtype(model: nn.Module, module: str, name: str) -> torch.dtype:
+    m = model.get_submodule(module) if module else model
+    t = getattr(m, name, None)
+    return t.dtype if isinstance(t, torch.Tensor) else torch.float32
+
+
+def check_args(model: Any, policy: Any, device: Any, mode: Any, fake: Any) -> tuple[Policy | None, str]:
+    """The audit's arguments checked (clear errors naming the valid choices) and normalised."""
+    if not isinstance(model, nn.Module):
+        raise AuditError(f"audit needs a torch.nn.Module, got {type(model).__name__}")
+    if mode not in MODES:
+        raise AuditError(f"mode={mode!r} is not valid; valid: {', '.join(sorted(MODES))}")
+    if device is not None and str(device) not in devices.names():
+        raise AuditError(f"device={device!r} is not valid; valid: {', '.join(devices.names())} (or None: where "
+                         "the model is)")
+    from castwise.applied import applied_to
+
+    applied = applied_to(model)
+    if applied is not None:
+        # its forwards are wrapped by closures over this very object, which a copy would still call
+        raise AuditError(
+            f"{type(model).__name__} is under castwise.apply (policy {applied.policy}); audit the model as it "
+            f"was before applying, with policy='{applied.policy}', or call .remove() on the Applied first"
+        )
+    if not isinstance(fake, bool):
+        raise AuditError(f"fake={fake!r} is not valid; valid: False, True")
+    try:
+        pol = _parse_policy(policy)
+    except PolicyError as exc:
+        raise AuditError(f"policy: {exc}") from exc
+    dev = str(device) if device is not None else _model_device(model)
+    if dev not in devices.names():
+        raise AuditError(f"the model is on {dev!r}; castwise simulates {', '.join(devices.names())}: pass "
+                         "device='cpu' or device='cuda'")
+    if not fake and devices.get(dev).kernels == "cuda" and not torch.cuda.is_available():
+        raise AuditError("a real-tensor audit (fake=False) runs on this machine, which has no CUDA device; "
+                         "audit device='cuda' with fake=True (the default)")
+    return pol, dev
+
+
+def _status(mode: str, findings: list[Finding]) -> RunStatus:
+    """"error" when a finding of this mode is an error, "incomplete" when the run stopped before
+    the end (CW902: part of the model was not checked), else "ok"."""
+    here = [f for f in findings if mode in f.modes]
+    if any(f.level == "error" for f in here):
+        return "error"
+    if any(f.code == "CW902" for f in here):
+        return "incomplete"
+    return "ok"
+
+
+def findings_of(runs: list[RunRecord], policy: Policy | None) -> list[Finding]:
+    """Event checks per run, merged; then every rule's run-level scan."""
+    findings = merge({r.mode: diags_of_run(r) for r in runs})
+    session = Session(runs, policy, list(findings))
+    for rule in audit_rules.rules().values():
+        if rule.scan is not None:
+            findings += rule.scan(session)
+    return findings
+
+
+def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool,
+              *, record_ops: bool = True, observers: list[Any] | None = None) -> tuple[Report, list[RunRecord]]:
+    """Run every mode of the audit and build the report (no suggested policy yet)."""
+    compute = policy.compute_dtype if policy is not None else dominant_dtype(model)
+    modes = ["train", "eval"] if mode == "both" else [mode]
+    with preserved_state():
+        runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
+    findings = findings_of(runs, policy)
+    report = Report(
+        findings=findings,
+        runs=[Run(r.mode, device, None if policy is None else str(policy), _status(r.mode, findings))
+              for r in runs],
+        summary={
+            "params_by_dtype": dict(runs[0].param_dtypes) if runs else {},
+            "activation_bytes_by_dtype": dict(runs[0].trace.activation_bytes) if runs else {},
+            "ops_traced": {r.mode: len(r.trace.ops) for r in runs},
+        },
+        title=f"castwise audit ({'fake' if fake else 'real'} tensors, device {device}, policy "
+              f"{policy if policy is not None else 'none'})",
+    )
+    return report, runs

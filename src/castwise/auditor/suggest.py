@@ -1,0 +1,107 @@
+"""The suggested policy: candidate fixes from the findings' rules, each verified by a re-audit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from castwise.auditor.context import LOW, FixContext, RunRecord
+from castwise.errors import CastwiseError
+from castwise.policy import Policy
+from castwise.report import Finding, Report
+from castwise.rules import audit as audit_rules
+from castwise.rules.audit._text import true_preset
+
+
+def _compute_dtype(model: nn.Module, policy: Policy | None) -> torch.dtype:
+    from castwise.auditor.session import dominant_dtype
+
+    return policy.compute_dtype if policy is not None else dominant_dtype(model)
+
+
+def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str,
+              fake: bool) -> tuple[Report, list[RunRecord]]:
+    from castwise.auditor.session import run_audit as _run
+
+    return _run(model, inputs, policy, device, mode, fake)
+
+
+def _base_policy(policy: Policy | None, compute: torch.dtype) -> Policy:
+    if policy is not None:
+        return policy
+    if compute in LOW:
+        return Policy.parse(true_preset(compute))
+    return Policy.parse("32-true")
+
+
+def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Policy:
+    """One step: the policy with the fixes the error findings point at (each rule's ``policy_fix``)."""
+    units = audit_rules.rules()
+    fx = FixContext(compute, existing=tuple(policy.rules))
+    p = policy
+    for f in findings:
+        rule = units.get(f.code)
+        if f.level == "error" and rule is not None and rule.policy_fix is not None:
+            p = rule.policy_fix(p, f, fx)
+    if fx.rules:
+        p = p.with_rules(*fx.rules)
+    return p
+
+
+def suggest_policy(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool,
+                   report: Report, runs: list[RunRecord], max_audits: int = 5) -> Policy | None:
+    """A policy under which a re-audit finds no error, keeping the user's compute dtype.
+
+    Candidates: the preset for the model's dtype (when it ran without a policy), then that with
+    the fixes the findings point at, then, step by step, the fixes the re-audits' findings point
+    at. Each candidate is verified by a re-audit in the user's own mode (fake or real tensors);
+    the first clean one that changes what runs is returned. A candidate that only re-spells the
+    user's policy (the same policy, or one under which every op runs exactly as before) is never
+    returned: None when no candidate really fixes the model.
+    """
+    compute = _compute_dtype(model, policy)
+    base = _base_policy(policy, compute)
+    queue: list[tuple[Policy, list[Finding]]] = []
+    if policy is None:
+        queue.append((base, report.findings))
+    tried: set[str] = set() if policy is None else {str(policy)}
+    before = _signature(runs)
+    incomplete = any(f.code == "CW902" for f in report.findings)
+    candidate = _safe_fixes(base, report.findings, compute)
+    if candidate is not None:
+        queue.append((candidate, report.findings))
+    audits = 0
+    while queue and audits < max_audits:
+        candidate, _ = queue.pop(0)
+        if str(candidate) in tried or candidate == policy:
+            continue
+        tried.add(str(candidate))
+        audits += 1
+        try:
+            again, again_runs = run_audit(model, inputs, candidate, device, mode, fake)
+        except CastwiseError:
+            continue
+        # a candidate whose run stops earlier than the user's (CW902) is not verified by it
+        cut_short = any(f.code == "CW902" for f in again.findings) and not incomplete
+        if again.ok and not cut_short and _signature(again_runs) != before:
+            return candidate
+        following = _safe_fixes(candidate, again.findings, compute)
+        if following is not None and str(following) not in tried:
+            queue.append((following, again.findings))
+    return None
+
+
+def _signature(runs: list[RunRecord]) -> list[Any]:
+    """Every op each run traced, with its operands' dtypes: two policies with the same signature
+    run the model identically (one is a no-op re-spelling of the other)."""
+    return [(r.mode, r.trace.ops, r.trace.error is not None) for r in runs]
+
+
+def _safe_fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Policy | None:
+    try:
+        fixed = fixes(policy, findings, compute)
+    except CastwiseError:  # two rules that disagree on a module: not a candidate
+        return None
+    return None if fixed == policy else fixed

@@ -1,0 +1,102 @@
+"""The audit's rules: one module per code (``cw101.py`` ...), each defining ``RULE``.
+
+A new rule is its module here, a fixture (tests/rules/fixtures) and its page (the ``meta``
+fields): the catalog and the audit find it by itself. Where checks overlap, the first in
+``PRECEDENCE`` that answers wins; a rule whose checks are not listed here goes before the key
+its ``before`` names (the catch-all ``CW110`` by default).
+
+Precedence, and why:
+1. CW111 no kernel for a dtype at all: nothing to cast "to the other side".
+2. CW112 backward: gradients, whatever the forward looked like.
+3. CW113 a module's own weights cast by hand: the weights are the odd ones, not the inputs.
+4. CW103 a fused fast path: the kernel, not the operands, is the problem.
+5. CW108 a mask: its own fix (dtype=q.dtype, or bool).
+6. CW110.embedding float indices into an embedding.
+7. CW107 ops that never promote (index_put, scatter, lerp...).
+8. CW101 float32 made inside a module meeting its own low-precision weights.
+9. CW104 / CW102 / CW105 / CW106 by the culprit's provenance (autocast, fp32 module, input,
+   created tensor).
+10. CW109 a norm's statistics, then the catch-all CW110.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from castwise.rules.audit._base import AuditRule, Check
+
+PRECEDENCE: tuple[str, ...] = (
+    "CW111", "CW112", "CW113", "CW103", "CW108", "CW110.embedding", "CW107", "CW101",
+    "CW104", "CW102", "CW105", "CW106", "CW109", "CW110",
+)
+
+_RULES: dict[str, AuditRule] | None = None
+
+
+def rules() -> dict[str, AuditRule]:
+    """Every audit rule by code, from the modules of this package (imported once)."""
+    global _RULES
+    if _RULES is None:
+        found: dict[str, AuditRule] = {}
+        for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+            if info.name.startswith("_"):
+                continue
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            rule = getattr(module, "RULE", None)
+            if isinstance(rule, AuditRule):
+                found[rule.code] = rule
+        _RULES = found
+    return _RULES
+
+
+def register(rule: AuditRule) -> None:
+    """Add a rule defined outside this package (a plugin, or a test's toy rule) to the audit and
+    the catalog."""
+    from castwise import rules as catalog
+
+    rules()[rule.code] = rule
+    catalog.REGISTRY[rule.code] = rule.meta
+    _ordered.cache_clear()
+
+
+def unregister(code: str) -> None:
+    from castwise import rules as catalog
+
+    if rules().pop(code, None) is not None:
+        catalog.REGISTRY.pop(code, None)
+    _ordered.cache_clear()
+
+
+def _ordered_impl() -> tuple[Check, ...]:
+    checks = {c.key: c for r in rules().values() for c in r.checks}
+    order = [k for k in PRECEDENCE if k in checks]
+    for r in rules().values():
+        for c in r.checks:
+            if c.key not in order:
+                at = order.index(r.before) if r.before in order else len(order)
+                order.insert(at, c.key)
+    return tuple(checks[k] for k in order)
+
+
+class _Cache:
+    value: tuple[Check, ...] | None = None
+
+    def __call__(self) -> tuple[Check, ...]:
+        if self.value is None:
+            self.value = _ordered_impl()
+        return self.value
+
+    def cache_clear(self) -> None:
+        self.value = None
+
+
+_ordered = _Cache()
+
+
+def ordered_checks() -> tuple[Check, ...]:
+    """The event checks in precedence order."""
+    return _ordered()
+
+
+__all__ = ["PRECEDENCE", "AuditRule", "Check", "ordered_checks", "register", "rules", "unregister"]

@@ -1,0 +1,56 @@
+"""Wording shared by the audit rules' messages and fixes (torch-free)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from castwise._dtypes import name_of, short_of
+
+if TYPE_CHECKING:
+    import torch
+
+
+def generalize(name: str) -> str:
+    """``blocks.0.attn.q_norm`` -> ``blocks.*.attn.q_norm``: one rule for every repeated block."""
+    return ".".join("*" if seg.isdigit() else seg for seg in name.split("."))
+
+
+def is_ancestor(parent: str, child: str) -> bool:
+    return parent == "" or child == parent or child.startswith(parent + ".")
+
+
+def where(module: str) -> str:
+    return f"`{module}`" if module else "the model's top level"
+
+
+def keep_fix(module: str, what: str = "Run") -> str:
+    """How to make ``module`` a float32 island: a keep rule, or in words for the top level (no
+    module rule selects the root: ``keep[]`` is not a selector)."""
+    if module:
+        return f"{what} `{module}` as a float32 island: policy rule `keep[{generalize(module)}]=f32`"
+    return (
+        f"{what} that op in float32 in the model's top-level forward (`x.float()` before it and a cast "
+        "back after it; a module rule cannot select the top level: move the op into a submodule and "
+        "`keep[<that submodule>]=f32`)"
+    )
+
+
+def module_expr(name: str) -> str:
+    """Python for the submodule ``name`` of ``model`` (get_submodule when a segment is an index)."""
+    if all(seg.isidentifier() for seg in name.split(".")):
+        return f"model.{name}"
+    return f"model.get_submodule({name!r})"
+
+
+def torch_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (as written after ``torch.``)."""
+    return name_of(dtype)
+
+
+def true_preset(dtype: torch.dtype) -> str:
+    return "16-true" if short_of(dtype) == "f16" else "bf16-true"
+
+
+def others(dtypes: tuple[torch.dtype, ...], culprits: list[int]) -> str:
+    rest = {short_of(d) for i, d in enumerate(dtypes) if i not in culprits and d.is_floating_point}
+    return ", ".join(sorted(rest))

@@ -1,0 +1,51 @@
+"""CW106 unconverted-tensor: A tensor made in forward (or kept outside the module tree) has the wrong dtype."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from castwise._dtypes import short_of
+from castwise.rules import Rule
+from castwise.rules.audit._base import AuditRule, Check
+from castwise.rules.audit._fixes import out_fix
+from castwise.rules.audit._text import (
+    others,
+)
+
+if TYPE_CHECKING:
+    from castwise.auditor.context import Ctx, Diag
+
+META = Rule(
+    code="CW106",
+    name="unconverted-tensor",
+    category="UNCONVERTED_TENSOR_OR_BUFFER",
+    severity="error",
+    summary="A tensor made in forward (or kept outside the module tree) has the wrong dtype.",
+    detects=(
+        "An op receives a tensor created inside forward with the default dtype (arange, "
+        "zeros, a timestep table) or a plain tensor attribute, in a different dtype than "
+        "the activations it meets."
+    ),
+    why="Module.to(dtype) only reaches parameters and registered buffers.",
+    example=(
+        "freqs = torch.arange(half) / half  # float32, made in forward\n"
+        "self.linear(x * freqs)  # x and weights are bf16"
+    ),
+    fix="Create the tensor with `dtype=x.dtype`, or register it as a buffer.",
+)
+
+
+def _match(ctx: Ctx) -> Diag | None:
+    first = ctx.first
+    if first is None or first.kind not in ("created", "attribute"):
+        return None
+    return ctx.diag(
+        "CW106",
+        f"{ctx.at}: {first.describe()} is {short_of(first.dtype)} (made with the default dtype, or a "
+        f"tensor attribute .to() does not convert) and meets {others(ctx.dtypes, ctx.culprits)}. "
+        f"Real error: {ctx.text}",
+        "Create the tensor with `dtype=x.dtype` (or register it as a buffer so the model's casts reach it).",
+    )
+
+
+RULE = AuditRule(META, checks=(Check("CW106", _match),), policy_fix=out_fix)

@@ -1,0 +1,87 @@
+"""CW122 tensor-not-in-policy-dtype: A parameter or buffer stays in another dtype than the policy gives it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from castwise._dtypes import short_of
+from castwise.rules import Rule
+from castwise.rules.audit._base import AuditRule
+from castwise.rules.audit._text import (
+    generalize,
+    torch_name,
+)
+
+if TYPE_CHECKING:
+    from castwise.auditor.context import Session
+    from castwise.report import Finding
+
+META = Rule(
+    code="CW122",
+    name="tensor-not-in-policy-dtype",
+    category="UNCONVERTED_TENSOR_OR_BUFFER",
+    severity="warning",
+    summary="A parameter or buffer stays in another dtype than the policy gives it.",
+    detects="After the policy is applied, a floating parameter or buffer is still not in "
+    "the policy's dtype for it (param_dtype, buffers=, a module rule, an fp32 "
+    "island): mixed policies cast no tensor outside islands, so a tensor cast by "
+    "hand (a bf16 cache in a float32 model under bf16-mixed) stays as it is. "
+    "Tensors the policy casts are not reported: applying the policy fixes them.",
+    why="Autocast casts the operands of the ops it manages only; ops outside its lists "
+    "(index_put, cat, in-place writes, custom kernels) meet the odd dtype as it is.",
+    example="buffer `cache` made with dtype=torch.bfloat16, audited under bf16-mixed.",
+    fix="Store the tensor in the policy's dtype where it is made, or say what you mean in "
+    "the policy (`buffers=bf16`, `keep[<module>]=bf16`).",
+)
+
+
+def _fix_text(kind: str, dtype: str, want: str, want_torch: str, owner: str) -> str:
+    if kind == "buffer":
+        return (
+            f"Store it in {want} (make it with `dtype=torch.{want_torch}` or `.to()` it where it is made), "
+            f"or add `buffers={dtype}` to the policy if {dtype} is meant."
+        )
+    return f"Cast it back to {want} (it was probably cast by hand), or make its module an island in {dtype}: " + (
+        f"`keep[{generalize(owner)}]={dtype}`." if owner else "a rule on the module that owns it."
+    )
+
+
+def _scan(session: Session) -> list[Finding]:
+    # tensors the policy leaves off the dtype it gives them (apply casts the rest)
+    from castwise.report import Finding
+    from castwise.trace.events import Origin
+
+    policy, runs = session.policy, session.runs
+    if policy is None or not runs or not runs[0].unexpected:
+        return []
+    groups: dict[tuple[str, Any, Any], list[str]] = {}
+    for m, n, kind, dtype, want in runs[0].unexpected:
+        groups.setdefault((kind, dtype, want), []).append(f"{m}.{n}" if m else n)
+    out: list[Finding] = []
+    for (kind, dtype, want), names in groups.items():
+        sample = ", ".join(f"`{x}`" for x in names[:3]) + (", ..." if len(names) > 3 else "")
+        owner = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
+        how = (
+            "mixed policies leave the model's tensors as they are and autocast at each op"
+            if policy.is_mixed
+            else "castwise.apply leaves it as it is"
+        )
+        have, should = short_of(dtype), short_of(want)
+        out.append(
+            Finding(
+                code="CW122",
+                module=owner,
+                origin=Origin(owner or None, None, f"{kind} {names[0]}"),
+                modes=tuple(r.mode for r in runs),
+                message=(
+                    f"{len(names)} {kind}(s) stay {have} under policy {policy}, which gives them {should} "
+                    f"({sample}): {how}, so ops autocast does not manage (index_put, cat, in-place writes, "
+                    f"custom kernels) see {have} meet {should}."
+                ),
+                fix=_fix_text(kind, have, should, torch_name(want), owner),
+            )
+        )
+    return out
+
+
+RULE = AuditRule(META, scan=_scan)

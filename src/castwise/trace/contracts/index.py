@@ -1,0 +1,311 @@
+"""Contracts for embeddings, indexing, scatter/gather, masks and losses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from castwise.devices import Device
+from castwise.trace.contracts._base import (
+    _INDEX_TYPES,
+    BOOL,
+    I32,
+    I64,
+    U8,
+    Args,
+    Kwargs,
+    Tensor,
+    Violation,
+    _arg,
+    _cpp,
+    _legacy,
+    _sc,
+    _viol,
+    result_type,
+)
+
+
+def _embedding(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    w, idx = args[0], args[1]
+    if idx.dtype not in _INDEX_TYPES:
+        return _viol(
+            op,
+            "index",
+            "Expected tensor for argument #1 'indices' to have one of the following scalar "
+            f"types: Long, Int; but got {_legacy(idx.dtype, dev)} instead (while checking arguments for "
+            "embedding)",
+            args,
+            kwargs,
+            [idx],
+            I64,
+        )
+    return w.dtype
+
+
+def _embedding_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    g, idx = args[0], args[1]
+    if idx.dtype not in _INDEX_TYPES:
+        return _viol(
+            op,
+            "index",
+            "Expected tensor for argument #2 'indices' to have one of the following scalar "
+            f"types: Long, Int; but got {_legacy(idx.dtype, dev)} instead (while checking arguments for "
+            "embedding_backward)",
+            args,
+            kwargs,
+            [idx],
+            I64,
+        )
+    return g.dtype
+
+
+def _check_indices(op: str, args: Args, kwargs: Kwargs, indices: Sequence[Tensor | None]) -> Violation | None:
+    for i in indices:
+        if i is not None and i.dtype not in (I64, I32, U8, BOOL):
+            return _viol(
+                op, "index", "tensors used as indices must be long, int, byte or bool tensors", args, kwargs, [i], I64
+            )
+    return None
+
+
+def _index_put(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, indices, values = args[0], args[1], args[2]
+    v = _check_indices(op, args, kwargs, indices)
+    if v:
+        return v
+    if values.dtype != s.dtype:
+        return _viol(
+            op,
+            "index",
+            f"Index put requires the source and destination dtypes match, got "
+            f"{_sc(s.dtype)} for the destination and {_sc(values.dtype)} for the source.",
+            args,
+            kwargs,
+            [values],
+            s.dtype,
+        )
+    return s.dtype
+
+
+def _index(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    return _check_indices(op, args, kwargs, args[1]) or args[0].dtype
+
+
+def _masked_scatter(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, mask, src = args[0], args[1], args[2]
+    if mask.dtype != BOOL:
+        return _viol(
+            op,
+            "mask",
+            f"masked_scatter_ only supports boolean masks, but got mask with dtype {_sc(mask.dtype)}",
+            args,
+            kwargs,
+            [mask],
+            BOOL,
+        )
+    if src.dtype != s.dtype:
+        return _viol(
+            op,
+            "index",
+            f"masked_scatter: expected self and source to have same dtypes but got{_sc(s.dtype)} and {_sc(src.dtype)}",
+            args,
+            kwargs,
+            [src],
+            s.dtype,
+        )
+    return s.dtype
+
+
+def _masked_fill(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, mask, value = args[0], args[1], args[2]
+    if mask.dtype != BOOL:
+        return _viol(
+            op,
+            "mask",
+            f"masked_fill_ only supports boolean masks, but got mask with dtype {_cpp(mask.dtype)}",
+            args,
+            kwargs,
+            [mask],
+            BOOL,
+        )
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        return _viol(
+            op,
+            "mask",
+            f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with {value.dim()} dimension(s).",
+            args,
+            kwargs,
+            [value],
+            None,
+        )
+    return s.dtype  # the value is cast to self's dtype
+
+
+def _scatter(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, index = args[0], args[2]
+    src = args[3] if len(args) > 3 else kwargs.get("src")
+    if index.dtype not in _INDEX_TYPES:
+        return _viol(op, "index", "scatter(): Expected dtype int32/int64 for index", args, kwargs, [index], I64)
+    if isinstance(src, torch.Tensor) and src.dtype != s.dtype:
+        return _viol(
+            op, "index", "scatter(): Expected self.dtype to be equal to src.dtype", args, kwargs, [src], s.dtype
+        )
+    return s.dtype
+
+
+def _gather(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, index = args[0], args[2]
+    if index.dtype not in _INDEX_TYPES:
+        return _viol(op, "index", "gather(): Expected dtype int32/int64 for index", args, kwargs, [index], I64)
+    return s.dtype
+
+
+def _index_select(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, index = args[0], args[2]
+    if index.dtype not in _INDEX_TYPES:
+        return _viol(op, "index", "index_select(): Expected dtype int32 or int64 for index", args, kwargs, [index], I64)
+    return s.dtype
+
+
+def _index_copy(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, index, src = args[0], args[2], args[3]
+    if index.dtype != I64:
+        return _viol(
+            op,
+            "index",
+            f"index_copy_(): Expected a long tensor for index, but got {_sc(index.dtype)}",
+            args,
+            kwargs,
+            [index],
+            I64,
+        )
+    if src.dtype != s.dtype:
+        return _viol(
+            op,
+            "index",
+            f"index_copy_(): self and source expected to have the same dtype, but got (self) "
+            f"{_sc(s.dtype)} and (source) {_sc(src.dtype)}",
+            args,
+            kwargs,
+            [src],
+            s.dtype,
+        )
+    return s.dtype
+
+
+def _index_add(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    s, index, src = args[0], args[2], args[3]
+    if index.dtype not in _INDEX_TYPES:
+        return _viol(op, "index", "index_add_(): Expected dtype int32/int64 for index", args, kwargs, [index], I64)
+    if src.dtype != s.dtype:
+        return _viol(
+            op,
+            "index",
+            f"index_add_(): self ({_sc(s.dtype)}) and source ({_sc(src.dtype)}) must have the same scalar type",
+            args,
+            kwargs,
+            [src],
+            s.dtype,
+        )
+    return s.dtype
+
+
+def _where(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    cond = args[0]
+    if cond.dtype not in (BOOL, U8):  # uint8 still accepted, with a deprecation warning
+        return _viol(
+            op,
+            "mask",
+            f"where expected condition to be a boolean tensor, but got a tensor with dtype {_sc(cond.dtype)}",
+            args,
+            kwargs,
+            [cond],
+            BOOL,
+        )
+    return result_type(args[1:3])
+
+
+# ---------------------------------------------------------------------------------------------
+# losses (Loss.cpp, LossNLL.cpp; CPU measured, the checks are device-agnostic)
+
+
+def _loss_input(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # huber_loss / mse_loss_backward / smooth_l1_loss_backward return the input's dtype
+    x = args[1] if op.endswith("_backward") else args[0]
+    return x.dtype
+
+
+def _loss_target(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    return args[1].dtype  # binary_cross_entropy_with_logits computes in the target's dtype (measured)
+
+
+def _loss_same(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # binary_cross_entropy(input, target, ...) / huber_loss_backward(grad, input, target, ...)
+    backward = op.endswith("_backward")
+    x = args[1] if backward else args[0]
+    others = [args[0], args[2]] if backward else [args[1]]
+    bad = [a for a in others if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
+    if bad:
+        return _viol(
+            op, "mismatch", f"Found dtype {_sc(bad[0].dtype)} but expected {_sc(x.dtype)}", args, kwargs, bad, x.dtype
+        )
+    return x.dtype
+
+
+def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    x, target = args[0], args[1]
+    weight = _arg(args, kwargs, 2, "weight")
+    if target.dtype not in (I64, U8):
+        return _viol(
+            op,
+            "index",
+            f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
+            args,
+            kwargs,
+            [target],
+            I64,
+        )
+    if weight is not None and weight.dtype != x.dtype:
+        return _viol(
+            op,
+            "mismatch",
+            f"expected scalar type {_sc(x.dtype)} but found {_sc(weight.dtype)}",
+            args,
+            kwargs,
+            [weight],
+            x.dtype,
+        )
+    return x.dtype
+
+
+def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    grad, x, target = args[0], args[1], args[2]
+    weight, total = _arg(args, kwargs, 3, "weight"), _arg(args, kwargs, 6, "total_weight")
+    if target.dtype not in (I64, U8):
+        return _viol(
+            op,
+            "index",
+            f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
+            args,
+            kwargs,
+            [target],
+            I64,
+        )
+    bad = [a for a in (grad, weight, total) if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
+    if bad:
+        return _viol(
+            op,
+            "mismatch",
+            f"expected scalar type {_sc(x.dtype)} but found {_sc(bad[0].dtype)}",
+            args,
+            kwargs,
+            bad,
+            x.dtype,
+        )
+    return x.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# pointwise: promotion, in-place castability, strict ops

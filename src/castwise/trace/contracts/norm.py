@@ -1,0 +1,178 @@
+"""Contracts for normalisation layers (layer, group, batch, RMS norm), forward and backward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from castwise.devices import Device
+from castwise.trace.contracts._base import _REDUCED, F32, Args, Kwargs, Tensor, Violation, _arg, _sc, _viol
+
+
+def _norm_params(
+    op: str,
+    args: Args,
+    kwargs: Kwargs,
+    dev: Device,
+    x: Tensor,
+    params: Sequence[Tensor | None],
+    cuda_mixed: bool,
+    kernel_message: bool = False,
+    shared_mixed_check: bool = False,
+) -> Violation | None:
+    defined = [p for p in params if p is not None]
+    if not defined:
+        return None
+    if kernel_message:
+        # layer/group norm backward: no up-front mixed check, the kernel's typed read of the
+        # weight fails instead (CPU measured; the same acceptance rule as the forward)
+        v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed)
+        if v is None:
+            return None
+        found = next(p for p in defined if p.dtype != x.dtype)
+        return Violation(
+            v.op, v.kind, f"expected scalar type {_sc(x.dtype)} but found {_sc(found.dtype)}", v.culprits, v.expected
+        )
+    mixed = defined[0].dtype != x.dtype
+    if dev.kernels == "cuda" and not cuda_mixed:
+        bad = [p for p in defined if p.dtype != x.dtype]
+        if not bad:
+            return None
+        if shared_mixed_check and mixed and not (x.dtype in _REDUCED and all(p.dtype == F32 for p in defined)):
+            msg = "mixed dtype (CPU): expect parameter to have scalar type of Float"  # group_norm.cpp, all devices
+        else:
+            msg = f"expected scalar type {_sc(x.dtype)} but found {_sc(bad[0].dtype)}"
+        return _viol(op, "norm", msg, args, kwargs, bad, x.dtype)
+    if not mixed:
+        bad = [p for p in defined if p.dtype != x.dtype]
+        if not bad:
+            return None
+        return _viol(
+            op, "norm", f"expected scalar type {_sc(x.dtype)} but found {_sc(bad[0].dtype)}", args, kwargs, bad, x.dtype
+        )
+    if x.dtype in _REDUCED:
+        bad = [p for p in defined if p.dtype != F32]
+        if not bad:
+            return None
+        expected = F32
+    else:
+        bad = [p for p in defined if p.dtype != x.dtype]
+        expected = x.dtype
+    msg = (
+        "mixed dtype (CPU): expect parameter to have scalar type of Float"
+        if dev.kernels == "cpu"
+        else f"expected scalar type Float but found {_sc(bad[0].dtype)}"
+    )
+    return _viol(op, "norm", msg, args, kwargs, bad, expected)
+
+
+def _layer_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    x = args[0]
+    v = _norm_params(
+        op, args, kwargs, dev, x, [_arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")], cuda_mixed=False
+    )
+    return v or x.dtype
+
+
+def _group_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    x = args[0]
+    at = 2 if op == "aten.group_norm" else 1  # group_norm(input, num_groups, weight, bias, ...)
+    v = _norm_params(
+        op,
+        args,
+        kwargs,
+        dev,
+        x,
+        [_arg(args, kwargs, at, "weight"), _arg(args, kwargs, at + 1, "bias")],
+        cuda_mixed=False,
+        shared_mixed_check=True,
+    )
+    return v or x.dtype
+
+
+def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # native_batch_norm / _native_batch_norm_legit(_no_training) / _batch_norm_with_update /
+    # cudnn_batch_norm: (input, weight, bias, running_mean, running_var, ...); .no_stats has no
+    # running stats (args[3] is the `training` bool).
+    x = args[0]
+    params = [_arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias")]
+    for i, name in ((3, "running_mean"), (4, "running_var")):
+        p = _arg(args, kwargs, i, name)
+        if isinstance(p, torch.Tensor):
+            params.append(p)
+    v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=True)
+    return v or x.dtype
+
+
+def _layer_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    go, x = args[0], args[1]
+    w, b = _arg(args, kwargs, 5, "weight"), _arg(args, kwargs, 6, "bias")
+    if go.dtype != x.dtype:
+        return _viol(
+            op,
+            "mismatch",
+            f"expected scalar type {_sc(x.dtype)} but found {_sc(go.dtype)}",
+            args,
+            kwargs,
+            [go],
+            x.dtype,
+        )
+    return _norm_params(op, args, kwargs, dev, x, [w, b], cuda_mixed=False, kernel_message=True) or x.dtype
+
+
+def _group_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    go, x = args[0], args[1]
+    if go.dtype != x.dtype:  # group_norm.cpp, all devices
+        return _viol(op, "mismatch", "Expected scalar types of X and dY are same.", args, kwargs, [go], x.dtype)
+    w = _arg(args, kwargs, 4, "weight")
+    return _norm_params(op, args, kwargs, dev, x, [w], cuda_mixed=False, kernel_message=True) or x.dtype
+
+
+def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # the parameters' mixed check runs before grad_out is read (CPU measured)
+    go, x = args[0], args[1]
+    params = [_arg(args, kwargs, 2, "weight")]
+    for i, name in ((3, "running_mean"), (4, "running_var")):
+        p = _arg(args, kwargs, i, name)
+        if isinstance(p, torch.Tensor):
+            params.append(p)
+    v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=True)
+    if v:
+        return v
+    if go.dtype != x.dtype:
+        return _viol(
+            op,
+            "mismatch",
+            f"expected scalar type {_sc(x.dtype)} but found {_sc(go.dtype)}",
+            args,
+            kwargs,
+            [go],
+            x.dtype,
+        )
+    return x.dtype
+
+
+def _rms_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # CPU measured: any weight dtype (layer_norm.cpp falls back from the fused kernel to the
+    # composite when input and weight differ; the result is cast back to the input's dtype).
+    x = args[0]
+    w = _arg(args, kwargs, 2, "weight")
+    if op == "aten._fused_rms_norm" and dev.kernels == "cuda" and w is not None and w.dtype != x.dtype:
+        # called directly, the CUDA fused kernel reads weight as data_ptr<T> of the input's type
+        # (cuda/layer_norm_kernel.cu); the composite rms_norm never calls it with a mismatch
+        return _viol(
+            op, "norm", f"expected scalar type {_sc(x.dtype)} but found {_sc(w.dtype)}", args, kwargs, [w], x.dtype
+        )
+    return x.dtype
+
+
+# ---------------------------------------------------------------------------------------------
+# attention
+#
+# scaled_dot_product_attention: validate_sdpa_input (transformers/attention.cpp, all devices):
+# q, k, v share a dtype; attn_mask is bool, float32, or q's dtype. CPU backends measured. CUDA
+# kernels: flash (transformers/cuda/flash_attn/flash_api.cpp) takes only f16/bf16;
+# memory-efficient (transformers/cuda/attention.cu) takes f32/f16/bf16 with an attn_bias in q's
+# dtype; cudnn (transformers/cuda/attention.cu, cudnn MHA) takes only f16/bf16.
