@@ -14,6 +14,7 @@ import torch
 
 from castwise._dtypes import short_of
 from castwise.devices import Device
+from castwise.rules.audit._base import Diag
 from castwise.rules.audit._text import is_ancestor, where
 from castwise.trace.events import Origin, Prov
 
@@ -24,20 +25,6 @@ if TYPE_CHECKING:
     from castwise.trace.tracer import Tracer
 
 LOW = (torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class Diag:
-    """A diagnosis before it becomes a Finding (findings of several modes and places merge)."""
-
-    code: str
-    module: str
-    op: str | None
-    origin: Origin | None
-    message: str
-    fix: str
-    culprit_modules: tuple[str, ...] = ()
-    expected: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +177,15 @@ class Session:
     runs: list[RunRecord]
     policy: Policy | None
     findings: list[Finding]
+
+    def finding(self, **fields: Any) -> Finding:
+        """A report Finding (rule modules build findings through this, without importing report)."""
+        from castwise.report import Finding
+
+        return Finding(**fields)
+
+    def origin(self, module: str | None, op: str | None, tensor: str | None) -> Origin:
+        return Origin(module, op, tensor)
 
 
 @dataclass

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from castwise import devices
-from castwise.auditor.context import Diag, RunRecord, culprits_of, make_ctx
+from castwise.auditor.context import RunRecord, culprits_of, make_ctx
 from castwise.report import Finding
 from castwise.rules.audit import cw130, cw902, ordered_checks
+from castwise.rules.audit._base import Diag
 from castwise.trace.events import Event, Prov
 
 # what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"

@@ -114,3 +114,6 @@ class Report:
         from castwise.report.text import render_report
 
         return render_report(self)
+
+
+__all__ = ["SEVERITY_ORDER", "Finding", "Origin", "Report", "Run"]

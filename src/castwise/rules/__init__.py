@@ -12,43 +12,15 @@ configurations), CW9xx the audit's own limits (what it could not check).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from castwise.categories import CATEGORIES
+from castwise.rules._rule import SEVERITIES, Rule, Severity
 
-Severity = Literal["error", "warning", "info"]
-SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
+__all__ = ["REGISTRY", "SEVERITIES", "Rule", "Severity", "all_rules", "get", "register", "unregister"]
 
 _CODE = re.compile(r"^CW\d{3}$")
 _NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-
-
-@dataclass(frozen=True)
-class Rule:
-    code: str
-    name: str
-    category: str | None  # one of castwise.categories; None only for non-dtype failures
-    severity: Severity
-    summary: str  # one line
-    detects: str
-    why: str
-    example: str
-    fix: str
-
-    def page(self) -> str:
-        """The rule's documentation page, as `castwise rules CODE` prints it."""
-        category = self.category or "(not a dtype root cause)"
-        return (
-            f"{self.code} {self.name}\n"
-            f"{'=' * (len(self.code) + 1 + len(self.name))}\n"
-            f"{self.summary}\n\n"
-            f"severity: {self.severity}    category: {category}\n\n"
-            f"What it detects\n---------------\n{self.detects.strip()}\n\n"
-            f"Why it matters\n--------------\n{self.why.strip()}\n\n"
-            f"Example\n-------\n{self.example.strip()}\n\n"
-            f"Fix\n---\n{self.fix.strip()}\n"
-        )
 
 
 def _catalog_modules() -> list[Rule]:
@@ -67,21 +39,24 @@ def _catalog_modules() -> list[Rule]:
     return found
 
 
+def _check(rule: Rule, registry: dict[str, Rule] | None = None) -> None:
+    """A broken catalog entry is a bug in castwise (or a plugin), not user input: fail loudly."""
+    registry = REGISTRY if registry is None else registry
+    if not _CODE.match(rule.code) or not _NAME.match(rule.name):
+        raise RuntimeError(f"malformed rule code/name: {rule.code} {rule.name}")
+    if rule.code in registry or any(r.name == rule.name for r in registry.values()):
+        raise RuntimeError(f"duplicate rule code or name: {rule.code} {rule.name}")
+    if rule.category is not None and rule.category not in CATEGORIES:
+        raise RuntimeError(f"{rule.code}: unknown category {rule.category}")
+    if rule.severity not in SEVERITIES:
+        raise RuntimeError(f"{rule.code}: unknown severity {rule.severity}")
+
+
 def _build() -> dict[str, Rule]:
     registry: dict[str, Rule] = {}
-    names: set[str] = set()
     for rule in _catalog_modules():
-        # a broken catalog is a bug in castwise, not user input: fail loudly at import
-        if not _CODE.match(rule.code) or not _NAME.match(rule.name):
-            raise RuntimeError(f"malformed rule code/name: {rule.code} {rule.name}")
-        if rule.code in registry or rule.name in names:
-            raise RuntimeError(f"duplicate rule code or name: {rule.code} {rule.name}")
-        if rule.category is not None and rule.category not in CATEGORIES:
-            raise RuntimeError(f"{rule.code}: unknown category {rule.category}")
-        if rule.severity not in SEVERITIES:
-            raise RuntimeError(f"{rule.code}: unknown severity {rule.severity}")
+        _check(rule, registry)
         registry[rule.code] = rule
-        names.add(rule.name)
     return dict(sorted(registry.items()))
 
 
@@ -106,3 +81,21 @@ def get(code_or_name: str) -> Rule:
 
 def all_rules() -> list[Rule]:
     return list(REGISTRY.values())
+
+
+def register(rule: Any) -> None:
+    """Add an audit rule defined outside castwise (a ``castwise.rules.audit.AuditRule``: a plugin,
+    or a test's toy rule) to the catalog and the audit."""
+    from castwise.rules import audit as _audit
+
+    _check(rule.meta)
+    REGISTRY[rule.code] = rule.meta
+    _audit.add(rule)
+
+
+def unregister(code: str) -> None:
+    """Take out a rule :func:`register` added."""
+    from castwise.rules import audit as _audit
+
+    if _audit.remove(code) is not None:
+        REGISTRY.pop(code, None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from castwise.rules import Rule
+from castwise.rules._rule import Rule
 
 RULES: tuple[Rule, ...] = (
     Rule(

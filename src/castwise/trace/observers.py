@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from castwise._dtypes import name_of
 from castwise.trace.events import Upcast, shape_of
 
 if TYPE_CHECKING:
-    import torch
 
     from castwise.trace.contracts import Violation
     from castwise.trace.events import Frame, Trace
@@ -79,6 +80,21 @@ def overrides(observer: Observer, hook: str) -> bool:
     return getattr(type(observer), hook) is not getattr(Observer, hook)
 
 
+def flat_outputs(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors in a module's output (tensors, tuples, lists, dicts, ModelOutputs)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 4:
+        return []
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in flat_outputs(x, depth + 1)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in flat_outputs(x, depth + 1)]
+    if hasattr(obj, "to_tuple"):
+        return flat_outputs(obj.to_tuple(), depth + 1)
+    return []
+
+
 # -- the built-in observers ----------------------------------------------------------------------
 
 
@@ -131,8 +147,6 @@ class UpcastObserver(Observer):
         ins = [t for t in frame.inputs if t.is_floating_point()]
         if not ins or not all(name_of(t.dtype) in _LOW_NAMES for t in ins):
             return
-        from castwise.trace.tracer import flat_outputs
-
         for t in flat_outputs(output):
             if name_of(t.dtype) == "float32":
                 tracer.trace.upcasts.append(Upcast(frame.name, ins[0].dtype, tracer.prov.get(t), shape_of(t)))

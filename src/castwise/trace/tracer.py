@@ -38,7 +38,7 @@ from castwise.trace import fastpath
 from castwise.trace.backward import engine_replaced
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
-from castwise.trace.observers import Observer, OpCall, default_observers, overrides
+from castwise.trace.observers import Observer, OpCall, default_observers, flat_outputs, overrides
 from castwise.trace.values import NO_VALUE, ShadowValues
 
 _aten = torch.ops.aten
@@ -62,21 +62,6 @@ def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
             elif isinstance(a, (list, tuple)):
                 out.extend(x for x in a if isinstance(x, torch.Tensor))
     return out
-
-
-def flat_outputs(obj: Any, depth: int = 0) -> list[torch.Tensor]:
-    """Tensors in a module's output (tensors, tuples, lists, dicts, ModelOutputs)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if depth > 4:
-        return []
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in flat_outputs(x, depth + 1)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in flat_outputs(x, depth + 1)]
-    if hasattr(obj, "to_tuple"):
-        return flat_outputs(obj.to_tuple(), depth + 1)
-    return []
 
 
 _KEYS = itertools.count()
@@ -345,8 +330,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         if not tensors:
             return Prov("created", module, name, desc, o.dtype)
         if func in _TO_COPY:
-            kind = "autocast" if self.autocast_here() is not None else "cast"
-            return Prov(kind, module, name, desc, o.dtype)
+            if self.autocast_here() is not None:
+                return Prov("autocast", module, name, desc, o.dtype)
+            return Prov("cast", module, name, desc, o.dtype)
         return Prov("op", module, name, desc, o.dtype)
 
 

@@ -50,22 +50,17 @@ def rules() -> dict[str, AuditRule]:
     return _RULES
 
 
-def register(rule: AuditRule) -> None:
-    """Add a rule defined outside this package (a plugin, or a test's toy rule) to the audit and
-    the catalog."""
-    from castwise import rules as catalog
-
+def add(rule: AuditRule) -> None:
+    """Add a rule defined outside this package to the audit (``castwise.rules.register`` also
+    puts it in the catalog: use that)."""
     rules()[rule.code] = rule
-    catalog.REGISTRY[rule.code] = rule.meta
     _ordered.cache_clear()
 
 
-def unregister(code: str) -> None:
-    from castwise import rules as catalog
-
-    if rules().pop(code, None) is not None:
-        catalog.REGISTRY.pop(code, None)
+def remove(code: str) -> AuditRule | None:
+    found = rules().pop(code, None)
     _ordered.cache_clear()
+    return found
 
 
 def _ordered_impl() -> tuple[Check, ...]:
@@ -99,4 +94,4 @@ def ordered_checks() -> tuple[Check, ...]:
     return _ordered()
 
 
-__all__ = ["PRECEDENCE", "AuditRule", "Check", "ordered_checks", "register", "rules", "unregister"]
+__all__ = ["PRECEDENCE", "AuditRule", "Check", "add", "ordered_checks", "remove", "rules"]

@@ -20,11 +20,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from castwise.rules import Rule
+from castwise.rules._rule import Rule
 
 if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, Diag, FixContext, Session
+    from castwise.auditor.context import Ctx, FixContext, Session
     from castwise.report import Finding
+    from castwise.trace.events import Origin
+
+
+@dataclass(frozen=True)
+class Diag:
+    """A diagnosis before it becomes a Finding (findings of several modes and places merge)."""
+
+    code: str
+    module: str
+    op: str | None
+    origin: Origin | None
+    message: str
+    fix: str
+    culprit_modules: tuple[str, ...] = ()
+    expected: str | None = None
+
 
 Match = Callable[["Ctx"], "Diag | None"]
 Scan = Callable[["Session"], "list[Finding]"]

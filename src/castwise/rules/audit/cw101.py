@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from castwise._dtypes import short_of
-from castwise.rules import Rule
-from castwise.rules.audit._base import AuditRule, Check
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import keep_module_fix
 from castwise.rules.audit._text import (
     generalize,
@@ -15,7 +15,7 @@ from castwise.rules.audit._text import (
 )
 
 if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, Diag
+    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW101",

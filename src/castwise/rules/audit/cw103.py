@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from castwise.rules import Rule
-from castwise.rules.audit._base import AuditRule, Check
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._text import (
     others,
 )
 
 if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, Diag, FixContext
+    from castwise.auditor.context import Ctx, FixContext
     from castwise.report import Finding
 
 META = Rule(

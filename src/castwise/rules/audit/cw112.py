@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from castwise.rules import Rule
-from castwise.rules.audit._base import AuditRule, Check
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Check, Diag
 
 if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, Diag
+    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW112",

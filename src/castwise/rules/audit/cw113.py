@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from castwise._dtypes import short_of
-from castwise.rules import Rule
-from castwise.rules.audit._base import AuditRule, Check
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._text import (
     module_expr,
     torch_name,
@@ -16,7 +16,7 @@ from castwise.rules.audit._text import (
 if TYPE_CHECKING:
     import torch
 
-    from castwise.auditor.context import Ctx, Diag
+    from castwise.auditor.context import Ctx
     from castwise.trace.events import Prov
 
 META = Rule(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from castwise._dtypes import short_of
-from castwise.rules import Rule
+from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     generalize,
@@ -36,8 +36,6 @@ META = Rule(
 
 def _scan(session: Session) -> list[Finding]:
     # silent float32 up-casts outside autocast, one finding per origin
-    from castwise.report import Finding
-
     seen: dict[tuple[str | None, str], tuple[Any, list[str]]] = {}
     for r in session.runs:
         failed = [ev.module for ev in r.trace.events if ev.phase == "forward"]
@@ -58,7 +56,7 @@ def _scan(session: Session) -> list[Finding]:
         low = short_of(u.in_dtype)
         island = generalize(u.prov.module if u.prov and u.prov.module else u.module)
         out.append(
-            Finding(
+            session.finding(
                 code="CW120",
                 module=u.module,
                 op=u.prov.op if u.prov else None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from castwise.rules import Rule
+from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     where,
@@ -28,8 +28,6 @@ META = Rule(
 
 
 def _scan(session: Session) -> list[Finding]:
-    from castwise.report import Finding
-
     if len(session.runs) != 2:
         return []
     modes = [r.mode for r in session.runs]
@@ -40,7 +38,7 @@ def _scan(session: Session) -> list[Finding]:
     good = next(m for m in errors if m not in bad)
     first = errors[bad[0]][0]
     return [
-        Finding(
+        session.finding(
             code="CW121",
             module=first.module,
             op=first.op,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from castwise._dtypes import short_of
-from castwise.rules import Rule
+from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     generalize,
@@ -48,9 +48,6 @@ def _fix_text(kind: str, dtype: str, want: str, want_torch: str, owner: str) -> 
 
 def _scan(session: Session) -> list[Finding]:
     # tensors the policy leaves off the dtype it gives them (apply casts the rest)
-    from castwise.report import Finding
-    from castwise.trace.events import Origin
-
     policy, runs = session.policy, session.runs
     if policy is None or not runs or not runs[0].unexpected:
         return []
@@ -68,10 +65,10 @@ def _scan(session: Session) -> list[Finding]:
         )
         have, should = short_of(dtype), short_of(want)
         out.append(
-            Finding(
+            session.finding(
                 code="CW122",
                 module=owner,
-                origin=Origin(owner or None, None, f"{kind} {names[0]}"),
+                origin=session.origin(owner or None, None, f"{kind} {names[0]}"),
                 modes=tuple(r.mode for r in runs),
                 message=(
                     f"{len(names)} {kind}(s) stay {have} under policy {policy}, which gives them {should} "

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from castwise.rules import Rule
-from castwise.rules.audit._base import AuditRule
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Diag
 from castwise.rules.audit._text import (
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Diag
 
 META = Rule(
     code="CW130",
@@ -29,8 +24,6 @@ META = Rule(
 
 def diagnose(*, module: str, op: str | None, exc: BaseException) -> Diag:
     """The model raised something that is not a dtype error: reported with the exception kept whole."""
-    from castwise.auditor.context import Diag
-
     text = f"{type(exc).__name__}: {exc}"
     return Diag(
         "CW130",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from castwise.rules import Rule
+from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule
 
 if TYPE_CHECKING:
@@ -27,8 +27,6 @@ META = Rule(
 
 def _scan(session: Session) -> list[Finding]:
     # ops the contract table does not know
-    from castwise.report import Finding
-
     uncovered: dict[str, set[str]] = {}
     for r in session.runs:
         for op, modules in r.trace.uncovered.items():
@@ -38,7 +36,7 @@ def _scan(session: Session) -> list[Finding]:
     ops = sorted(uncovered)
     listed = ", ".join(ops[:12]) + (f" and {len(ops) - 12} more" if len(ops) > 12 else "")
     return [
-        Finding(
+        session.finding(
             code="CW901",
             module=sorted(uncovered[ops[0]])[0],
             op=ops[0],

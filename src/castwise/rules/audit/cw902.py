@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from castwise.rules import Rule
-from castwise.rules.audit._base import AuditRule
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Diag
 from castwise.rules.audit._text import (
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Diag
 
 META = Rule(
     code="CW902",
@@ -31,8 +26,6 @@ def diagnose(
     *, module: str, op: str | None, text: str, cuda_limit: bool, data_dependent: bool, simulated_cuda: bool
 ) -> Diag:
     """The fake run stopped at ``op`` in ``module`` for a reason of the simulation, not the model."""
-    from castwise.auditor.context import Diag
-
     where_ = f"{op or 'an op'} in {where(module)}"
     if cuda_limit:
         why = (
