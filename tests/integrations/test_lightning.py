@@ -293,3 +293,17 @@ def test_parameters_are_keyword_only_and_the_mode_is_checked() -> None:
         CastwiseCallback(True)  # type: ignore[misc]
     with pytest.raises(CastwiseError, match="valid modes: both, eval, train"):
         CastwiseCallback(mode="validation")
+
+
+def test_a_module_with_the_policy_applied_audits_clean(caplog: pytest.LogCaptureFixture) -> None:
+    """After fix=True (or castwise.apply) the module keeps the policy as an instance forward: the
+    next fit's audit must run the step, and the step's self(...) that policy's forward."""
+    module = PoseModule()
+    castwise.apply(module, "bf16-mixed,fastpath=off")  # what CastwiseCallback(fix=True) leaves on it
+    caplog.set_level(logging.INFO, logger="castwise")
+    callback = CastwiseCallback()
+    _trainer(callback).fit(module, _loader(), _loader())
+    assert callback.report is not None and callback.report.ok, callback.report
+    lines = [r.getMessage() for r in caplog.records if r.name == "castwise"]
+    assert lines == ["castwise: audited training_step and validation_step under bf16-mixed: no dtype errors"]
+    assert module.train_steps == 2 and module.val_steps == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +27,23 @@ def step_view(module: nn.Module, step: Callable[[nn.Module, Any], Any], **method
     """A stand-in for ``module`` for the audit to copy and run: the same state (shared, not
     copied: the audit makes its own copy), of a subclass whose ``forward(batch)`` runs
     ``step(self, batch)`` and whose ``methods`` replace the module's own. The step's own
-    ``self(...)`` calls get the module's forward. Module names stay the module's own (a wrapper
-    module would prefix each with its attribute name); the user's object is not touched."""
+    ``self(...)`` calls get the module's forward (an instance ``forward``, such as an applied
+    policy's, included). Module names stay the module's own (a wrapper module would prefix each
+    with its attribute name); the user's object is not touched."""
     cls = type(module)
+    state = dict(module.__dict__)
+    own = state.pop("forward", None)  # castwise.apply's wrapper, bound to the module
+
+    def module_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(own, types.MethodType) and own.__self__ is module:
+            return own.__func__(self, *args, **kwargs)  # bound to the audit's copy, not the user's module
+        if own is not None:
+            return own(*args, **kwargs)
+        return cls.forward(self, *args, **kwargs)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if self.__dict__.get(_IN_STEP):
-            return cls.forward(self, *args, **kwargs)
+            return module_forward(self, *args, **kwargs)
         self.__dict__[_IN_STEP] = True
         try:
             return step(self, *args, **kwargs)
@@ -48,7 +59,12 @@ def step_view(module: nn.Module, step: Callable[[nn.Module, Any], Any], **method
         "__qualname__": cls.__qualname__,
     }
     view: nn.Module = object.__new__(type(cls.__name__, (cls,), namespace))
-    view.__dict__.update(module.__dict__)
+    for name, value in state.items():
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            # bound to the view, a deepcopy rebinds it to the copy (bound to the module, it
+            # would copy the module a second time and run that)
+            state[name] = types.MethodType(value.__func__, view)
+    view.__dict__.update(state)
     return view
 
 
