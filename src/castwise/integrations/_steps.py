@@ -74,7 +74,8 @@ def logger() -> logging.Logger:
     log = logging.getLogger("castwise")
     if not log.hasHandlers():
         log.addHandler(logging.StreamHandler())
-        log.setLevel(logging.INFO)
+        if log.level == logging.NOTSET:  # a level the user set stays
+            log.setLevel(logging.INFO)
         log.propagate = False  # a root handler configured later would print each line twice
     return log
 
@@ -144,7 +145,8 @@ class AuditGate:
         elif raised:
             if log:
                 logger().warning(
-                    "castwise: audited %s: %s castwise lets the %s go on: the step raises it itself.",
+                    "castwise: audited %s: %s castwise does not stop the %s for an error that is not about dtypes; "
+                    "the code after it was not audited.",
                     audited,
                     raised[0].message,
                     where,
@@ -152,7 +154,9 @@ class AuditGate:
         elif log:
             others = sorted({f.code for f in report.findings})
             more = f" ({', '.join(others)}: see {self.owner}.report)" if others else ""
-            logger().info("castwise: audited %s: no dtype errors%s", audited, more)
+            # CW902: the fake run stopped early; what it did not reach was not checked
+            reached = " in the part the audit could run" if "CW902" in others else ""
+            logger().info("castwise: audited %s: no dtype errors%s%s", audited, reached, more)
 
     def _apply(self, policy: Any, model: nn.Module) -> None:
         from castwise.applied import apply
