@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
@@ -20,14 +23,29 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 def _model() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(config)
 
 
-def _trainer(model: LlamaForCausalLM, callback: CastwiseTrainerCallback, tmp_path: object, **kw: object) -> Trainer:
-    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, max_steps=1, per_device_train_batch_size=2,
-                             report_to=[], save_strategy="no", logging_strategy="no", **kw)
+def _trainer(model: LlamaForCausalLM, callback: CastwiseTrainerCallback, tmp_path: object, **kw: Any) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        max_steps=1,
+        per_device_train_batch_size=2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        **kw,
+    )
     return Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback])
 
 
@@ -43,10 +61,13 @@ def test_precision_mapping() -> None:
     assert trainer_precision(Args()) is None
 
 
-def test_clean_model_trains(tmp_path: object) -> None:
+def test_clean_model_trains_and_says_so_in_one_log_line(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="castwise")
     callback = CastwiseTrainerCallback()
     _trainer(_model(), callback, tmp_path, bf16=True).train()
     assert callback.report is not None and callback.report.ok
+    lines = [r.getMessage() for r in caplog.records if r.name == "castwise"]
+    assert lines == ["castwise: audited the model's forward in train and eval mode under bf16-mixed: no dtype errors"]
 
 
 def test_half_cast_head_stops_training_before_the_first_step(tmp_path: object) -> None:
@@ -54,6 +75,20 @@ def test_half_cast_head_stops_training_before_the_first_step(tmp_path: object) -
     model.lm_head.to(torch.bfloat16)  # one layer cast by hand, no autocast to reconcile it
     callback = CastwiseTrainerCallback()
     before = model.model.embed_tokens.weight.detach().clone()
-    with pytest.raises(CastwiseAuditError, match="lm_head"):
+    with pytest.raises(CastwiseAuditError, match="lm_head") as info:
         _trainer(model, callback, tmp_path).train()
     assert torch.equal(model.model.embed_tokens.weight, before)  # no step ran
+    # the way on names this callback, not the Lightning one
+    assert "(CastwiseTrainerCallback(fix=True) applies it" in str(info.value)
+    assert "CastwiseCallback(" not in str(info.value)
+
+
+def test_fix_applies_the_policy_and_says_so_in_one_log_line(tmp_path: object, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="castwise")
+    model = _model()
+    model.lm_head.to(torch.bfloat16)
+    callback = CastwiseTrainerCallback(fix=True)
+    _trainer(model, callback, tmp_path).train()
+    assert callback.applied is not None and model.lm_head.weight.dtype == torch.float32
+    lines = [r.getMessage() for r in caplog.records if r.name == "castwise"]
+    assert lines == [f"castwise: applied suggested policy {callback.applied.policy} (fixes CW113 at lm_head)"]

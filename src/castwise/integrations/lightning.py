@@ -3,10 +3,11 @@
 At fit start (before the sanity check and the first training step) the callback audits the
 module's ``training_step`` (train mode, with backward) and ``validation_step`` (eval mode,
 under no_grad) on fake tensors with a batch from the train dataloader, under the Trainer's
-precision string and device. An error finding stops the fit with ``CastwiseAuditError``, whose
+precision string and device. A dtype error stops the fit with ``CastwiseAuditError``, whose
 message names the module and the fix; with ``fix=True`` the suggested policy is applied to the
-module and the fit goes on. Lightning's own precision plugin still does its job (autocast,
-input conversion): castwise adds the fp32 islands, output casts and fast-path setting.
+module and the fit goes on. An error that is not about dtypes is left to the step itself to
+raise. Lightning's own precision plugin still does its job (autocast, input conversion):
+castwise adds the fp32 islands, output casts and fast-path setting.
 """
 
 from __future__ import annotations
@@ -17,20 +18,25 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
 from castwise.errors import CastwiseError, PolicyError
-from castwise.integrations._steps import CastwiseAuditError, GatedCallback, StepModule, unwrap_report
+from castwise.integrations._steps import CastwiseAuditError, GatedCallback, step_view
 from castwise.policy import Policy
 
 __all__ = ["CastwiseAuditError", "CastwiseCallback"]
 
 
-def _train_step(module: Any, batch: Any) -> Any:
-    return module.training_step(batch, 0)
+def _has_validation_step(module: pl.LightningModule) -> bool:
+    return type(module).validation_step is not pl.LightningModule.validation_step
 
 
-def _eval_step(module: Any, batch: Any) -> Any:
-    if type(module).validation_step is pl.LightningModule.validation_step:
+def _step(module: Any, batch: Any) -> Any:
+    if module.training or not _has_validation_step(module):
         return module.training_step(batch, 0)  # no validation_step: eval runs the training step
     return module.validation_step(batch, 0)
+
+
+def _no_log(self: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
+    """``self.log`` / ``self.log_dict`` in the audit's copy: a fake value has nowhere to go (and
+    Lightning warns about a copy without a trainer)."""
 
 
 def _first_batch(trainer: pl.Trainer) -> Any:
@@ -45,9 +51,20 @@ def _first_batch(trainer: pl.Trainer) -> Any:
     return next(iter(loader))
 
 
+def _audited(module: pl.LightningModule, mode: str, precision: str) -> str:
+    if mode == "train":
+        steps = "training_step"
+    elif _has_validation_step(module):
+        steps = "validation_step" if mode == "eval" else "training_step and validation_step"
+    else:
+        steps = "training_step in eval mode" if mode == "eval" else "training_step in train and eval mode"
+    return f"{steps} under {precision}"
+
+
 class CastwiseCallback(GatedCallback, pl.Callback):
-    """Audit the LightningModule at fit start; stop on an error, or ``fix=True`` to apply the
-    suggested policy and continue. ``mode``: which loops to audit ("both", "train", "eval")."""
+    """Audit the LightningModule at fit start; stop on a dtype error, or ``fix=True`` to apply
+    the suggested policy and continue. ``mode``: which loops to audit ("both", "train", "eval").
+    Findings name modules as the LightningModule does (``encoder.layers.0``)."""
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from castwise.auditor import audit
@@ -59,20 +76,18 @@ class CastwiseCallback(GatedCallback, pl.Callback):
         except PolicyError as exc:
             rank_zero_warn(f"CastwiseCallback: not auditing, castwise does not model this precision: {exc}")
             return
-        device = trainer.strategy.root_device.type
         batch = _first_batch(trainer)
-        trainer_ref = pl_module._trainer
-        training = pl_module.training
-        # the audit copies the module: detach the trainer so it is not copied with it (self.log
-        # without a trainer only warns)
-        pl_module._trainer = None
-        try:
-            wrapper = StepModule(pl_module, _train_step, _eval_step)
-            report = unwrap_report(audit(wrapper, (batch,), policy=precision, device=device, mode=self.mode))
-        finally:
-            pl_module._trainer = trainer_ref
-            pl_module.train(training)
-        self._gate.act(report, pl_module, "fit")
+        # the audit runs (a copy of) a view of the module whose forward is the step; the view's
+        # log methods do nothing, and the module itself is not touched
+        view = step_view(pl_module, _step, log=_no_log, log_dict=_no_log)
+        report = audit(view, (batch,), policy=precision, device=trainer.strategy.root_device.type, mode=self.mode)
+        self._gate.act(
+            report,
+            pl_module,
+            where="fit",
+            audited=_audited(pl_module, self.mode, str(trainer.precision)),
+            log=trainer.is_global_zero,
+        )
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._gate.restore()

@@ -4,7 +4,8 @@ On ``on_train_begin`` (before the first step) it audits ``model(**batch)`` on fa
 for a batch from the train dataloader, under the Trainer's precision (``bf16`` ->
 ``bf16-mixed``, ``fp16`` -> ``16-mixed``, else the model as it is) in train and eval mode.
 An error finding raises ``CastwiseAuditError`` (the Trainer stops); ``fix=True`` applies the
-suggested policy to the model and training goes on.
+suggested policy to the model and training goes on. An error that is not about dtypes is left
+to the training step itself to raise.
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def trainer_precision(args: Any) -> str | None:
     return None
 
 
+def _audited(mode: str, precision: str | None) -> str:
+    modes = {"both": "train and eval mode", "train": "train mode", "eval": "eval mode"}[mode]
+    under = f"under {precision}" if precision else "as it is (no bf16/fp16 flag)"
+    return f"the model's forward in {modes} {under}"
+
+
 class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[misc]
     """Audit the model at train begin; stop on an error, or ``fix=True`` to apply the suggested
     policy and continue."""
@@ -46,7 +53,13 @@ class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[m
             report = audit(model, inputs, policy=trainer_precision(args), device=args.device.type, mode=self.mode)
         finally:
             model.train(training)
-        self._gate.act(report, model, "training")
+        self._gate.act(
+            report,
+            model,
+            where="training",
+            audited=_audited(self.mode, trainer_precision(args)),
+            log=bool(getattr(state, "is_world_process_zero", True)),
+        )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._gate.restore()
