@@ -252,9 +252,14 @@ def _text(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def render(report: Report) -> str:
-    """The report as `castwise lint-config` prints it: findings, then the precision model."""
-    text = str(report)
+def render(report: Report, width: int = 100) -> str:
+    """The report as `castwise lint-config` prints it: findings, then the precision model, at
+    ``width`` columns (each setting's source wraps under the "from" column)."""
+    import textwrap
+
+    from castwise.report.text import render_report
+
+    text = render_report(report, width)
     precision: Any = report.summary.get("precision")
     if not isinstance(precision, dict):
         return text
@@ -267,5 +272,7 @@ def render(report: Report) -> str:
         from castwise._dtypes import short
 
         where = ", ".join(f"{s['name']}={_text(s['value'])} ({s['location']})" for s in t["settings"]) or "default"
-        rows.append(f"  {name:<16} {short(t['value']):<10} from {where}")
+        head = f"  {name:<16} {short(t['value']):<10} from "
+        rows += textwrap.wrap(where, width, initial_indent=head, subsequent_indent=" " * len(head),
+                              break_on_hyphens=False, break_long_words=False)
     return text + "\n" + "\n".join(rows)

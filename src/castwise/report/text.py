@@ -1,4 +1,5 @@
-"""Human-readable reports: plain text that reads well in a 100-column terminal."""
+"""Human-readable reports: plain text at a given width (100 by default, the CLI passes the
+terminal's); 80 columns read well."""
 
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
 def render_report(report: Report, width: int = WIDTH) -> str:
     counts = {level: sum(f.level == level for f in report.findings) for level in ("error", "warning", "info")}
     tally = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items() if n) or "no findings"
-    lines = [f"{report.title}: {tally}"]
+    lines = textwrap.wrap(f"{report.title}: {tally}", width=width, subsequent_indent="  ",
+                          break_on_hyphens=False, break_long_words=False)
     if report.runs:
         runs = ", ".join(f"{r.mode} on {r.device}: {r.status}" for r in report.runs)
-        lines += textwrap.wrap(f"runs: {runs}", width=width, subsequent_indent="      ")
+        lines += textwrap.wrap(f"runs: {runs}", width=width, subsequent_indent="      ", break_on_hyphens=False)
     for f in report.sorted_findings():
         lines.append("")
         lines += render_finding(f, width)
@@ -62,5 +64,5 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         total = sum(act.values()) or 1
         share = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(act.items(), key=lambda kv: -kv[1]))
         lines.append("")
-        lines.append(f"activations by dtype: {share}")
+        lines += textwrap.wrap(f"activations by dtype: {share}", width=width, subsequent_indent="  ")
     return "\n".join(lines)
