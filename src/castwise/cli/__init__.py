@@ -50,7 +50,12 @@ def terminal_width() -> int:
 
 
 def _cut(token: str) -> str:
-    return f"{token[:60]}...{token[-20:]} ({len(token):,} characters)"
+    """``'xxxx...xx' (100,000 characters);``: quotes and trailing punctuation kept, the length told."""
+    core = token.rstrip(";,.:)")
+    punct = token[len(core) :]
+    quote = core[0] if core[0] in "'\"" and core[-1] == core[0] else ""
+    inner = core[1:-1] if quote else core
+    return f"{quote}{inner[:60]}...{inner[-20:]}{quote} ({len(inner):,} characters){punct}"
 
 
 def shorten(message: str) -> str:

@@ -252,11 +252,33 @@ def _text(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
+def _short_location(location: str, report: Report) -> str:
+    """``file:line`` with the file's name alone when no two files read share it (the report's
+    header and findings give the full paths): the table stays narrow."""
+    paths = [str(f["path"]) for f in report.summary.get("files", [])]
+    names = [Path(p).name for p in paths]
+    for path in paths:
+        if location.startswith(f"{path}:") and names.count(Path(path).name) == 1:
+            return Path(path).name + location[len(path) :]
+    return location
+
+
+def _pack(units: list[str], head: str, width: int) -> list[str]:
+    """``head`` then the units, comma-separated, as many to a line as fit; a unit (a setting with
+    its location) is never split, continuation lines align under the first unit."""
+    lines = [head + units[0]]
+    for unit in units[1:]:
+        if len(lines[-1]) + 2 + len(unit) <= width:
+            lines[-1] += f", {unit}"
+        else:
+            lines[-1] += ","
+            lines.append(" " * len(head) + unit)
+    return lines
+
+
 def render(report: Report, width: int = 100) -> str:
     """The report as `castwise lint-config` prints it: findings, then the precision model, at
     ``width`` columns (each setting's source wraps under the "from" column)."""
-    import textwrap
-
     from castwise.report.text import render_report
 
     text = render_report(report, width)
@@ -271,8 +293,7 @@ def render(report: Report, width: int = 100) -> str:
             continue
         from castwise._dtypes import short
 
-        where = ", ".join(f"{s['name']}={_text(s['value'])} ({s['location']})" for s in t["settings"]) or "default"
-        head = f"  {name:<16} {short(t['value']):<10} from "
-        rows += textwrap.wrap(where, width, initial_indent=head, subsequent_indent=" " * len(head),
-                              break_on_hyphens=False, break_long_words=False)
+        units = [f"{s['name']}={_text(s['value'])} ({_short_location(s['location'], report)})"
+                 for s in t["settings"]] or ["default"]
+        rows += _pack(units, f"  {name:<16} {short(t['value']):<10} from ", width)
     return text + "\n" + "\n".join(rows)

@@ -44,8 +44,12 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
 def render_report(report: Report, width: int = WIDTH) -> str:
     counts = {level: sum(f.level == level for f in report.findings) for level in ("error", "warning", "info")}
     tally = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items() if n) or "no findings"
-    lines = textwrap.wrap(f"{report.title}: {tally}", width=width, subsequent_indent="  ",
-                          break_on_hyphens=False, break_long_words=False)
+    lines = textwrap.wrap(f"{report.title}:", width=width, subsequent_indent="  ", break_on_hyphens=False,
+                          break_long_words=False)
+    if len(lines[-1]) + 1 + len(tally) <= width:  # the tally stays in one piece
+        lines[-1] += f" {tally}"
+    else:
+        lines.append(f"  {tally}")
     if report.runs:
         runs = ", ".join(f"{r.mode} on {r.device}: {r.status}" for r in report.runs)
         lines += textwrap.wrap(f"runs: {runs}", width=width, subsequent_indent="      ", break_on_hyphens=False)
