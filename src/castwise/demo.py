@@ -33,8 +33,9 @@ class _Out:
         self.stream.flush()
 
     def field(self, label: str, text: str) -> None:
-        wrapped = textwrap.wrap(" ".join(str(text).split()), self.width - 14, break_on_hyphens=False,
-                                break_long_words=False) or [""]
+        wrapped = textwrap.wrap(
+            " ".join(str(text).split()), self.width - 14, break_on_hyphens=False, break_long_words=False
+        ) or [""]
         print(f"  {self._c('2', f'{label:<11}')} {wrapped[0]}", file=self.stream)
         for chunk in wrapped[1:]:
             print(" " * 14 + chunk, file=self.stream)
@@ -88,13 +89,19 @@ def _model_story(out: _Out, story: Any) -> bool:
         out.bad("real run", _first_line(exc))
     else:
         if story.device == "cuda":
-            out.field("real run", "passes on this CPU (CPU autocast keeps layer_norm in bf16); it fails on "
-                                  "CUDA, which castwise simulates below")
+            out.field(
+                "real run",
+                "passes on this CPU (CPU autocast keeps layer_norm in bf16); it fails on "
+                "CUDA, which castwise simulates below",
+            )
         else:
             out.bad("real run", "passed, but this story should fail: torch's behaviour has changed")
     # the same model throughout: the failed run and the audit leave it as it was
-    report = _timed(out, f"auditing on fake tensors for {story.device}",
-                    lambda: audit(model, inputs, policy=story.policy, device=story.device, mode="both"))
+    report = _timed(
+        out,
+        f"auditing on fake tensors for {story.device}",
+        lambda: audit(model, inputs, policy=story.policy, device=story.device, mode="both"),
+    )
     errors = report.errors
     if not errors:
         out.bad("audit", "found no error")
@@ -115,8 +122,11 @@ def _model_story(out: _Out, story: Any) -> bool:
     out.field("fix", f"castwise.apply(model, Policy.parse({str(policy)!r}))")
     out.field("policy", policy.describe())
     if story.device != "cpu":
-        again = _timed(out, f"re-auditing for {story.device} under the policy",
-                       lambda: audit(model, inputs, policy=policy, device=story.device, mode="both"))
+        again = _timed(
+            out,
+            f"re-auditing for {story.device} under the policy",
+            lambda: audit(model, inputs, policy=policy, device=story.device, mode="both"),
+        )
         if not again.ok:
             out.bad("after fix", f"the {story.device} re-audit still finds {len(again.errors)} error(s)")
             return False

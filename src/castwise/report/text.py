@@ -16,8 +16,11 @@ _LABEL = 9  # width of the "at", "origin", "fix" labels column
 def _field(label: str, text: str, width: int) -> list[str]:
     indent = " " * (2 + _LABEL)
     body = textwrap.fill(
-        " ".join(text.split()), width=width, initial_indent=f"  {label:<{_LABEL}}",
-        subsequent_indent=indent, break_on_hyphens=False,
+        " ".join(text.split()),
+        width=width,
+        initial_indent=f"  {label:<{_LABEL}}",
+        subsequent_indent=indent,
+        break_on_hyphens=False,
     )
     return body.splitlines()
 
@@ -44,8 +47,9 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
 def render_report(report: Report, width: int = WIDTH) -> str:
     counts = {level: sum(f.level == level for f in report.findings) for level in ("error", "warning", "info")}
     tally = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items() if n) or "no findings"
-    lines = textwrap.wrap(f"{report.title}:", width=width, subsequent_indent="  ", break_on_hyphens=False,
-                          break_long_words=False)
+    lines = textwrap.wrap(
+        f"{report.title}:", width=width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+    )
     if len(lines[-1]) + 1 + len(tally) <= width:  # the tally stays in one piece
         lines[-1] += f" {tally}"
     else:
@@ -61,7 +65,9 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         lines += textwrap.wrap(
             f"suggested policy: {report.suggested_policy}  (a re-audit under it finds no error; "
             "apply it with castwise.apply(model, castwise.Policy.parse(...)))",
-            width=width, subsequent_indent="  ", break_on_hyphens=False,
+            width=width,
+            subsequent_indent="  ",
+            break_on_hyphens=False,
         )
     act = report.summary.get("activation_bytes_by_dtype")
     if act:
