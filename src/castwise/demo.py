@@ -16,8 +16,9 @@ WIDTH = 100
 
 
 class _Out:
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, width: int = WIDTH) -> None:
         self.stream = stream
+        self.width = width
         self.color = stream.isatty() and os.environ.get("NO_COLOR") is None
 
     def _c(self, code: str, text: str) -> str:
@@ -27,13 +28,14 @@ class _Out:
         if not text:
             print(file=self.stream)
             return
-        for chunk in textwrap.wrap(text, WIDTH - indent, break_on_hyphens=False) or [""]:
+        for chunk in textwrap.wrap(text, self.width - indent, break_on_hyphens=False) or [""]:
             print(" " * indent + chunk, file=self.stream)
         self.stream.flush()
 
     def field(self, label: str, text: str) -> None:
-        wrapped = textwrap.wrap(" ".join(str(text).split()), WIDTH - 14, break_on_hyphens=False,
-                                break_long_words=False) or [""]
+        wrapped = textwrap.wrap(
+            " ".join(str(text).split()), self.width - 14, break_on_hyphens=False, break_long_words=False
+        ) or [""]
         print(f"  {self._c('2', f'{label:<11}')} {wrapped[0]}", file=self.stream)
         for chunk in wrapped[1:]:
             print(" " * 14 + chunk, file=self.stream)
@@ -87,13 +89,19 @@ def _model_story(out: _Out, story: Any) -> bool:
         out.bad("real run", _first_line(exc))
     else:
         if story.device == "cuda":
-            out.field("real run", "passes on this CPU (CPU autocast keeps layer_norm in bf16); it fails on "
-                                  "CUDA, which castwise simulates below")
+            out.field(
+                "real run",
+                "passes on this CPU (CPU autocast keeps layer_norm in bf16); it fails on "
+                "CUDA, which castwise simulates below",
+            )
         else:
             out.bad("real run", "passed, but this story should fail: torch's behaviour has changed")
     # the same model throughout: the failed run and the audit leave it as it was
-    report = _timed(out, f"auditing on fake tensors for {story.device}",
-                    lambda: audit(model, inputs, policy=story.policy, device=story.device, mode="both"))
+    report = _timed(
+        out,
+        f"auditing on fake tensors for {story.device}",
+        lambda: audit(model, inputs, policy=story.policy, device=story.device, mode="both"),
+    )
     errors = report.errors
     if not errors:
         out.bad("audit", "found no error")
@@ -114,8 +122,11 @@ def _model_story(out: _Out, story: Any) -> bool:
     out.field("fix", f"castwise.apply(model, Policy.parse({str(policy)!r}))")
     out.field("policy", policy.describe())
     if story.device != "cpu":
-        again = _timed(out, f"re-auditing for {story.device} under the policy",
-                       lambda: audit(model, inputs, policy=policy, device=story.device, mode="both"))
+        again = _timed(
+            out,
+            f"re-auditing for {story.device} under the policy",
+            lambda: audit(model, inputs, policy=policy, device=story.device, mode="both"),
+        )
         if not again.ok:
             out.bad("after fix", f"the {story.device} re-audit still finds {len(again.errors)} error(s)")
             return False
@@ -150,14 +161,15 @@ def _config_story(out: _Out) -> bool:
             fh.write(SIMPLETUNER_ENV)
         report = lint_config(path)
     errors = report.errors
+    here = folder + os.sep  # the file is the story's, not the temporary folder's: print config.env:3
     if not errors:
         out.bad("lint", "found no error")
         return False
     f = errors[0]
     out.field("found", f"{f.code} {f.rule.name}, from the file alone, before anything loads")
     out.field("settings", ", ".join(f.settings))
-    out.field("why", f.message)
-    out.field("fix", f.fix or f.rule.fix)
+    out.field("why", f.message.replace(here, ""))
+    out.field("fix", (f.fix or f.rule.fix).replace(here, ""))
     return True
 
 
@@ -188,9 +200,9 @@ class _quiet_libraries:
             self.hf.enable_progress_bar()
 
 
-def run_demo(stream: TextIO | None = None) -> int:
+def run_demo(stream: TextIO | None = None, width: int = WIDTH) -> int:
     """Run the five stories; 0 when each is diagnosed as expected (and fixed where fixable)."""
-    out = _Out(stream or sys.stdout)
+    out = _Out(stream or sys.stdout, width)
     out.line("castwise demo: five real mixed-precision failures from public issue trackers, rebuilt on")
     out.line("small local models, each run for real, audited on fake tensors, and fixed by a policy.")
     start = time.perf_counter()

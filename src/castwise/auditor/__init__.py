@@ -20,7 +20,6 @@ from torch import nn
 from castwise._state import preserved_state
 from castwise.auditor.session import MODES, check_args, run_audit
 from castwise.auditor.suggest import suggest_policy
-from castwise.auditor.target import load_target
 from castwise.policy import Policy
 from castwise.report import Report
 
@@ -44,4 +43,4 @@ def audit(model: nn.Module, inputs: Any, *, policy: Policy | str | None = None, 
     return report
 
 
-__all__ = ["MODES", "audit", "load_target", "preserved_state", "suggest_policy"]
+__all__ = ["MODES", "audit", "preserved_state", "suggest_policy"]

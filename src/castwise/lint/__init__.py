@@ -31,8 +31,17 @@ from castwise.lint._source import (
 from castwise.lint.model import FORMATS, ConfigFile, PrecisionModel, Setting, Traced
 from castwise.report import Report
 
-__all__ = ["FORMATS", "ConfigFile", "PrecisionModel", "Setting", "Traced", "build_model", "lint_config",
-           "read_config", "render"]
+__all__ = [
+    "FORMATS",
+    "ConfigFile",
+    "PrecisionModel",
+    "Setting",
+    "Traced",
+    "build_model",
+    "lint_config",
+    "read_config",
+    "render",
+]
 
 PathLike = str | os.PathLike[str]
 
@@ -42,7 +51,10 @@ def _unknown(shown: str, what: str) -> ConfigError:
         f"cannot tell which training configuration this {what} is; castwise reads: "
         + "; ".join(FORMATS[k] for k in sorted(FORMATS))
         + ". Check the file is one of these (name it e.g. config.env, default_config.yaml, "
-        "ds_config.json)", path=shown, line=1)
+        "ds_config.json)",
+        path=shown,
+        line=1,
+    )
 
 
 def _name_hint(name: str) -> str | None:
@@ -69,9 +81,12 @@ class _Loader:
         if key in self.seen:
             return self.seen[key]
         if via is not None and not path.exists():
-            raise ConfigError(f"{via.name} points to {via.text!r}, which does not exist "
-                              f"(looked for {shown}); fix the path in the setting",
-                              path=via.file, line=via.line)
+            raise ConfigError(
+                f"{via.name} points to {via.text!r}, which does not exist "
+                f"(looked for {shown}); fix the path in the setting",
+                path=via.file,
+                line=via.line,
+            )
         text = read_text(path, shown)
         cf = self._read(path, shown, text, expect, via)
         self.seen[key] = cf
@@ -84,8 +99,11 @@ class _Loader:
         name = path.name.lower()
         suffix = path.suffix.lower()
         base = path.parent
-        if suffix in (".env", ".sh") or name == "config.env" or (
-                suffix not in (".json", ".yaml", ".yml", ".toml") and looks_like_shell(text)):
+        if (
+            suffix in (".env", ".sh")
+            or name == "config.env"
+            or (suffix not in (".json", ".yaml", ".yml", ".toml") and looks_like_shell(text))
+        ):
             return simpletuner.read_env(text, shown)
         if suffix == ".toml":
             doc = parse_toml(text, shown)
@@ -187,9 +205,14 @@ class _Builder:
     def model(self) -> PrecisionModel:
         v = self.values
         return PrecisionModel(
-            weights=v.get("weights"), compute=v.get("compute"), gradients=v.get("gradients"),
-            loss_scaling=v.get("loss_scaling"), optimizer_state=v.get("optimizer_state"),
-            reduce=v.get("reduce"), device=v.get("device"), gradient_mechanism=self.mechanism,
+            weights=v.get("weights"),
+            compute=v.get("compute"),
+            gradients=v.get("gradients"),
+            loss_scaling=v.get("loss_scaling"),
+            optimizer_state=v.get("optimizer_state"),
+            reduce=v.get("reduce"),
+            device=v.get("device"),
+            gradient_mechanism=self.mechanism,
         )
 
 
@@ -252,9 +275,36 @@ def _text(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def render(report: Report) -> str:
-    """The report as `castwise lint-config` prints it: findings, then the precision model."""
-    text = str(report)
+def _short_location(location: str, report: Report) -> str:
+    """``file:line`` with the file's name alone when no two files read share it (the report's
+    header and findings give the full paths): the table stays narrow."""
+    paths = [str(f["path"]) for f in report.summary.get("files", [])]
+    names = [Path(p).name for p in paths]
+    for path in paths:
+        if location.startswith(f"{path}:") and names.count(Path(path).name) == 1:
+            return Path(path).name + location[len(path) :]
+    return location
+
+
+def _pack(units: list[str], head: str, width: int) -> list[str]:
+    """``head`` then the units, comma-separated, as many to a line as fit; a unit (a setting with
+    its location) is never split, continuation lines align under the first unit."""
+    lines = [head + units[0]]
+    for unit in units[1:]:
+        if len(lines[-1]) + 2 + len(unit) <= width:
+            lines[-1] += f", {unit}"
+        else:
+            lines[-1] += ","
+            lines.append(" " * len(head) + unit)
+    return lines
+
+
+def render(report: Report, width: int = 100) -> str:
+    """The report as `castwise lint-config` prints it: findings, then the precision model, at
+    ``width`` columns (each setting's source wraps under the "from" column)."""
+    from castwise.report.text import render_report
+
+    text = render_report(report, width)
     precision: Any = report.summary.get("precision")
     if not isinstance(precision, dict):
         return text
@@ -266,6 +316,8 @@ def render(report: Report) -> str:
             continue
         from castwise._dtypes import short
 
-        where = ", ".join(f"{s['name']}={_text(s['value'])} ({s['location']})" for s in t["settings"]) or "default"
-        rows.append(f"  {name:<16} {short(t['value']):<10} from {where}")
+        units = [
+            f"{s['name']}={_text(s['value'])} ({_short_location(s['location'], report)})" for s in t["settings"]
+        ] or ["default"]
+        rows += _pack(units, f"  {name:<16} {short(t['value']):<10} from ", width)
     return text + "\n" + "\n".join(rows)

@@ -1,4 +1,5 @@
-"""Human-readable reports: plain text that reads well in a 100-column terminal."""
+"""Human-readable reports: plain text at a given width (100 by default, the CLI passes the
+terminal's); 80 columns read well."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ _LABEL = 9  # width of the "at", "origin", "fix" labels column
 def _field(label: str, text: str, width: int) -> list[str]:
     indent = " " * (2 + _LABEL)
     body = textwrap.fill(
-        " ".join(text.split()), width=width, initial_indent=f"  {label:<{_LABEL}}",
-        subsequent_indent=indent, break_on_hyphens=False,
+        " ".join(text.split()),
+        width=width,
+        initial_indent=f"  {label:<{_LABEL}}",
+        subsequent_indent=indent,
+        break_on_hyphens=False,
     )
     return body.splitlines()
 
@@ -43,10 +47,16 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
 def render_report(report: Report, width: int = WIDTH) -> str:
     counts = {level: sum(f.level == level for f in report.findings) for level in ("error", "warning", "info")}
     tally = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items() if n) or "no findings"
-    lines = [f"{report.title}: {tally}"]
+    lines = textwrap.wrap(
+        f"{report.title}:", width=width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+    )
+    if len(lines[-1]) + 1 + len(tally) <= width:  # the tally stays in one piece
+        lines[-1] += f" {tally}"
+    else:
+        lines.append(f"  {tally}")
     if report.runs:
         runs = ", ".join(f"{r.mode} on {r.device}: {r.status}" for r in report.runs)
-        lines += textwrap.wrap(f"runs: {runs}", width=width, subsequent_indent="      ")
+        lines += textwrap.wrap(f"runs: {runs}", width=width, subsequent_indent="      ", break_on_hyphens=False)
     for f in report.sorted_findings():
         lines.append("")
         lines += render_finding(f, width)
@@ -55,12 +65,14 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         lines += textwrap.wrap(
             f"suggested policy: {report.suggested_policy}  (a re-audit under it finds no error; "
             "apply it with castwise.apply(model, castwise.Policy.parse(...)))",
-            width=width, subsequent_indent="  ", break_on_hyphens=False,
+            width=width,
+            subsequent_indent="  ",
+            break_on_hyphens=False,
         )
     act = report.summary.get("activation_bytes_by_dtype")
     if act:
         total = sum(act.values()) or 1
         share = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(act.items(), key=lambda kv: -kv[1]))
         lines.append("")
-        lines.append(f"activations by dtype: {share}")
+        lines += textwrap.wrap(f"activations by dtype: {share}", width=width, subsequent_indent="  ")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,16 +23,21 @@ class Rule:
     example: str
     fix: str
 
-    def page(self) -> str:
-        """The rule's documentation page, as `castwise rules CODE` prints it."""
+    def page(self, width: int = 100) -> str:
+        """The rule's documentation page, as `castwise rules CODE` prints it: prose wrapped at
+        ``width`` columns, the example verbatim (it is code)."""
+
+        def fill(text: str) -> str:
+            return textwrap.fill(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
         category = self.category or "(not a dtype root cause)"
         return (
             f"{self.code} {self.name}\n"
             f"{'=' * (len(self.code) + 1 + len(self.name))}\n"
-            f"{self.summary}\n\n"
+            f"{fill(self.summary)}\n\n"
             f"severity: {self.severity}    category: {category}\n\n"
-            f"What it detects\n---------------\n{self.detects.strip()}\n\n"
-            f"Why it matters\n--------------\n{self.why.strip()}\n\n"
+            f"What it detects\n---------------\n{fill(self.detects)}\n\n"
+            f"Why it matters\n--------------\n{fill(self.why)}\n\n"
             f"Example\n-------\n{self.example.strip()}\n\n"
-            f"Fix\n---\n{self.fix.strip()}\n"
+            f"Fix\n---\n{fill(self.fix)}\n"
         )

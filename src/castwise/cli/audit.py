@@ -1,0 +1,86 @@
+"""`castwise audit TARGET`: the dtype flow of a model, on fake tensors by default."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from castwise.cli import (
+    EXIT_FINDINGS,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    check_json_path,
+    emit,
+    guard,
+    json_option,
+    terminal_width,
+)
+from castwise.errors import TargetError
+
+if TYPE_CHECKING:
+    from castwise.report import Report
+
+
+def exit_code(report: Report) -> int:
+    """1 for error findings; else 3 when a run could not check the whole model (never 0); else 0."""
+    if not report.ok:
+        return EXIT_FINDINGS
+    if any(run.status == "incomplete" for run in report.runs):
+        return EXIT_INCOMPLETE
+    return EXIT_OK
+
+
+@click.command()
+@click.argument("target")
+@click.option("--policy", "-p", default=None, help="Precision policy (any string Policy.parse accepts).")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default=None,
+    help="Target device to simulate (default: where the model is).",
+)
+@click.option("--mode", type=click.Choice(["train", "eval", "both"]), default="both", show_default=True)
+@click.option("--real", is_flag=True, help="Run on real tensors on this machine instead of fake tensors.")
+@click.option(
+    "--seq-len",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Config targets: token ids of this length, batch 1 (default 128).",
+)
+@json_option()
+def audit(
+    target: str,
+    policy: str | None,
+    device: str | None,
+    mode: str,
+    real: bool,
+    seq_len: int | None,
+    json_path: str | None,
+) -> int:
+    """Audit the dtype flow of TARGET: file.py:function or module:function returning (model,
+    inputs), or a transformers config.json (also hf:PATH_OR_DIR), built on the meta device."""
+
+    def body() -> int:
+        from castwise.auditor import audit as run_audit
+        from castwise.cli.target import is_config_target, load_target, working_dir_on_path
+        from castwise.policy import Policy
+
+        check_json_path(json_path)
+        if real and is_config_target(target):
+            raise TargetError(
+                f"target {target!r}: a model built from a config has no weights, so --real cannot run "
+                "it; drop --real (fake tensors need none) or audit a builder function"
+            )
+        if policy is not None:
+            Policy.parse(policy)  # a bad policy fails before the model loads, not after
+        with working_dir_on_path():  # the model's own lazy imports find the project too
+            model, inputs = load_target(target, seq_len=seq_len)
+            report = run_audit(model, inputs, policy=policy, device=device, mode=mode, fake=not real)
+        from castwise.report.text import render_report
+
+        emit(render_report(report, terminal_width()), report.to_json(), json_path)
+        return exit_code(report)
+
+    return guard(body)
