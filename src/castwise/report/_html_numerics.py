@@ -164,7 +164,9 @@ def numerics_html(entries: list[dict[str, Any]], findings: list[dict[str, Any]])
     parts = ['<section class="cw-section cw-numerics" id="numerics"><h2>Numerics</h2>']
     cw3 = [f for f in findings if str(f.get("code", "")).startswith("CW3")]
     if first is not None:
-        op = f" in {first['op']}" if first.get("op") else ""
+        # the op: the entry's own, else the numerics finding's at that module
+        named = first.get("op") or next((f.get("op") for f in cw3 if f.get("module") == first_name), None)
+        op = f" in {named}" if named else ""
         parts.append(
             f'<p class="cw-callout cw-nonfinite">First non-finite value made by '
             f"<code>{escape(first_name or '(model)')}</code>{escape(op)}.</p>"

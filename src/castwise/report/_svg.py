@@ -75,7 +75,8 @@ def _ticks(lo: float, hi: float, scale: Scale) -> list[float]:
     if scale == "linear":
         return [lo + (hi - lo) * i / 4 for i in range(5)]
     step = max(1, math.ceil((hi - lo) / 8))
-    return [float(k) for k in range(int(lo), int(hi) + 1, step)]
+    # counted down from the top, so the axis end (often a dtype's limit) is always labelled
+    return sorted(float(k) for k in range(int(hi), int(lo) - 1, -step))
 
 
 def fmt_number(v: float) -> str:
