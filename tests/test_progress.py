@@ -43,11 +43,10 @@ def test_a_terminal_shows_the_description_and_steps() -> None:
 
 def test_a_pipe_gets_nothing() -> None:
     read, write = os.pipe()
-    with os.fdopen(write, "w", encoding="utf-8") as pipe:
-        with progress("auditing llama-7b", total=2, stream=pipe, delay=0) as p:
-            assert not p.shown
-            p.advance()
-            p.update("still going")
+    with os.fdopen(write, "w", encoding="utf-8") as pipe, progress("auditing", total=2, stream=pipe, delay=0) as p:
+        assert not p.shown
+        p.advance()
+        p.update("still going")
     with os.fdopen(read, "rb") as fh:
         assert fh.read() == b""
 

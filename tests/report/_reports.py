@@ -32,12 +32,23 @@ def story_report(number: int) -> Report:
         return castwise.audit(model, inputs, policy=story.policy, device=story.device, mode="both")
 
 
-def llama_report(layers: int = 2, hidden: int = 256) -> Report:
-    """A fake-tensor audit of a Llama on the meta device (the 7B benchmark's shape, smaller)."""
+def llama_report(layers: int = 2, small: bool = True) -> Report:
+    """A fake-tensor audit of a Llama on the meta device: the 7B benchmark's shape (LlamaConfig's
+    defaults) with ``small=False``, else narrow layers (hidden 256, vocabulary 1000)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_attention_heads=4, num_key_value_heads=4, vocab_size=1000)
+    narrow = (
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "vocab_size": 1000,
+        }
+        if small
+        else {}
+    )
+    config = LlamaConfig(num_hidden_layers=layers, **narrow)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     ids = torch.randint(0, 1000, (1, 16))
@@ -48,17 +59,45 @@ def numerics_data() -> dict[str, Any]:
     """A numerics report's JSON form in the documented shape (one dict per module, CW3xx finding)."""
     rows = []
     for i in range(6):
-        rows.append({"module": f"layers.{i}.mlp", "dtype": "f16", "absmax": 8.0 * 4.0 ** i,
-                     "margin_pow2": 16 - 3 - 2 * i, "out_err": 1e-4 * 3 ** i, "added_err": 5e-5 * 2 ** i,
-                     "tolerance": 2e-3})
-    rows.append({"module": "layers.6.mlp", "dtype": "f16", "absmax": "inf", "margin_pow2": None,
-                 "out_err": "nan", "added_err": "nan", "tolerance": 2e-3, "first_nonfinite": True})
+        rows.append(
+            {
+                "module": f"layers.{i}.mlp",
+                "dtype": "f16",
+                "absmax": 8.0 * 4.0**i,
+                "margin_pow2": 16 - 3 - 2 * i,
+                "out_err": 1e-4 * 3**i,
+                "added_err": 5e-5 * 2**i,
+                "tolerance": 2e-3,
+            }
+        )
+    rows.append(
+        {
+            "module": "layers.6.mlp",
+            "dtype": "f16",
+            "absmax": "inf",
+            "margin_pow2": None,
+            "out_err": "nan",
+            "added_err": "nan",
+            "tolerance": 2e-3,
+            "first_nonfinite": True,
+        }
+    )
     return {
         "title": "castwise numerics (forecast f16)",
-        "findings": [{"code": "CW301", "name": "nonfinite-first-producer", "category": "OVERFLOW",
-                      "severity": "error", "module": "layers.6.mlp", "op": "aten.mm", "origin": None,
-                      "modes": ["train"], "message": "layers.6.mlp overflows float16's range.",
-                      "fix": "keep[layers.*.mlp]=f32"}],
+        "findings": [
+            {
+                "code": "CW301",
+                "name": "nonfinite-first-producer",
+                "category": "OVERFLOW",
+                "severity": "error",
+                "module": "layers.6.mlp",
+                "op": "aten.mm",
+                "origin": None,
+                "modes": ["train"],
+                "message": "layers.6.mlp overflows float16's range.",
+                "fix": "keep[layers.*.mlp]=f32",
+            }
+        ],
         "runs": [{"mode": "train", "device": "cpu", "policy": "16-mixed", "status": "error"}],
         "summary": {},
         "numerics": rows,

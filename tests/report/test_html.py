@@ -100,8 +100,16 @@ def test_a_finding_path_runs_from_its_origin_through_the_common_ancestor_to_wher
 def test_findings_and_their_origins_are_pinned_to_their_modules() -> None:
     modules = [{"name": n, "type": "M", "params": {}, "inputs": [], "outputs": []} for n in ("", "enc", "proj")]
     report = Report(
-        findings=[Finding("CW103", "bad <b>fast</b> path", module="enc", op="aten.x",
-                          origin=Origin("proj", "aten.addmm", "bf16[40, 32]"), modes=("eval",))],
+        findings=[
+            Finding(
+                "CW103",
+                "bad <b>fast</b> path",
+                module="enc",
+                op="aten.x",
+                origin=Origin("proj", "aten.addmm", "bf16[40, 32]"),
+                modes=("eval",),
+            )
+        ],
         runs=[Run("eval", "cpu", "bf16-mixed", "error")],
         summary={"modules": modules},
     )
@@ -117,17 +125,50 @@ def test_findings_and_their_origins_are_pinned_to_their_modules() -> None:
 
 def _numerics() -> dict[str, Any]:
     return {
-        "findings": [{"code": "CW301", "name": "first-nonfinite", "severity": "error", "module": "mlp.down",
-                      "op": "aten.mm", "origin": None, "modes": ["train"], "message": "overflow", "fix": "keep"}],
+        "findings": [
+            {
+                "code": "CW301",
+                "name": "first-nonfinite",
+                "severity": "error",
+                "module": "mlp.down",
+                "op": "aten.mm",
+                "origin": None,
+                "modes": ["train"],
+                "message": "overflow",
+                "fix": "keep",
+            }
+        ],
         "runs": [],
         "summary": {},
         "numerics": [
-            {"module": "embed", "dtype": "f16", "absmax": 12.0, "margin_pow2": 12.4, "out_err": 1e-4,
-             "added_err": 1e-4, "tolerance": 1e-3},
-            {"module": "mlp.up", "dtype": "f16", "absmax": 30000.0, "margin_pow2": 1.1, "out_err": 5e-3,
-             "added_err": 4e-3, "tolerance": 1e-3},
-            {"module": "mlp.down", "dtype": "f16", "absmax": "inf", "margin_pow2": None, "out_err": "nan",
-             "added_err": "nan", "tolerance": 1e-3, "first_nonfinite": True},
+            {
+                "module": "embed",
+                "dtype": "f16",
+                "absmax": 12.0,
+                "margin_pow2": 12.4,
+                "out_err": 1e-4,
+                "added_err": 1e-4,
+                "tolerance": 1e-3,
+            },
+            {
+                "module": "mlp.up",
+                "dtype": "f16",
+                "absmax": 30000.0,
+                "margin_pow2": 1.1,
+                "out_err": 5e-3,
+                "added_err": 4e-3,
+                "tolerance": 1e-3,
+            },
+            {
+                "module": "mlp.down",
+                "dtype": "f16",
+                "absmax": "inf",
+                "margin_pow2": None,
+                "out_err": "nan",
+                "added_err": "nan",
+                "tolerance": 1e-3,
+                "first_nonfinite": True,
+            },
         ],
         "title": "castwise numerics",
     }
@@ -154,7 +195,7 @@ def test_numerics_render_as_charts_with_tolerance_and_dtype_range_ticks() -> Non
 def test_bars_sit_where_their_values_are_on_a_log_axis() -> None:
     from castwise.report._svg import Bar, bar_chart
 
-    svg = bar_chart("t", [Bar("a", 2.0 ** 4, "a"), Bar("b", 2.0 ** 8, "b", marker=2.0 ** 16)], "log2", "t")
+    svg = bar_chart("t", [Bar("a", 2.0**4, "a"), Bar("b", 2.0**8, "b", marker=2.0**16)], "log2", "t")
     widths = [float(w) for w in re.findall(r'class="cw-bar cw-k-" x="\d+" y="\d+" width="([\d.]+)"', svg)]
     # axis 2^4 .. 2^16: a sits at the start, b a third of the way along (460 px axis)
     assert widths[0] == pytest.approx(0.0) and widths[1] == pytest.approx(460 / 3, abs=0.2)
@@ -162,9 +203,16 @@ def test_bars_sit_where_their_values_are_on_a_log_axis() -> None:
 
 
 def test_a_lint_report_renders_settings_and_no_tree() -> None:
-    report = Report(findings=[Finding("CW201", "bf16 weights with fp32 gradients",
-                                      settings=("MIXED_PRECISION", "--gradient_precision"),
-                                      locations=("config.env:3",))])
+    report = Report(
+        findings=[
+            Finding(
+                "CW201",
+                "bf16 weights with fp32 gradients",
+                settings=("MIXED_PRECISION", "--gradient_precision"),
+                locations=("config.env:3",),
+            )
+        ]
+    )
     text = report.to_html()
     assert "MIXED_PRECISION, --gradient_precision" in text and "config.env:3" in text
     assert 'class="cw-tree"' not in text
@@ -175,8 +223,10 @@ def test_notebook_form_is_one_scoped_element(audit_report: Report) -> None:
     assert frag.startswith('<div class="cw-report" id="cw-report-') and frag.endswith("</div>")
     assert "<html" not in frag and "<body" not in frag
     # two reports in one notebook get two ids, so each script drives its own report
-    ids = {re.match(r'<div class="cw-report" id="([^"]+)"', render_fragment(audit_report)).group(1)  # type: ignore[union-attr]
-           for _ in range(2)}
+    ids = {
+        re.match(r'<div class="cw-report" id="([^"]+)"', render_fragment(audit_report)).group(1)  # type: ignore[union-attr]
+        for _ in range(2)
+    }
     assert len(ids) == 2
 
 
