@@ -197,8 +197,8 @@ def test_bars_sit_where_their_values_are_on_a_log_axis() -> None:
 
     svg = bar_chart("t", [Bar("a", 2.0**4, "a"), Bar("b", 2.0**8, "b", marker=2.0**16)], "log2", "t")
     widths = [float(w) for w in re.findall(r'class="cw-bar cw-k-" x="\d+" y="\d+" width="([\d.]+)"', svg)]
-    # axis 2^4 .. 2^16: a sits at the start, b a third of the way along (460 px axis)
-    assert widths[0] == pytest.approx(0.0) and widths[1] == pytest.approx(460 / 3, abs=0.2)
+    # axis 2^3 .. 2^16 (one step below the smallest value): a is 1/13 of the way, b 5/13 (460 px axis)
+    assert widths[0] == pytest.approx(460 / 13, abs=0.2) and widths[1] == pytest.approx(5 * 460 / 13, abs=0.2)
     assert not math.isnan(widths[1])
 
 

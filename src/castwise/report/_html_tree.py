@@ -11,7 +11,7 @@ import json
 from html import escape
 from typing import Any
 
-_OPEN_DEPTH = 2  # tree levels open by default: a 7B Llama shows its 32 layers folded
+_OPEN_DEPTH = 3  # tree levels open by default: a 7B Llama shows its 32 layers, each folded
 
 
 def dtype_class(tensor: str) -> str:

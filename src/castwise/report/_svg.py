@@ -47,8 +47,9 @@ def _domain(bars: list[Bar], scale: Scale) -> tuple[float, float]:
     logs = [_to_axis(v, scale) for v in values if v > 0]
     if not logs:
         return 0.0, 1.0
-    lo, hi = math.floor(min(logs)), math.ceil(max(logs))
-    return (lo, hi) if hi > lo else (lo - 1, hi + 1)
+    # one step below the smallest value: the smallest bar still has a length to compare
+    lo, hi = math.floor(min(logs)) - 1, math.ceil(max(logs))
+    return lo, hi
 
 
 def _x(value: float, scale: Scale, lo: float, hi: float) -> float:

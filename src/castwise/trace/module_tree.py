@@ -6,9 +6,10 @@ one dict per module in ``named_modules()`` order (parents before children)::
 
     {"name": "encoder.layers.0", "type": "TransformerEncoderLayer",
      "params": {"bf16": 1024},             # own parameters (not the children's): elements by dtype
-     "inputs": ["bf16[2, 40, 32]"], "outputs": ["f32[2, 40, 32]"],   # first call, floating tensors
+     "inputs": ["bf16[2, 40, 32]"], "outputs": ["f32[2, 40, 32]"],   # first call: positional tensor
+                                                                      # arguments, returned tensors
      "autocast": "bf16",                   # autocast dtype in force at the call, or None
-     "calls": 2, "cast": true,             # outputs in a floating dtype none of the inputs had
+     "calls": 2, "cast": true,             # floating outputs in a dtype no floating input had
      "upcast": true,                       # silent up-cast (CW120): low precision in, f32 out
      "raised": false}                      # the model raised while this module ran
 
@@ -56,15 +57,15 @@ class ModuleTreeObserver(Observer):
             return
         from castwise.trace.tracer import flat_outputs
 
-        ins = [t for t in frame.inputs if t.is_floating_point()]
-        outs = [t for t in flat_outputs(output) if t.is_floating_point()]
-        in_dtypes = {t.dtype for t in ins}
+        outs = flat_outputs(output)
+        # a cast is about floating tensors: token ids in and embeddings out is no cast
+        in_dtypes = {t.dtype for t in frame.inputs if t.is_floating_point()}
         self._seen[frame.name] = {
-            "inputs": _describe(ins),
+            "inputs": _describe(frame.inputs),
             "outputs": _describe(outs),
             "autocast": None if frame.autocast is None else short(name_of(frame.autocast)),
             "calls": 1,
-            "cast": bool(ins) and any(t.dtype not in in_dtypes for t in outs),
+            "cast": bool(in_dtypes) and any(t.is_floating_point() and t.dtype not in in_dtypes for t in outs),
         }
 
     def finish(self, trace: Trace) -> None:
@@ -73,9 +74,8 @@ class ModuleTreeObserver(Observer):
         raised = {f.name for f in trace.stack}
         for frame in trace.stack:
             if frame.name not in self._seen:
-                ins = [t for t in frame.inputs if t.is_floating_point()]
                 self._seen[frame.name] = {
-                    "inputs": _describe(ins),
+                    "inputs": _describe(frame.inputs),
                     "outputs": [],
                     "autocast": None if frame.autocast is None else short(name_of(frame.autocast)),
                     "calls": 1,
