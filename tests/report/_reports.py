@@ -37,18 +37,11 @@ def llama_report(layers: int = 2, small: bool = True) -> Report:
     defaults) with ``small=False``, else narrow layers (hidden 256, vocabulary 1000)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    narrow = (
-        {
-            "hidden_size": 256,
-            "intermediate_size": 512,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "vocab_size": 1000,
-        }
-        if small
-        else {}
-    )
-    config = LlamaConfig(num_hidden_layers=layers, **narrow)
+    config = LlamaConfig(num_hidden_layers=layers)
+    if small:  # narrow layers: the same structure, a fraction of the shapes
+        config.hidden_size, config.intermediate_size, config.vocab_size = 256, 512, 1000
+        config.num_attention_heads = config.num_key_value_heads = 4
+        config.head_dim = 256 // 4
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     ids = torch.randint(0, 1000, (1, 16))

@@ -98,7 +98,8 @@ def test_a_finding_path_runs_from_its_origin_through_the_common_ancestor_to_wher
 
 
 def test_findings_and_their_origins_are_pinned_to_their_modules() -> None:
-    modules = [{"name": n, "type": "M", "params": {}, "inputs": [], "outputs": []} for n in ("", "enc", "proj")]
+    names = ("", "enc", "proj")
+    modules: list[dict[str, Any]] = [{"name": n, "type": "M", "params": {}, "inputs": [], "outputs": []} for n in names]
     report = Report(
         findings=[
             Finding(
