@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 
 from castwise.cli import COMMANDS, main
 
@@ -193,3 +194,23 @@ def test_an_external_subcommand_is_one_entry(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(COMMANDS, "exits", (__name__, "_exiting_command"))
     assert main(["exits", "3"]) == 3
     assert main(["exits", "0"]) == 0
+
+
+def test_audit_writes_an_html_report_when_asked(tmp_path: Path) -> None:
+    from castwise.cli import cli as group
+
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(group, ["audit", "castwise.stories:build_encoder", "--mode", "train",
+                                        "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "encoder.layers.0" in page
+
+
+def test_audit_refuses_an_unwritable_html_path_before_any_work(tmp_path: Path) -> None:
+    from castwise.cli import cli as group
+
+    result = CliRunner().invoke(group, ["audit", "castwise.stories:build_encoder", "--html",
+                                        str(tmp_path / "missing" / "r.html")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output

@@ -21,6 +21,8 @@ from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.trace import fake as fake_mod
 from castwise.trace.events import RunStatus, Trace
+from castwise.trace.module_tree import ModuleTreeObserver
+from castwise.trace.observers import default_observers
 from castwise.trace.tracer import Tracer, run
 
 MODES = ("both", "eval", "train")
@@ -118,7 +120,9 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
-        tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops, observers=observers)
+        tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops,
+                        observers=observers if observers is not None else [*default_observers(),
+                                                                           ModuleTreeObserver(copy)])
         tracer.seed_inputs([x for n, v in named for x in _named_tensors(n, v)])
         if fmode is not None:
             originals = _split_inputs(inputs)
@@ -249,6 +253,7 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
             "params_by_dtype": dict(runs[0].param_dtypes) if runs else {},
             "activation_bytes_by_dtype": dict(runs[0].trace.activation_bytes) if runs else {},
             "ops_traced": {r.mode: len(r.trace.ops) for r in runs},
+            "modules": runs[0].trace.observed.get("modules", []) if runs else [],
         },
         title=f"castwise audit ({'fake' if fake else 'real'} tensors, device {device}, policy "
               f"{policy if policy is not None else 'none'})",

@@ -50,6 +50,7 @@ def exit_code(report: Report) -> int:
     help="Config targets: token ids of this length, batch 1 (default 128).",
 )
 @json_option()
+@click.option("--html", "html_path", default=None, metavar="PATH", help="Write the report as one offline HTML page.")
 def audit(
     target: str,
     policy: str | None,
@@ -58,6 +59,7 @@ def audit(
     real: bool,
     seq_len: int | None,
     json_path: str | None,
+    html_path: str | None,
 ) -> int:
     """Audit the dtype flow of TARGET: file.py:function or module:function returning (model,
     inputs), or a transformers config.json (also hf:PATH_OR_DIR), built on the meta device."""
@@ -68,6 +70,10 @@ def audit(
         from castwise.policy import Policy
 
         check_json_path(json_path)
+        if html_path is not None:
+            from castwise.report.html import check_html_path
+
+            check_html_path(html_path)
         if real and is_config_target(target):
             raise TargetError(
                 f"target {target!r}: a model built from a config has no weights, so --real cannot run "
@@ -77,8 +83,16 @@ def audit(
             Policy.parse(policy)  # a bad policy fails before the model loads, not after
         with working_dir_on_path():  # the model's own lazy imports find the project too
             model, inputs = load_target(target, seq_len=seq_len)
-            report = run_audit(model, inputs, policy=policy, device=device, mode=mode, fake=not real)
+            from castwise._progress import progress
+
+            with progress(f"auditing {target} on {'real' if real else 'fake'} tensors"):
+                report = run_audit(model, inputs, policy=policy, device=device, mode=mode, fake=not real)
         from castwise.report.text import render_report
+
+        if html_path is not None:
+            from castwise.report.html import write_html
+
+            write_html(report, html_path)
 
         emit(render_report(report, terminal_width()), report.to_json(), json_path)
         return exit_code(report)

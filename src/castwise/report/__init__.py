@@ -115,5 +115,16 @@ class Report:
 
         return render_report(self)
 
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page (inline CSS/JS/SVG; opens offline)."""
+        from castwise.report.html import render_html
+
+        return render_html(self)
+
+    def _repr_html_(self) -> str:
+        """What a Jupyter cell shows: the same report, as one scoped ``<div>``."""
+        from castwise.report.html import render_fragment
+
+        return render_fragment(self)
 
 __all__ = ["SEVERITY_ORDER", "Finding", "Origin", "Report", "Run"]
