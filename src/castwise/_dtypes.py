@@ -7,6 +7,7 @@ that must not import torch (explain, lint-config) can use it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,12 @@ ALIASES: dict[str, str] = {
 }
 
 POLICY_DTYPES = ("bfloat16", "float16", "float32", "float64")
+# the floating dtypes castwise manages, as an error message lists them
+POLICY_DTYPES_TEXT = (
+    ", ".join(sorted(SHORT[n] for n in POLICY_DTYPES)) + " (or " + ", ".join(sorted(POLICY_DTYPES)) + ")"
+)
+# storage bits of the policy dtypes: a cast to a wider one is lossless (f16 -> bf16 is not: same width)
+BITS: dict[str, int] = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 
 
 def canonical(text: str) -> str | None:
@@ -64,6 +71,18 @@ def name_of(dtype: torch.dtype) -> str:
 def short_of(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bf16"``."""
     return short(name_of(dtype))
+
+
+def is_policy_dtype(value: object) -> bool:
+    """Whether ``value`` is a torch dtype a policy can name (f64, f32, f16, bf16). Never imports
+    torch: a torch dtype cannot exist unless torch is already imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.dtype) and name_of(value) in POLICY_DTYPES
+
+
+def widens(src: str, dst: str) -> bool:
+    """Whether casting ``src`` to ``dst`` (canonical names) keeps every value exactly."""
+    return src in BITS and dst in BITS and BITS[dst] > BITS[src]
 
 
 def to_torch(name: str) -> torch.dtype:
