@@ -28,9 +28,10 @@ from typing import Any
 from castwise.lint import deepspeed
 from castwise.lint._source import Document, Path_
 from castwise.lint.model import ConfigFile, Setting, Traced
+from castwise.policy import presets
 
-ALIASES: dict[str, str] = {"16": "16-mixed", "32": "32-true", "64": "64-true", "bf16": "bf16-mixed",
-                           "half": "16-true", "double": "64-true"}
+# Lightning's precision shorthands, shared with castwise.Policy's "lightning:" prefix
+ALIASES: dict[str, str] = presets.LIGHTNING_ALIASES
 TRAINER_KEYS: frozenset[str] = frozenset({
     "precision", "accelerator", "devices", "strategy", "plugins", "max_epochs", "max_steps",
     "num_nodes", "accumulate_grad_batches", "gradient_clip_val", "log_every_n_steps",
@@ -134,17 +135,10 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     precision, src = effective_precision(cf)
     strategy = cf.get("strategy")
     on_deepspeed = strategy is not None and "deepspeed" in str(strategy.value).lower()
-    table: dict[str, tuple[str, str, str]] = {
-        # precision: (weights, compute, loss scaling)
-        "32-true": ("float32", "float32", "none"),
-        "64-true": ("float64", "float64", "none"),
-        "16-mixed": ("float32", "float16", "dynamic"),
-        "bf16-mixed": ("float32", "bfloat16", "none"),
-        "16-true": ("float16", "float16", "none"),
-        "bf16-true": ("bfloat16", "bfloat16", "none"),
-    }
-    if precision in table:
-        weights, compute, scaling = table[precision]
+    # what each precision does to weights, compute and loss scaling: castwise's own presets
+    preset = presets.lightning(precision) if precision is not None else None
+    if preset is not None and precision is not None:
+        weights, compute, scaling = preset.params, preset.compute, preset.loss_scaling
         note = "MixedPrecision: autocast over float32 weights" if precision.endswith("-mixed") else \
             "the module is converted to this dtype"
         if on_deepspeed and strategy is not None and precision in ("16-mixed", "bf16-mixed"):
