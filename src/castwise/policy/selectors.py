@@ -191,24 +191,51 @@ def _generalise(hits: Sequence[str]) -> str | None:
     return shapes.pop() if len(shapes) == 1 else None
 
 
+def _closest(word: str, choices: Sequence[str], cutoff: float) -> str | None:
+    """The choice nearest ``word``, ignoring case (``LlamaMlp`` -> ``LlamaMLP``)."""
+    lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), sorted(lower), n=1, cutoff=cutoff)
+    return lower[close[0]] if close else None
+
+
+def _respelt(selector: str, names: Sequence[str]) -> str | None:
+    """The glob with each misspelt literal segment replaced by the nearest segment the model has
+    (``model.layer.*.mlp`` -> ``model.layers.*.mlp``); None when no segment changed."""
+    words = sorted({seg for n in names if n for seg in n.split(".") if not seg.isdigit()})
+    fixed = []
+    for seg in selector.split("."):
+        literal = not any(c in seg for c in "*?[")
+        fixed.append((_closest(seg, words, 0.75) or seg) if literal and seg not in words else seg)
+    candidate = ".".join(fixed)
+    return candidate if candidate != selector else None
+
+
+def _widened(glob: str, names: Sequence[str]) -> list[str]:
+    """The usual slip: ``*`` is one segment, so ``*.mlp`` (or ``mlp``) only reaches top-level
+    children: ``**.mlp``, and the one-``*``-per-segment path when all hits share it."""
+    segments = glob.split(".")
+    if len(segments) > 1 and segments[0] not in ("*", "**"):
+        return []  # an anchored path: widening it would select other modules than meant
+    while segments and segments[0] in ("*", "**"):
+        segments = segments[1:]
+    if not segments:
+        return []
+    wide = "**." + ".".join(segments)
+    hits = _glob_hits(wide, names)
+    if not hits:
+        return []
+    exact = _generalise(hits)
+    return [wide] + ([exact] if exact and exact != wide else [])
+
+
 def _suggest_glob(selector: str, names: Sequence[str]) -> list[str]:
-    # the usual slip: '*' is one segment, so '*.mlp' only reaches top-level children
-    tail = selector.lstrip("*").lstrip(".")
-    if tail and not selector.startswith("**"):
-        wide = f"**.{tail}"
-        hits = _glob_hits(wide, names)
-        if hits:
-            exact = _generalise(hits)
-            return [wide] + ([exact] if exact and exact != wide else [])
-    # a misspelt last segment: the closest segment the model has
-    last = selector.rsplit(".", 1)[-1]
-    segments = sorted({n.rsplit(".", 1)[-1] for n in names if n})
-    close = difflib.get_close_matches(last, segments, n=1, cutoff=0.75) if "*" not in last else []
-    if close:
-        head = selector[: len(selector) - len(last)]
-        for candidate in (head + close[0], f"**.{close[0]}"):
-            if _glob_hits(candidate, names):
-                return [candidate]
+    respelt = _respelt(selector, names)
+    for glob in (selector, respelt):
+        if glob is None:
+            continue
+        found = ([glob] if glob != selector and _glob_hits(glob, names) else []) + _widened(glob, names)
+        if found:
+            return list(dict.fromkeys(found))[:2]
     return []
 
 
@@ -220,8 +247,8 @@ def suggest(selector: str, names: Sequence[str], classes: Sequence[str] = ()) ->
     """
     if selector.startswith("class:"):
         wanted = selector[len("class:") :].strip().rsplit(".", 1)[-1]
-        close = difflib.get_close_matches(wanted, sorted(set(classes)), n=1, cutoff=0.6)
-        return [f"class:{close[0]}"] if close else []
+        close = _closest(wanted, sorted(set(classes)), 0.6)
+        return [f"class:{close}"] if close else []
     if selector.startswith(("re:", "fn:")):
         return []
     return _suggest_glob(selector, names)
