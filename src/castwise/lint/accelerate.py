@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from castwise.lint._source import Document, Path_
-from castwise.lint.model import ConfigFile, Setting, Traced, is_true
+from castwise.lint.model import ConfigFile, Setting, Traced, is_scalar, is_true
 from castwise.policy import presets
 
 KEYS: dict[str, Path_] = {
@@ -58,14 +58,17 @@ def is_accelerate_mapping(data: dict[str, Any]) -> bool:
 def read(doc: Document, shown: str, base: Path,
          load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key, path in KEYS.items():
         node: Any = doc.data
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
         if key == "mixed_precision" and node is False:
             node = "no"  # unquoted `no` is YAML 1.1 false
-        if isinstance(node, (str, int, float, bool)):
+        if is_scalar(node):
             settings[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
+        elif node is not None and key in ("mixed_precision", "use_cpu"):
+            rejected[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
     links: tuple[ConfigFile, ...] = ()
     ds = settings.get("deepspeed_config_file")
     if ds is not None and isinstance(ds.value, str) and ds.value.strip() and ds.value.strip().lower() != "none":
@@ -75,7 +78,7 @@ def read(doc: Document, shown: str, base: Path,
         if not candidate.exists() and not target.is_absolute() and target.exists():
             candidate = target
         links = (load_link(candidate, str(candidate), ds),)
-    return ConfigFile(shown, "accelerate", settings, links)
+    return ConfigFile(shown, "accelerate", settings, links, rejected=rejected)
 
 
 def device(cf: ConfigFile) -> Traced | None:

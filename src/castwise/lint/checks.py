@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from castwise._dtypes import is_low, short
 from castwise.lint import accelerate, hf, lightning
 from castwise.lint.model import ConfigFile, PrecisionModel, Setting, is_auto, is_false, is_true
+from castwise.lint.values import check_values
 from castwise.report import Finding
 
 # GPUs below compute capability 8.0: no bf16 arithmetic (torch.cuda.is_bf16_supported is False
@@ -333,7 +334,7 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
 def run_checks(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
     findings = [
         *_cw201(model), *_cw202(files), *_cw203(files), *_cw204(model), *_cw205(files),
-        *_cw206(model), *_cw207(files, model), *_cw208(files), *_cw209(files),
+        *_cw206(model), *_cw207(files, model), *_cw208(files), *_cw209(files), *check_values(files),
     ]
     return findings
 

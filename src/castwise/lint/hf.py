@@ -27,7 +27,7 @@ from typing import Any
 
 from castwise.lint import deepspeed
 from castwise.lint._source import Document, Path_
-from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_true
+from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar, is_true
 
 KEYS: dict[str, Path_] = {
     "fp16": ("fp16",),
@@ -61,10 +61,13 @@ def is_hf_mapping(data: dict[str, Any]) -> bool:
 def read(doc: Document, shown: str, base: Path,
          load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key in KEYS:
         value = doc.data.get(key)
-        if isinstance(value, (str, int, float, bool)):
+        if is_scalar(value):
             settings[key] = Setting(key, value, shown, doc.line((key,)))
+        elif value is not None and key not in ("deepspeed", "fsdp"):  # those two may be a mapping / list
+            rejected[key] = Setting(key, value, shown, doc.line((key,)))
     for path in DTYPE_KEYS:
         node: Any = doc.data
         for part in path:
@@ -84,7 +87,7 @@ def read(doc: Document, shown: str, base: Path,
         if not candidate.exists() and not target.is_absolute() and target.exists():
             candidate = target
         links = (load_link(candidate, str(candidate), setting),)
-    return ConfigFile(shown, "hf-training-args", settings, links)
+    return ConfigFile(shown, "hf-training-args", settings, links, rejected=rejected)
 
 
 def flags(cf: ConfigFile) -> dict[str, tuple[bool, tuple[Setting, ...]]]:

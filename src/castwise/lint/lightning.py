@@ -66,6 +66,7 @@ def read(doc: Document, shown: str, base: Path | None = None,
     prefix: Path_ = ("trainer",) if isinstance(doc.data.get("trainer"), dict) else ()
     trainer: dict[str, Any] = doc.data["trainer"] if prefix else doc.data
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
 
     def name(*path: str | int) -> str:
         return ".".join(str(p) for p in (*prefix, *path) if not isinstance(p, int))
@@ -74,6 +75,8 @@ def read(doc: Document, shown: str, base: Path | None = None,
         value = trainer.get(key)
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             settings[key] = Setting(name(key), value, shown, doc.line((*prefix, key)))
+        elif key == "precision" and value is not None:  # devices may be a list; precision never
+            rejected[key] = Setting(name(key), value, shown, doc.line((*prefix, key)))
     strategy = trainer.get("strategy")
     if isinstance(strategy, str):
         settings["strategy"] = Setting(name("strategy"), strategy, shown, doc.line((*prefix, "strategy")))
@@ -106,7 +109,7 @@ def read(doc: Document, shown: str, base: Path | None = None,
                                                        init["precision"], shown,
                                                        doc.line((*prefix, "plugins", *sub, "init_args", "precision")))
             break
-    return ConfigFile(shown, "lightning", settings, links)
+    return ConfigFile(shown, "lightning", settings, links, rejected=rejected)
 
 
 def effective_precision(cf: ConfigFile) -> tuple[str | None, tuple[Setting, ...]]:

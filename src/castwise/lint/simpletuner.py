@@ -21,7 +21,7 @@ from typing import Any
 
 from castwise.lint._source import Document, parse_shell
 from castwise.lint.accelerate import compute_and_scaling
-from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of
+from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar
 
 # config.env variable -> train.py argument, for the settings castwise reads
 ENV_TO_ARG: dict[str, str] = {
@@ -75,11 +75,14 @@ def read_env(text: str, shown: str) -> ConfigFile:
 
 def read_mapping(doc: Document, shown: str) -> ConfigFile:
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key, value in doc.data.items():
         arg = key[2:] if key.startswith("--") else key
-        if arg in ARGS and isinstance(value, (str, int, float, bool)):
+        if arg in ARGS and is_scalar(value):
             settings[arg] = Setting(key, value, shown, doc.line((key,)))
-    return ConfigFile(shown, "simpletuner", settings)
+        elif arg in ARGS and value is not None:
+            rejected[arg] = Setting(key, value, shown, doc.line((key,)))
+    return ConfigFile(shown, "simpletuner", settings, rejected=rejected)
 
 
 def is_simpletuner_mapping(data: dict[str, Any]) -> bool:
