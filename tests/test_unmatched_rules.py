@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, T5Config
-from transformers import T5ForConditionalGeneration
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
+)
 
 import castwise
 from castwise import Policy, rules
@@ -24,8 +30,13 @@ README = Path(__file__).parents[1] / "README.md"
 
 def tiny_llama() -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
     )
     return LlamaForCausalLM(config)
 
@@ -36,8 +47,14 @@ def tiny_t5() -> T5ForConditionalGeneration:
 
 def tiny_qwen3() -> Qwen3ForCausalLM:
     config = Qwen3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
     )
     return Qwen3ForCausalLM(config)
 
@@ -50,8 +67,11 @@ def test_one_star_rule_on_a_llama_matches_nothing_and_suggests_double_star_and_t
     assert suggestions == ["**.mlp", "model.layers.*.mlp"]
     # every suggestion is a real fix: it makes exactly the Llama's MLPs islands
     for selector in suggestions:
-        islands = {n for n, d in resolve(Policy.parse(f"bf16-true,keep[{selector}]=f32"), model).items()
-                   if d.island == torch.float32 and d.island_reason and d.island_reason.startswith("rule")}
+        islands = {
+            n
+            for n, d in resolve(Policy.parse(f"bf16-true,keep[{selector}]=f32"), model).items()
+            if d.island == torch.float32 and d.island_reason and d.island_reason.startswith("rule")
+        }
         assert islands == {"model.layers.0.mlp", "model.layers.1.mlp"}
 
 
@@ -137,8 +157,10 @@ def test_readme_rule_examples_match_real_transformers_module_names() -> None:
     wo = Policy.parse("bf16-true,keep[**.wo]=f32")
     t5_wo = [n for n, d in resolve(wo, models["T5"]).items() if d.island_reason == "rule keep[**.wo]=f32"]
     assert sorted(t5_wo) == [
-        "decoder.block.0.layer.2.DenseReluDense.wo", "decoder.block.1.layer.2.DenseReluDense.wo",
-        "encoder.block.0.layer.1.DenseReluDense.wo", "encoder.block.1.layer.1.DenseReluDense.wo",
+        "decoder.block.0.layer.2.DenseReluDense.wo",
+        "decoder.block.1.layer.2.DenseReluDense.wo",
+        "encoder.block.0.layer.1.DenseReluDense.wo",
+        "encoder.block.1.layer.1.DenseReluDense.wo",
     ]
 
 

@@ -32,7 +32,10 @@ def test_deepspeed_enabled_that_is_not_a_boolean(tmp_path: Path) -> None:
     path = write(tmp_path, "ds_config.json", json.dumps({"fp16": {"enabled": "yes please"}, **DS_MARKERS}, indent=1))
     setting, location, message = only_cw220(path)
     assert (setting, location) == ("fp16.enabled", f"{path}:3")
-    assert message == f'fp16.enabled="yes please" ({path}:3) is not a value this setting takes; valid: "auto", false, true.'
+    assert (
+        message
+        == f'fp16.enabled="yes please" ({path}:3) is not a value this setting takes; valid: "auto", false, true.'
+    )
 
 
 def test_training_arguments_flag_that_is_a_list(tmp_path: Path) -> None:
@@ -54,29 +57,38 @@ def test_lightning_precision_that_is_a_list(tmp_path: Path) -> None:
     assert {"16-mixed", "bf16-mixed", "32-true", "transformer-engine"} <= set(valid) and valid == sorted(valid)
 
 
-@pytest.mark.parametrize(("name", "text", "setting"), [
-    ("trainer.yaml", "trainer:\n  precision: bf17-mixed\n", "trainer.precision"),
-    ("trainer.yaml", "trainer:\n  precision: true\n", "trainer.precision"),
-    ("default_config.yaml", "distributed_type: MULTI_GPU\nmixed_precision: fp12\n", "mixed_precision"),
-    ("training_args.json", '{"output_dir": "o", "fp16": "false"}', "fp16"),
-    ("training_args.json", '{"output_dir": "o", "half_precision_backend": "turbo"}', "half_precision_backend"),
-    ("ds_config.json", '{"bf16": true, "zero_optimization": {"stage": 2}}', "bf16"),
-    ("config.json", '{"--mixed_precision": "bf16", "--gradient_precision": "fp64"}', "--gradient_precision"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "setting"),
+    [
+        ("trainer.yaml", "trainer:\n  precision: bf17-mixed\n", "trainer.precision"),
+        ("trainer.yaml", "trainer:\n  precision: true\n", "trainer.precision"),
+        ("default_config.yaml", "distributed_type: MULTI_GPU\nmixed_precision: fp12\n", "mixed_precision"),
+        ("training_args.json", '{"output_dir": "o", "fp16": "false"}', "fp16"),
+        ("training_args.json", '{"output_dir": "o", "half_precision_backend": "turbo"}', "half_precision_backend"),
+        ("ds_config.json", '{"bf16": true, "zero_optimization": {"stage": 2}}', "bf16"),
+        ("config.json", '{"--mixed_precision": "bf16", "--gradient_precision": "fp64"}', "--gradient_precision"),
+    ],
+)
 def test_other_values_the_tools_do_not_take(tmp_path: Path, name: str, text: str, setting: str) -> None:
     got, _, _ = only_cw220(write(tmp_path, name, text))
     assert got == setting
 
 
-@pytest.mark.parametrize(("name", "text"), [
-    ("ds_config.json", '{"fp16": {"enabled": "auto"}, "bf16": {"enabled": false}, "zero_optimization": {"stage": 2}}'),
-    ("ds_config.json", '{"bf16": {"enabled": "true"}, "zero_optimization": {"stage": 2}}'),
-    ("trainer.yaml", "trainer:\n  precision: 16\n"),
-    ("trainer.yaml", "trainer:\n  precision: bf16\n  devices: [0, 1]\n"),
-    ("trainer.yaml", "trainer:\n  precision: transformer-engine\n"),
-    ("default_config.yaml", "distributed_type: MULTI_GPU\nmixed_precision: no\nuse_cpu: false\n"),
-    ("training_args.json", '{"output_dir": "o", "bf16": true, "tf32": null, "fsdp": ["full_shard", "auto_wrap"]}'),
-])
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        (
+            "ds_config.json",
+            '{"fp16": {"enabled": "auto"}, "bf16": {"enabled": false}, "zero_optimization": {"stage": 2}}',
+        ),
+        ("ds_config.json", '{"bf16": {"enabled": "true"}, "zero_optimization": {"stage": 2}}'),
+        ("trainer.yaml", "trainer:\n  precision: 16\n"),
+        ("trainer.yaml", "trainer:\n  precision: bf16\n  devices: [0, 1]\n"),
+        ("trainer.yaml", "trainer:\n  precision: transformer-engine\n"),
+        ("default_config.yaml", "distributed_type: MULTI_GPU\nmixed_precision: no\nuse_cpu: false\n"),
+        ("training_args.json", '{"output_dir": "o", "bf16": true, "tf32": null, "fsdp": ["full_shard", "auto_wrap"]}'),
+    ],
+)
 def test_values_the_tools_take_are_not_reported(tmp_path: Path, name: str, text: str) -> None:
     findings = lint_config(write(tmp_path, name, text)).findings
     assert [f.code for f in findings if f.code == "CW220"] == []

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import functools
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
@@ -36,7 +35,7 @@ from castwise.applied.resolve import Decision, resolve, unmatched_rules, warn_un
 from castwise.errors import ApplyError
 from castwise.policy import Policy
 
-__all__ = ["Applied", "Decision", "apply", "applied_to", "cast_floating", "iter_casts", "resolve", "unmatched_rules"]
+__all__ = ["Applied", "Decision", "applied_to", "apply", "cast_floating", "iter_casts", "resolve", "unmatched_rules"]
 
 _FLOAT_DTYPES = tuple(_dtypes.to_torch(name) for name in _dtypes.POLICY_DTYPES)
 _SHORT_NAMES = ", ".join(sorted(_dtypes.short(name) for name in _dtypes.POLICY_DTYPES))

@@ -42,6 +42,7 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 def _short(dtype: torch.dtype) -> str:
     return short_of(dtype)
 
+
 NORM_CLASS_NAMES = re.compile(r"(?i).*(LayerNorm|RMSNorm|GroupNorm|BatchNorm\d?d?|InstanceNorm\d?d?|LayerNormFp32)$")
 
 
@@ -209,5 +210,6 @@ def _user_stacklevel() -> int:
 def warn_unmatched(policy: Policy, model: nn.Module) -> None:
     """Warn (``UserWarning``, at the user's line) for each rule that matches no module."""
     for rule, suggestions in unmatched_rules(policy, model):
-        warnings.warn(f"castwise: {unmatched_message(rule, suggestions, model)}", UserWarning,
-                      stacklevel=_user_stacklevel())
+        warnings.warn(
+            f"castwise: {unmatched_message(rule, suggestions, model)}", UserWarning, stacklevel=_user_stacklevel()
+        )

@@ -53,11 +53,14 @@ class Accepted:
 
 _FLAG = Accepted(_flag, "false, true")
 _HF_FLAG = Accepted(
-    _flag, "false, true",
+    _flag,
+    "false, true",
     "TrainingArguments does not convert it: any non-empty string or list counts as true",
 )
 _DS_ENABLED = Accepted(_flag_or_auto, '"auto", false, true')
-_DS_BLOCK = Accepted(lambda value: isinstance(value, dict), '{"enabled": true}, {"enabled": false}, {"enabled": "auto"}')
+_DS_BLOCK = Accepted(
+    lambda value: isinstance(value, dict), '{"enabled": true}, {"enabled": false}, {"enabled": "auto"}'
+)
 _MIXED_PRECISION = Accepted(_one_of("no", "fp16", "bf16", "fp8"), "bf16, fp16, fp8, no")
 _LIGHTNING_STRINGS = sorted(
     {*presets.LIGHTNING, *presets.LIGHTNING_ALIASES, "transformer-engine", "transformer-engine-float16"}
@@ -75,7 +78,9 @@ ACCEPTED: dict[str, dict[str, Accepted]] = {
     },
     "hf-training-args": {
         **{k: _HF_FLAG for k in ("fp16", "bf16", "fp16_full_eval", "bf16_full_eval", "tf32", "use_cpu", "no_cuda")},
-        "half_precision_backend": Accepted(_one_of("auto", "apex", "cpu_amp", "cuda_amp"), "apex, auto, cpu_amp, cuda_amp"),
+        "half_precision_backend": Accepted(
+            _one_of("auto", "apex", "cpu_amp", "cuda_amp"), "apex, auto, cpu_amp, cuda_amp"
+        ),
     },
     "lightning": {"precision": _LIGHTNING, "plugin_precision": _LIGHTNING},
     "accelerate": {"mixed_precision": _MIXED_PRECISION, "use_cpu": _FLAG},

@@ -70,7 +70,7 @@ jmp-style and castwise clauses (every one optional; defaults derive from params/
 
 SELECTOR: a glob on dotted name segments (``*`` is one segment, ``**`` any number: ``*.wo``
 matches ``encoder.wo`` only, ``**.wo`` a ``wo`` at any depth, ``encoder.block.*.layer.1.DenseReluDense.wo``
-each T5 encoder block's), 
+each T5 encoder block's),
 ``re:REGEX`` (full match on the qualified name), or ``class:NAME`` (the module's class or a base
 class, by name or dotted path, e.g. ``class:LayerNorm`` or ``class:torch.nn.LayerNorm``).
 In Python a rule may also select by a class object or a predicate ``(name, module) -> bool``;

@@ -35,7 +35,14 @@ __all__ = [
 Kind = Literal["dtype", "dtype?", "bool", "choice", "loss_scale"]
 
 BOOL_WORDS: dict[str, bool] = {
-    "on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False,
+    "on": True,
+    "off": False,
+    "true": True,
+    "false": False,
+    "yes": True,
+    "no": False,
+    "1": True,
+    "0": False,
 }
 
 
@@ -103,9 +110,7 @@ class Field:
         try:
             return float(text)
         except ValueError:
-            raise PolicyError(
-                f"{self.clause}={text!r} is not valid; valid: dynamic, none, or a number > 0"
-            ) from None
+            raise PolicyError(f"{self.clause}={text!r} is not valid; valid: dynamic, none, or a number > 0") from None
 
     def show(self, value: Any) -> str:
         """The clause value that parses back to ``value``."""
@@ -144,16 +149,23 @@ FIELDS: tuple[Field, ...] = (
     Field("param_dtype", "params", "dtype", lambda b: b.params, derived=True),
     Field("compute_dtype", "compute", "dtype", lambda b: b.compute, derived=True),
     Field(
-        "output_dtype", "output", "dtype",
-        lambda b: b.output if b.output is not None else (_f32() if b.mixed else b.compute), derived=True,
+        "output_dtype",
+        "output",
+        "dtype",
+        lambda b: b.output if b.output is not None else (_f32() if b.mixed else b.compute),
+        derived=True,
     ),
     Field("buffer_dtype", "buffers", "dtype?", lambda b: None, none_words=("none", "params")),
     Field("input_dtype", "inputs", "dtype?", _input_default, none_words=("none", "off"), derived=True),
     Field("loss_scale", "loss_scale", "loss_scale", lambda b: None, none_words=("none", "off", "no")),
     Field("master_weights", "master_weights", "bool", lambda b: False),
     Field(
-        "norms", "norms", "dtype?", lambda b: _f32() if b.true_low else None,
-        none_words=("none", "off", "follow"), derived=True,
+        "norms",
+        "norms",
+        "dtype?",
+        lambda b: _f32() if b.true_low else None,
+        none_words=("none", "off", "follow"),
+        derived=True,
     ),
     Field("keep_in_fp32", "keep_in_fp32", "bool", lambda b: True),
     Field("cast_back", "cast_back", "choice", lambda b: "saturate", choices=("saturate", "plain")),

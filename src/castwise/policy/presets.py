@@ -93,7 +93,10 @@ PRESETS: dict[str, Preset] = {
     "O0": _FP32,
     "O1": _MIXED16,
     "O2": Preset(
-        "float16", "float16", "float32", "dynamic",
+        "float16",
+        "float16",
+        "float32",
+        "dynamic",
         ("norms=none", "master_weights=on", "keep[class:torch.nn.modules.batchnorm._BatchNorm]=f32"),
     ),
     "O3": Preset("float16", "float16", "float32", clauses=("norms=none",)),
@@ -101,13 +104,27 @@ PRESETS: dict[str, Preset] = {
 
 # printed names, in order of preference when several presets mean the same policy
 PREFERRED: tuple[str, ...] = (
-    "32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "pure_fp16", "pure_bf16", "O2", "O3",
+    "32-true",
+    "64-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "pure_fp16",
+    "pure_bf16",
+    "O2",
+    "O3",
 )
 
 # Lightning's shorthands for its precision strings (accelerator_connector's alias conversion,
 # plus "half"/"double")
 LIGHTNING_ALIASES: dict[str, str] = {
-    "16": "16-mixed", "32": "32-true", "64": "64-true", "bf16": "bf16-mixed", "half": "16-true", "double": "64-true",
+    "16": "16-mixed",
+    "32": "32-true",
+    "64": "64-true",
+    "bf16": "bf16-mixed",
+    "half": "16-true",
+    "double": "64-true",
 }
 
 # Lightning's *-true convert the whole module (norms included) and the inputs: castwise's pure_*
