@@ -168,3 +168,14 @@ def test_cw123_is_in_the_catalog_as_a_warning() -> None:
     rule = rules.get("CW123")
     assert (rule.name, rule.severity, rule.category) == ("policy-rule-matches-nothing", "warning", None)
     assert rules.get("policy-rule-matches-nothing") is rule
+
+
+def test_findings_for_the_audit_carry_the_rule_and_the_suggested_fix() -> None:
+    from castwise.applied.resolve import unmatched_rule_findings
+
+    (finding,) = unmatched_rule_findings(Policy.parse("bf16-true,keep[*.mlp]=f32"), tiny_llama(), ("eval",))
+    assert (finding.code, finding.level, finding.modes) == ("CW123", "warning", ("eval",))
+    assert finding.fix == "replace keep[*.mlp]=f32 with keep[**.mlp]=f32 or keep[model.layers.*.mlp]=f32"
+    data = finding.to_dict()
+    assert data["name"] == "policy-rule-matches-nothing"
+    assert dict(finding.details)["suggestions"] == ["keep[**.mlp]=f32", "keep[model.layers.*.mlp]=f32"]

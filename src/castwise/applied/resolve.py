@@ -22,6 +22,7 @@ from castwise._dtypes import short_of
 from castwise.errors import RuleError
 from castwise.policy import ModuleRule, Policy
 from castwise.policy.selectors import suggest
+from castwise.report import Finding
 
 if TYPE_CHECKING:
     from torch import nn
@@ -32,6 +33,7 @@ __all__ = [
     "is_norm",
     "resolve",
     "unmatched_message",
+    "unmatched_rule_findings",
     "unmatched_rules",
     "warn_unmatched",
 ]
@@ -194,6 +196,29 @@ def unmatched_message(rule: ModuleRule, suggestions: list[str], model: nn.Module
         f"{head}; check the selector (globs match whole dotted names: '*' is one segment and '**' any "
         "number, so '*.wo' matches 'encoder.wo' but not 'encoder.block.0.wo' or 'wo_proj')"
     )
+
+
+def unmatched_rule_findings(policy: Policy, model: nn.Module, modes: tuple[str, ...] = ()) -> list[Finding]:
+    """CW123 findings for the audit: one per user rule that matches no module of ``model``,
+    with the suggested selectors as its fix (``details``: the rule and the suggestions)."""
+    out = []
+    for rule, suggestions in unmatched_rules(policy, model):
+        fixes = [f"{rule.kind}[{s}]={_short(rule.dtype)}" for s in suggestions]
+        fix = (
+            f"replace {rule} with {' or '.join(fixes)}"
+            if fixes
+            else f"check the selector of {rule}: '*' is one dotted segment, '**' any number"
+        )
+        out.append(
+            Finding(
+                code="CW123",
+                message=unmatched_message(rule, suggestions, model),
+                modes=modes,
+                fix=fix,
+                details=(("rule", str(rule)), ("suggestions", fixes)),
+            )
+        )
+    return out
 
 
 def _user_stacklevel() -> int:
