@@ -195,3 +195,26 @@ def test_an_integer_loss_scale_is_stored_as_a_float() -> None:
     policy = Policy.parse("16-mixed").replace(loss_scale=128)
     assert policy.loss_scale == 128.0 and isinstance(policy.loss_scale, float)
     assert str(policy) == "16-mixed,loss_scale=128.0"
+
+
+# -- the package's one dtype-name table -------------------------------------------------------
+
+
+def test_scalar_type_names_are_torchs() -> None:
+    from castwise import _dtypes
+
+    for name, scalar in _dtypes.SCALAR_TYPE.items():
+        # the legacy tensor type string carries c10's ScalarType name: torch.BFloat16Tensor
+        assert torch.empty(0, dtype=getattr(torch, name)).type() == f"torch.{scalar}Tensor"
+        assert _dtypes.from_scalar_type(scalar) == name and _dtypes.from_scalar_type(name) == name
+    assert _dtypes.from_scalar_type("Quarter") is None
+
+
+def test_lossless_casts_follow_the_bits_table() -> None:
+    from castwise import _dtypes
+
+    for src in _dtypes.POLICY_DTYPES:
+        for dst in _dtypes.POLICY_DTYPES:
+            x = torch.randn(1000, dtype=torch.float64).to(getattr(torch, src))
+            exact = torch.equal(x.to(getattr(torch, dst)).to(x.dtype), x) and _dtypes.BITS[dst] != _dtypes.BITS[src]
+            assert _dtypes.widens(src, dst) == exact, (src, dst)

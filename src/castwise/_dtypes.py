@@ -32,6 +32,24 @@ SHORT: dict[str, str] = {
     "complex128": "c128",
 }
 
+# canonical name -> c10::ScalarType name, as kernel errors print dtypes ("expected scalar type
+# Float but found BFloat16", "\"cdist\" not implemented for 'Half'")
+SCALAR_TYPE: dict[str, str] = {
+    "float32": "Float",
+    "float64": "Double",
+    "bfloat16": "BFloat16",
+    "float16": "Half",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
+    "complex32": "ComplexHalf",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
 # every spelling users write for the floating dtypes a policy can name
 ALIASES: dict[str, str] = {
     "float64": "float64", "f64": "float64", "fp64": "float64", "double": "float64", "64": "float64",
@@ -56,6 +74,14 @@ def canonical(text: str) -> str | None:
     if key.startswith("torch."):
         key = key[len("torch."):]
     return ALIASES.get(key)
+
+
+def from_scalar_type(word: str) -> str | None:
+    """A c10::ScalarType name (``"BFloat16"``) or canonical name as an error prints it, to the
+    canonical name (``"bfloat16"``); None when it is neither."""
+    if word in SCALAR_TYPE:
+        return word
+    return next((name for name, scalar in SCALAR_TYPE.items() if scalar == word), None)
 
 
 def short(name: str) -> str:

@@ -207,5 +207,7 @@ def _presets() -> dict[str, Policy]:
     if not _PRESET_CACHE:
         built: dict[str, Policy] = {}
         for name, preset in presets.PRESETS.items():
-            _PRESET_CACHE[name] = built.setdefault(preset.text, Policy.parse(preset.text))
+            if preset.text not in built:
+                built[preset.text] = Policy.parse(preset.text)
+            _PRESET_CACHE[name] = built[preset.text]
     return _PRESET_CACHE
