@@ -52,11 +52,24 @@ SCALAR_TYPE: dict[str, str] = {
 
 # every spelling users write for the floating dtypes a policy can name
 ALIASES: dict[str, str] = {
-    "float64": "float64", "f64": "float64", "fp64": "float64", "double": "float64", "64": "float64",
-    "float32": "float32", "f32": "float32", "fp32": "float32", "float": "float32", "32": "float32",
+    "float64": "float64",
+    "f64": "float64",
+    "fp64": "float64",
+    "double": "float64",
+    "64": "float64",
+    "float32": "float32",
+    "f32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "32": "float32",
     "full": "float32",
-    "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16", "16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
 }
 
 POLICY_DTYPES = ("bfloat16", "float16", "float32", "float64")
@@ -72,7 +85,7 @@ def canonical(text: str) -> str | None:
     """The canonical name for a user's spelling (``"bf16"`` -> ``"bfloat16"``), or None."""
     key = text.strip().lower()
     if key.startswith("torch."):
-        key = key[len("torch."):]
+        key = key[len("torch.") :]
     return ALIASES.get(key)
 
 
