@@ -218,3 +218,16 @@ def test_lossless_casts_follow_the_bits_table() -> None:
             x = torch.randn(1000, dtype=torch.float64).to(getattr(torch, src))
             exact = torch.equal(x.to(getattr(torch, dst)).to(x.dtype), x) and _dtypes.BITS[dst] != _dtypes.BITS[src]
             assert _dtypes.widens(src, dst) == exact, (src, dst)
+
+
+@pytest.mark.parametrize("package", ["castwise.policy", "castwise.applied", "castwise.lint"])
+def test_no_submodule_is_shadowed_by_a_name_its_package_exports(package: str) -> None:
+    """`import castwise.applied.inspection as m` must give the module, never a function the
+    package re-exports under the same name (why no module is named apply, audit or resolve)."""
+    import importlib
+    import pkgutil
+
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"{package}.{info.name}")
+        assert getattr(pkg, info.name) is module, f"{package}.{info.name} is shadowed"

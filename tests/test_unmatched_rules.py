@@ -23,7 +23,7 @@ from transformers import (
 import castwise
 from castwise import Policy, rules
 from castwise.applied import unmatched_rules
-from castwise.applied.resolve import resolve, unmatched_message
+from castwise.applied.inspection import resolve, unmatched_message
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -171,7 +171,7 @@ def test_cw123_is_in_the_catalog_as_a_warning() -> None:
 
 
 def test_findings_for_the_audit_carry_the_rule_and_the_suggested_fix() -> None:
-    from castwise.applied.resolve import unmatched_rule_findings
+    from castwise.applied.inspection import unmatched_rule_findings
 
     (finding,) = unmatched_rule_findings(Policy.parse("bf16-true,keep[*.mlp]=f32"), tiny_llama(), ("eval",))
     assert (finding.code, finding.level, finding.modes) == ("CW123", "warning", ("eval",))

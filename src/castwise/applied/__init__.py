@@ -31,7 +31,7 @@ from torch import nn
 
 from castwise import _autocast, _dtypes
 from castwise._dtypes import short_of
-from castwise.applied.resolve import Decision, resolve, unmatched_rules, warn_unmatched
+from castwise.applied.inspection import Decision, resolve, unmatched_rules, warn_unmatched
 from castwise.errors import ApplyError
 from castwise.policy import Policy
 

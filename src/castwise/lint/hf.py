@@ -28,6 +28,7 @@ from typing import Any
 from castwise.lint import deepspeed
 from castwise.lint._source import Document, Path_
 from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar, is_true
+from castwise.policy import presets
 
 KEYS: dict[str, Path_] = {
     "fp16": ("fp16",),
@@ -110,14 +111,17 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     else:
         for name in ("weights", "gradients", "optimizer_state"):
             put(name, Traced("float32", (), "the Trainer does not cast the model's weights"), weak=True)
+    # the Trainer hands fp16/bf16 to Accelerate: they mean Accelerate's mixed_precision values
+    fp16_amp, bf16_amp = presets.PRESETS["fp16"], presets.PRESETS["bf16"]
     if fp16 is not None and is_true(fp16.value):
-        put("compute", Traced("float16", (fp16,), "autocast to float16"))
+        put("compute", Traced(fp16_amp.compute, (fp16,), "autocast to float16"))
         backend = cf.get("half_precision_backend")
         src = (fp16, backend) if backend is not None and str(backend.value) == "apex" else (fp16,)
-        put("loss_scaling", Traced("dynamic", src, "fp16 AMP uses a GradScaler (apex: its own dynamic scaler)"))
+        put("loss_scaling", Traced(fp16_amp.loss_scaling, src,
+                                   "fp16 AMP uses a GradScaler (apex: its own dynamic scaler)"))
     elif bf16 is not None and is_true(bf16.value):
-        put("compute", Traced("bfloat16", (bf16,), "autocast to bfloat16"))
-        put("loss_scaling", Traced("none", (bf16,), "bf16 needs no loss scaling"))
+        put("compute", Traced(bf16_amp.compute, (bf16,), "autocast to bfloat16"))
+        put("loss_scaling", Traced(bf16_amp.loss_scaling, (bf16,), "bf16 needs no loss scaling"))
     elif wd is not None and weights is not None:
         put("compute", Traced(weights, (wd,), "no autocast: the model runs in its weights' dtype"))
         put("loss_scaling", Traced("none", (), "neither fp16 nor bf16 is set: no GradScaler"))

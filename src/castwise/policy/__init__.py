@@ -86,7 +86,7 @@ Layout: ``fields`` declares each field once (clause key, parser, printer, defaul
 ``grammar`` splits, reads and prints policy strings, ``presets`` holds what every ecosystem's
 string means (torch-free: ``castwise.lint`` reads it), ``selectors`` the module rules, ``core``
 the ``Policy`` value. What a policy does to a given model (``resolve``, ``is_norm``) lives
-beside ``apply``, in ``castwise.applied.resolve``.
+beside ``apply``, in ``castwise.applied.inspection``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,15 @@ __all__ = ["LossScale", "ModuleRule", "Policy", "Predicate", "RuleKind", "Select
 
 # the Policy value holds torch dtypes: imported when first used, so that the torch-free parts of
 # this package (presets, fields, grammar, selectors) load without torch
-_LAZY: dict[str, str] = {"Policy": "castwise.policy.core", "LossScale": "castwise.policy.core"}
+_LAZY: dict[str, str] = {
+    "Policy": "castwise.policy.core",
+    "LossScale": "castwise.policy.core",
+    # model inspection moved beside apply (castwise.applied.inspection); kept here for importers
+    "Decision": "castwise.applied.inspection",
+    "NORM_CLASS_NAMES": "castwise.applied.inspection",
+    "is_norm": "castwise.applied.inspection",
+    "resolve": "castwise.applied.inspection",
+}
 
 
 def __getattr__(name: str) -> Any:
