@@ -200,6 +200,7 @@ def test_an_integer_loss_scale_is_stored_as_a_float() -> None:
 # -- the package's one dtype-name table -------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_scalar_type_names_are_torchs() -> None:
     from castwise import _dtypes
 
