@@ -15,7 +15,7 @@ from transformers.models.t5.modeling_t5 import T5LayerNorm
 
 import castwise.policy as policy_module
 from castwise import ModuleRule, Policy, RuleError
-from castwise.policy import is_norm, resolve
+from castwise.applied.inspection import is_norm, resolve
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 

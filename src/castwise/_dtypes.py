@@ -7,6 +7,7 @@ that must not import torch (explain, lint-config) can use it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -31,24 +32,69 @@ SHORT: dict[str, str] = {
     "complex128": "c128",
 }
 
+# canonical name -> c10::ScalarType name, as kernel errors print dtypes ("expected scalar type
+# Float but found BFloat16", "\"cdist\" not implemented for 'Half'")
+SCALAR_TYPE: dict[str, str] = {
+    "float32": "Float",
+    "float64": "Double",
+    "bfloat16": "BFloat16",
+    "float16": "Half",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
+    "complex32": "ComplexHalf",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
 # every spelling users write for the floating dtypes a policy can name
 ALIASES: dict[str, str] = {
-    "float64": "float64", "f64": "float64", "fp64": "float64", "double": "float64", "64": "float64",
-    "float32": "float32", "f32": "float32", "fp32": "float32", "float": "float32", "32": "float32",
+    "float64": "float64",
+    "f64": "float64",
+    "fp64": "float64",
+    "double": "float64",
+    "64": "float64",
+    "float32": "float32",
+    "f32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "32": "float32",
     "full": "float32",
-    "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16", "16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
 }
 
 POLICY_DTYPES = ("bfloat16", "float16", "float32", "float64")
+# the floating dtypes castwise manages, as an error message lists them
+POLICY_DTYPES_TEXT = (
+    ", ".join(sorted(SHORT[n] for n in POLICY_DTYPES)) + " (or " + ", ".join(sorted(POLICY_DTYPES)) + ")"
+)
+# storage bits of the policy dtypes: a cast to a wider one is lossless (f16 -> bf16 is not: same width)
+BITS: dict[str, int] = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 16}
 
 
 def canonical(text: str) -> str | None:
     """The canonical name for a user's spelling (``"bf16"`` -> ``"bfloat16"``), or None."""
     key = text.strip().lower()
     if key.startswith("torch."):
-        key = key[len("torch."):]
+        key = key[len("torch.") :]
     return ALIASES.get(key)
+
+
+def from_scalar_type(word: str) -> str | None:
+    """A c10::ScalarType name (``"BFloat16"``) or canonical name as an error prints it, to the
+    canonical name (``"bfloat16"``); None when it is neither."""
+    if word in SCALAR_TYPE:
+        return word
+    return next((name for name, scalar in SCALAR_TYPE.items() if scalar == word), None)
 
 
 def short(name: str) -> str:
@@ -64,6 +110,18 @@ def name_of(dtype: torch.dtype) -> str:
 def short_of(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bf16"``."""
     return short(name_of(dtype))
+
+
+def is_policy_dtype(value: object) -> bool:
+    """Whether ``value`` is a torch dtype a policy can name (f64, f32, f16, bf16). Never imports
+    torch: a torch dtype cannot exist unless torch is already imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.dtype) and name_of(value) in POLICY_DTYPES
+
+
+def widens(src: str, dst: str) -> bool:
+    """Whether casting ``src`` to ``dst`` (canonical names) keeps every value exactly."""
+    return src in BITS and dst in BITS and BITS[dst] > BITS[src]
 
 
 def to_torch(name: str) -> torch.dtype:

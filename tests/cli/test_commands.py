@@ -196,21 +196,17 @@ def test_an_external_subcommand_is_one_entry(monkeypatch: pytest.MonkeyPatch) ->
     assert main(["exits", "0"]) == 0
 
 
-def test_audit_writes_an_html_report_when_asked(tmp_path: Path) -> None:
-    from castwise.cli import cli as group
-
+def test_audit_writes_an_html_report_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report.html"
-    result = CliRunner().invoke(group, ["audit", "castwise.stories:build_encoder", "--mode", "train",
-                                        "--html", str(out)])
-    assert result.exit_code == 0, result.output
+    code = main(["audit", "castwise.stories:build_encoder", "--mode", "train", "--html", str(out)])
+    assert code == 0, capsys.readouterr()
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "encoder.layers.0" in page
 
 
-def test_audit_refuses_an_unwritable_html_path_before_any_work(tmp_path: Path) -> None:
-    from castwise.cli import cli as group
-
-    result = CliRunner().invoke(group, ["audit", "castwise.stories:build_encoder", "--html",
-                                        str(tmp_path / "missing" / "r.html")])
-    assert result.exit_code == 2
-    assert "does not exist" in result.output
+def test_audit_refuses_an_unwritable_html_path_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["audit", "castwise.stories:build_encoder", "--html", str(tmp_path / "missing" / "r.html")])
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from castwise import _autocast, devices
-from castwise._dtypes import name_of
+from castwise._dtypes import name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
 from castwise.auditor.findings import diags_of_run, merge
@@ -116,7 +117,10 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         if fmode is not None:
             stack.enter_context(fmode)
-        applied = apply(copy, policy) if policy is not None else None
+        with warnings.catch_warnings():
+            # a rule matching no module is reported as CW123; apply's warning would say it twice
+            warnings.filterwarnings("ignore", message="castwise: rule .* matches no module")
+            applied = apply(copy, policy) if policy is not None else None
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
@@ -245,6 +249,8 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
     findings = findings_of(runs, policy)
+    if policy is not None:
+        findings += unmatched_rule_findings(policy, model, tuple(r.mode for r in runs))
     report = Report(
         findings=findings,
         runs=[Run(r.mode, device, None if policy is None else str(policy), _status(r.mode, findings))
@@ -259,3 +265,28 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
               f"{policy if policy is not None else 'none'})",
     )
     return report, runs
+
+
+def unmatched_rule_findings(policy: Policy, model: nn.Module, modes: tuple[str, ...] = ()) -> list[Finding]:
+    """CW123 findings for the audit: one per user rule that matches no module of ``model``,
+    with the suggested selectors as its fix (``details``: the rule and the suggestions)."""
+    out: list[Finding] = []
+    from castwise.applied.inspection import unmatched_message, unmatched_rules
+
+    for rule, suggestions in unmatched_rules(policy, model):
+        fixes = [f"{rule.kind}[{s}]={short_of(rule.dtype)}" for s in suggestions]
+        fix = (
+            f"replace {rule} with {' or '.join(fixes)}"
+            if fixes
+            else f"check the selector of {rule}: '*' is one dotted segment, '**' any number"
+        )
+        out.append(
+            Finding(
+                code="CW123",
+                message=unmatched_message(rule, suggestions, model),
+                modes=modes,
+                fix=fix,
+                details=(("rule", str(rule)), ("suggestions", fixes)),
+            )
+        )
+    return out

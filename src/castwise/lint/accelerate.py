@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from castwise.lint._source import Document, Path_
-from castwise.lint.model import ConfigFile, Setting, Traced, is_true
+from castwise.lint.model import ConfigFile, Setting, Traced, is_scalar, is_true
+from castwise.policy import presets
 
 KEYS: dict[str, Path_] = {
     "mixed_precision": ("mixed_precision",),
@@ -57,14 +58,17 @@ def is_accelerate_mapping(data: dict[str, Any]) -> bool:
 def read(doc: Document, shown: str, base: Path,
          load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key, path in KEYS.items():
         node: Any = doc.data
         for part in path:
             node = node.get(part) if isinstance(node, dict) else None
         if key == "mixed_precision" and node is False:
             node = "no"  # unquoted `no` is YAML 1.1 false
-        if isinstance(node, (str, int, float, bool)):
+        if is_scalar(node):
             settings[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
+        elif node is not None and key in ("mixed_precision", "use_cpu"):
+            rejected[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
     links: tuple[ConfigFile, ...] = ()
     ds = settings.get("deepspeed_config_file")
     if ds is not None and isinstance(ds.value, str) and ds.value.strip() and ds.value.strip().lower() != "none":
@@ -74,7 +78,7 @@ def read(doc: Document, shown: str, base: Path,
         if not candidate.exists() and not target.is_absolute() and target.exists():
             candidate = target
         links = (load_link(candidate, str(candidate), ds),)
-    return ConfigFile(shown, "accelerate", settings, links)
+    return ConfigFile(shown, "accelerate", settings, links, rejected=rejected)
 
 
 def device(cf: ConfigFile) -> Traced | None:
@@ -105,13 +109,22 @@ def mixed_precision(cf: ConfigFile) -> tuple[str | None, Setting | None]:
     return value, s
 
 
+def compute_and_scaling(mixed_precision: str) -> tuple[str, str]:
+    """The autocast dtype and loss scaling of an Accelerate ``mixed_precision`` value: castwise's
+    presets for no/fp16/bf16; fp8 (TransformerEngine / MS-AMP, no castwise preset) computes in
+    float8 without a GradScaler; unknown values do not autocast."""
+    preset = presets.accelerate(mixed_precision)
+    if preset is not None:
+        return preset.compute, preset.loss_scaling
+    return ("float8_e4m3fn" if mixed_precision == "fp8" else "float32"), "none"
+
+
 def contribute(cf: ConfigFile, put: Any) -> None:
     mp, s = mixed_precision(cf)
     if mp is not None and s is not None:
-        compute = {"fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}.get(mp, "float32")
+        compute, scaling = compute_and_scaling(mp)
         put("compute", Traced(compute, (s,), "Accelerate autocasts the forward pass to mixed_precision"))
-        put("loss_scaling", Traced("dynamic" if mp == "fp16" else "none", (s,),
-                                   "Accelerate adds a GradScaler for fp16 only"))
+        put("loss_scaling", Traced(scaling, (s,), "Accelerate adds a GradScaler for fp16 only"))
         put("weights", Traced("float32", (), "Accelerate does not cast the model's weights"), weak=True)
         put("gradients", Traced("float32", (), "gradients follow the float32 weights"), weak=True)
         put("optimizer_state", Traced("float32", (), "optimizer state follows the float32 weights"), weak=True)

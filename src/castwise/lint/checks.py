@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from castwise._dtypes import is_low, short
 from castwise.lint import accelerate, hf, lightning
 from castwise.lint.model import ConfigFile, PrecisionModel, Setting, is_auto, is_false, is_true
+from castwise.lint.values import check_values
+from castwise.policy import presets
 from castwise.report import Finding
 
 # GPUs below compute capability 8.0: no bf16 arithmetic (torch.cuda.is_bf16_supported is False
@@ -297,7 +299,9 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
             blocks = {dt: ds.get(f"{dt}.block") for dt in ("fp16", "bf16")}
             on = {dt: s for dt in ("fp16", "bf16") if (s := ds.get(f"{dt}.enabled")) is not None and is_true(s.value)}
             off = {dt: s for dt in ("fp16", "bf16") if (s := ds.get(f"{dt}.enabled")) is not None and is_false(s.value)}
-            want = {"16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16", "bf16-true": "bf16"}.get(precision)
+            # the DeepSpeed block Lightning adds: the one named after the precision's compute dtype
+            preset = presets.lightning(precision)
+            want = {"float16": "fp16", "bfloat16": "bf16"}.get(preset.compute) if preset is not None else None
             if want is not None:
                 other = "bf16" if want == "fp16" else "fp16"
                 if other in on and blocks[want] is None:
@@ -333,7 +337,7 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
 def run_checks(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
     findings = [
         *_cw201(model), *_cw202(files), *_cw203(files), *_cw204(model), *_cw205(files),
-        *_cw206(model), *_cw207(files, model), *_cw208(files), *_cw209(files),
+        *_cw206(model), *_cw207(files, model), *_cw208(files), *_cw209(files), *check_values(files),
     ]
     return findings
 

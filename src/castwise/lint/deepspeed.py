@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from castwise.lint._source import Document, Path_
-from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_auto, is_true
+from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_auto, is_scalar, is_true
 
 # canonical key -> path in the JSON
 KEYS: dict[str, Path_] = {
@@ -59,22 +59,26 @@ def read(doc: Document, shown: str, prefix: Path_ = (), linked_from: str | None 
     ``deepspeed`` dict of TrainingArguments)."""
     _, root = _get(doc.data, prefix)
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key, path in KEYS.items():
         actual = path
         if key == "bf16.enabled" and not _get(root, path)[0] and _get(root, ("bfloat16", "enabled"))[0]:
             actual = ("bfloat16", "enabled")  # DeepSpeed's older spelling
         found, value = _get(root, actual)
-        if found and isinstance(value, (str, int, float, bool)):
+        if found and value is not None:
             name = ".".join(str(p) for p in (*prefix, *actual))
-            settings[key] = Setting(name, value, shown, doc.line((*prefix, *actual)))
+            store = settings if is_scalar(value) else rejected
+            store[key] = Setting(name, value, shown, doc.line((*prefix, *actual)))
     for block in ("fp16", "bf16", "bfloat16"):
         # whether the block is written at all: Lightning adds a block only where there is none
         found, value = _get(root, (block,))
+        key = "bf16.block" if block == "bfloat16" else f"{block}.block"
+        name, line = ".".join(str(p) for p in (*prefix, block)), doc.line((*prefix, block))
         if found and isinstance(value, dict):
-            key = "bf16.block" if block == "bfloat16" else f"{block}.block"
-            settings.setdefault(key, Setting(".".join(str(p) for p in (*prefix, block)), "{...}", shown,
-                                             doc.line((*prefix, block))))
-    return ConfigFile(shown, "deepspeed", settings, linked_from=linked_from)
+            settings.setdefault(key, Setting(name, "{...}", shown, line))
+        elif found and value is not None:
+            rejected.setdefault(key, Setting(name, value, shown, line))  # "bf16": true is not a block
+    return ConfigFile(shown, "deepspeed", settings, linked_from=linked_from, rejected=rejected)
 
 
 Auto = dict[str, tuple[bool, tuple[Setting, ...]]]

@@ -27,7 +27,8 @@ from typing import Any
 
 from castwise.lint import deepspeed
 from castwise.lint._source import Document, Path_
-from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_true
+from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar, is_true
+from castwise.policy import presets
 
 KEYS: dict[str, Path_] = {
     "fp16": ("fp16",),
@@ -61,10 +62,13 @@ def is_hf_mapping(data: dict[str, Any]) -> bool:
 def read(doc: Document, shown: str, base: Path,
          load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key in KEYS:
         value = doc.data.get(key)
-        if isinstance(value, (str, int, float, bool)):
+        if is_scalar(value):
             settings[key] = Setting(key, value, shown, doc.line((key,)))
+        elif value is not None and key not in ("deepspeed", "fsdp"):  # those two may be a mapping / list
+            rejected[key] = Setting(key, value, shown, doc.line((key,)))
     for path in DTYPE_KEYS:
         node: Any = doc.data
         for part in path:
@@ -84,7 +88,7 @@ def read(doc: Document, shown: str, base: Path,
         if not candidate.exists() and not target.is_absolute() and target.exists():
             candidate = target
         links = (load_link(candidate, str(candidate), setting),)
-    return ConfigFile(shown, "hf-training-args", settings, links)
+    return ConfigFile(shown, "hf-training-args", settings, links, rejected=rejected)
 
 
 def flags(cf: ConfigFile) -> dict[str, tuple[bool, tuple[Setting, ...]]]:
@@ -107,14 +111,17 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     else:
         for name in ("weights", "gradients", "optimizer_state"):
             put(name, Traced("float32", (), "the Trainer does not cast the model's weights"), weak=True)
+    # the Trainer hands fp16/bf16 to Accelerate: they mean Accelerate's mixed_precision values
+    fp16_amp, bf16_amp = presets.PRESETS["fp16"], presets.PRESETS["bf16"]
     if fp16 is not None and is_true(fp16.value):
-        put("compute", Traced("float16", (fp16,), "autocast to float16"))
+        put("compute", Traced(fp16_amp.compute, (fp16,), "autocast to float16"))
         backend = cf.get("half_precision_backend")
         src = (fp16, backend) if backend is not None and str(backend.value) == "apex" else (fp16,)
-        put("loss_scaling", Traced("dynamic", src, "fp16 AMP uses a GradScaler (apex: its own dynamic scaler)"))
+        put("loss_scaling", Traced(fp16_amp.loss_scaling, src,
+                                   "fp16 AMP uses a GradScaler (apex: its own dynamic scaler)"))
     elif bf16 is not None and is_true(bf16.value):
-        put("compute", Traced("bfloat16", (bf16,), "autocast to bfloat16"))
-        put("loss_scaling", Traced("none", (bf16,), "bf16 needs no loss scaling"))
+        put("compute", Traced(bf16_amp.compute, (bf16,), "autocast to bfloat16"))
+        put("loss_scaling", Traced(bf16_amp.loss_scaling, (bf16,), "bf16 needs no loss scaling"))
     elif wd is not None and weights is not None:
         put("compute", Traced(weights, (wd,), "no autocast: the model runs in its weights' dtype"))
         put("loss_scaling", Traced("none", (), "neither fp16 nor bf16 is set: no GradScaler"))

@@ -28,9 +28,10 @@ from typing import Any
 from castwise.lint import deepspeed
 from castwise.lint._source import Document, Path_
 from castwise.lint.model import ConfigFile, Setting, Traced
+from castwise.policy import presets
 
-ALIASES: dict[str, str] = {"16": "16-mixed", "32": "32-true", "64": "64-true", "bf16": "bf16-mixed",
-                           "half": "16-true", "double": "64-true"}
+# Lightning's precision shorthands, shared with castwise.Policy's "lightning:" prefix
+ALIASES: dict[str, str] = presets.LIGHTNING_ALIASES
 TRAINER_KEYS: frozenset[str] = frozenset({
     "precision", "accelerator", "devices", "strategy", "plugins", "max_epochs", "max_steps",
     "num_nodes", "accumulate_grad_batches", "gradient_clip_val", "log_every_n_steps",
@@ -65,6 +66,7 @@ def read(doc: Document, shown: str, base: Path | None = None,
     prefix: Path_ = ("trainer",) if isinstance(doc.data.get("trainer"), dict) else ()
     trainer: dict[str, Any] = doc.data["trainer"] if prefix else doc.data
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
 
     def name(*path: str | int) -> str:
         return ".".join(str(p) for p in (*prefix, *path) if not isinstance(p, int))
@@ -73,6 +75,8 @@ def read(doc: Document, shown: str, base: Path | None = None,
         value = trainer.get(key)
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             settings[key] = Setting(name(key), value, shown, doc.line((*prefix, key)))
+        elif key == "precision" and value is not None:  # devices may be a list; precision never
+            rejected[key] = Setting(name(key), value, shown, doc.line((*prefix, key)))
     strategy = trainer.get("strategy")
     if isinstance(strategy, str):
         settings["strategy"] = Setting(name("strategy"), strategy, shown, doc.line((*prefix, "strategy")))
@@ -105,7 +109,7 @@ def read(doc: Document, shown: str, base: Path | None = None,
                                                        init["precision"], shown,
                                                        doc.line((*prefix, "plugins", *sub, "init_args", "precision")))
             break
-    return ConfigFile(shown, "lightning", settings, links)
+    return ConfigFile(shown, "lightning", settings, links, rejected=rejected)
 
 
 def effective_precision(cf: ConfigFile) -> tuple[str | None, tuple[Setting, ...]]:
@@ -134,17 +138,10 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     precision, src = effective_precision(cf)
     strategy = cf.get("strategy")
     on_deepspeed = strategy is not None and "deepspeed" in str(strategy.value).lower()
-    table: dict[str, tuple[str, str, str]] = {
-        # precision: (weights, compute, loss scaling)
-        "32-true": ("float32", "float32", "none"),
-        "64-true": ("float64", "float64", "none"),
-        "16-mixed": ("float32", "float16", "dynamic"),
-        "bf16-mixed": ("float32", "bfloat16", "none"),
-        "16-true": ("float16", "float16", "none"),
-        "bf16-true": ("bfloat16", "bfloat16", "none"),
-    }
-    if precision in table:
-        weights, compute, scaling = table[precision]
+    # what each precision does to weights, compute and loss scaling: castwise's own presets
+    preset = presets.lightning(precision) if precision is not None else None
+    if preset is not None and precision is not None:
+        weights, compute, scaling = preset.params, preset.compute, preset.loss_scaling
         note = "MixedPrecision: autocast over float32 weights" if precision.endswith("-mixed") else \
             "the module is converted to this dtype"
         if on_deepspeed and strategy is not None and precision in ("16-mixed", "bf16-mixed"):

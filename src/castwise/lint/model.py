@@ -55,7 +55,7 @@ class ConfigFile:
     ``settings`` keys are the format's own canonical names (``mixed_precision``,
     ``fp16.enabled``, ``trainer.precision``); each Setting keeps the name as written.
     ``links`` are the files this one points to (an Accelerate or TrainingArguments DeepSpeed
-    file), already read.
+    file), already read. ``rejected``: settings whose value is not a scalar where one belongs.
     """
 
     path: str
@@ -63,6 +63,9 @@ class ConfigFile:
     settings: dict[str, Setting] = field(default_factory=dict)
     links: tuple[ConfigFile, ...] = ()
     linked_from: str | None = None  # the setting that points here, e.g. "deepspeed_config_file"
+    # known settings whose value has the wrong type (a list for a flag): kept out of ``settings``
+    # so the model never acts on them, and reported (CW220)
+    rejected: dict[str, Setting] = field(default_factory=dict)
 
     def get(self, key: str) -> Setting | None:
         return self.settings.get(key)
@@ -121,6 +124,11 @@ class PrecisionModel:
         out: dict[str, Any] = {k: (v.to_dict() if (v := getattr(self, k)) is not None else None) for k in FIELDS}
         out["gradient_mechanism"] = self.gradient_mechanism
         return out
+
+
+def is_scalar(value: Any) -> bool:
+    """A value a setting can hold as written: a string, number or boolean."""
+    return isinstance(value, (str, int, float, bool))
 
 
 def dtype_of(value: Any) -> str | None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from castwise.lint._source import Document, parse_shell
-from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of
+from castwise.lint.accelerate import compute_and_scaling
+from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar
 
 # config.env variable -> train.py argument, for the settings castwise reads
 ENV_TO_ARG: dict[str, str] = {
@@ -74,11 +75,14 @@ def read_env(text: str, shown: str) -> ConfigFile:
 
 def read_mapping(doc: Document, shown: str) -> ConfigFile:
     settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
     for key, value in doc.data.items():
         arg = key[2:] if key.startswith("--") else key
-        if arg in ARGS and isinstance(value, (str, int, float, bool)):
+        if arg in ARGS and is_scalar(value):
             settings[arg] = Setting(key, value, shown, doc.line((key,)))
-    return ConfigFile(shown, "simpletuner", settings)
+        elif arg in ARGS and value is not None:
+            rejected[arg] = Setting(key, value, shown, doc.line((key,)))
+    return ConfigFile(shown, "simpletuner", settings, rejected=rejected)
 
 
 def is_simpletuner_mapping(data: dict[str, Any]) -> bool:
@@ -118,10 +122,10 @@ def contribute(cf: ConfigFile, put: Any) -> None:
         put("compute", Traced("bfloat16", (), "SimpleTuner's default --mixed_precision is bf16"))
         put("loss_scaling", Traced("none", (), "no GradScaler for bf16"))
     else:
-        compute = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}.get(str(mp_value), "float32")
+        # SimpleTuner hands mixed_precision to Accelerate: its meaning is Accelerate's
+        compute, scaling = compute_and_scaling(str(mp_value))
         put("compute", Traced(compute, (mp,), "Accelerate autocast in the mixed_precision dtype"))
-        put("loss_scaling", Traced("dynamic" if mp_value == "fp16" else "none", (mp,),
-                                   "Accelerate's GradScaler runs for fp16 only"))
+        put("loss_scaling", Traced(scaling, (mp,), "Accelerate's GradScaler runs for fp16 only"))
 
     gp = cf.get("gradient_precision")
     opt = cf.get("optimizer")

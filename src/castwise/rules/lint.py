@@ -156,4 +156,24 @@ RULES: tuple[Rule, ...] = (
         fix="Remove the fp16/bf16 blocks from the DeepSpeed config and let trainer.precision "
             "decide, or make trainer.precision name the dtype the file enables.",
     ),
+    Rule(
+        code="CW220", name="precision-setting-wrong-value",
+        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        summary="A precision setting holds a value of the wrong type, or one the tool does not accept.",
+        detects="A precision setting castwise reads whose value is not one its tool takes: "
+                "DeepSpeed fp16.enabled / bf16.enabled that are not true, false or \"auto\" "
+                "(\"yes please\"), a DeepSpeed fp16/bf16 block that is not a mapping, "
+                "TrainingArguments flags (fp16, bf16, tf32, ...) that are not booleans "
+                "(bf16: [1, 2]), a Lightning trainer.precision that is no precision string "
+                "(a list, a typo), Accelerate / SimpleTuner mixed_precision outside no, fp16, "
+                "bf16, fp8. The finding names the setting, its value and the valid values.",
+        why="Such values never do what they seem to. The tool refuses them when the job starts "
+            "(DeepSpeed's config model, Lightning's precision connector), or reads them as "
+            "something else: TrainingArguments does not convert JSON values, so any non-empty "
+            "string or list for bf16 counts as true, \"false\" included. castwise would "
+            "otherwise skip the value silently and check a run that is not the one configured.",
+        example='# ds_config.json\n{"fp16": {"enabled": "yes please"}, "zero_optimization": {"stage": 2}}',
+        fix="Write one of the valid values the finding lists, as the type the tool expects "
+            "(true/false as JSON or YAML booleans, precision names as strings).",
+    ),
 )

@@ -55,7 +55,7 @@ class ModuleTreeObserver(Observer):
         if seen is not None:
             seen["calls"] += 1
             return
-        from castwise.trace.tracer import flat_outputs
+        from castwise.trace.observers import flat_outputs
 
         outs = flat_outputs(output)
         # a cast is about floating tensors: token ids in and embeddings out is no cast

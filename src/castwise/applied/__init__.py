@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import functools
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
@@ -30,21 +29,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise import _autocast
+from castwise import _autocast, _dtypes
 from castwise._dtypes import short_of
+from castwise.applied.inspection import Decision, resolve, unmatched_rules, warn_unmatched
 from castwise.errors import ApplyError
-from castwise.policy import Decision, Policy, resolve
+from castwise.policy import Policy
 
-_FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["Applied", "Decision", "applied_to", "apply", "cast_floating", "iter_casts", "resolve", "unmatched_rules"]
+
+_FLOAT_DTYPES = tuple(_dtypes.to_torch(name) for name in _dtypes.POLICY_DTYPES)
+_SHORT_NAMES = ", ".join(sorted(_dtypes.short(name) for name in _dtypes.POLICY_DTYPES))
 _F16_MAX = torch.finfo(torch.float16).max
-# lossless casts can be undone by casting back; others keep the original tensor for remove()
-_LOSSLESS = {
-    (torch.float16, torch.float32),
-    (torch.bfloat16, torch.float32),
-    (torch.float16, torch.float64),
-    (torch.bfloat16, torch.float64),
-    (torch.float32, torch.float64),
-}
 # modules whose fused fast path reads submodule weights directly, bypassing island wrappers
 _FASTPATH_MODULES = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.MultiheadAttention)
 
@@ -90,6 +85,11 @@ def cast_floating(obj: Any, dtype: torch.dtype, saturate: bool = False) -> Any:
                 new[key] = value  # type: ignore[index]
         return new
     return obj
+
+
+def _lossless(src: torch.dtype, dst: torch.dtype) -> bool:
+    """Lossless casts can be undone by casting back; others keep the original tensor for remove()."""
+    return _dtypes.widens(_dtypes.name_of(src), _dtypes.name_of(dst))
 
 
 def _first_device(args: tuple[Any, ...], kwargs: dict[str, Any], default: str) -> str:
@@ -191,7 +191,7 @@ def _check_manageable(model: nn.Module, casts: bool = True) -> None:
         if p.is_quantized or (not p.is_floating_point() and not p.is_complex()):
             raise ApplyError(
                 f"parameter {name!r} is {short_of(p.dtype)}: a quantised weight castwise cannot cast "
-                f"without destroying it; valid parameter dtypes: bf16, f16, f32, f64"
+                f"without destroying it; valid parameter dtypes: {_SHORT_NAMES}"
             )
         if p.is_floating_point() and p.dtype not in _FLOAT_DTYPES:
             raise ApplyError(
@@ -313,7 +313,7 @@ class Applied:
                 target = island or default_param
                 if target is None or p.dtype == target:
                     continue
-                lossless = (p.dtype, target) in _LOSSLESS
+                lossless = _lossless(p.dtype, target)
                 grad = p.grad
                 original, original_dtype = p.data, p.dtype
                 p.data = p.data.to(target)
@@ -339,7 +339,7 @@ class Applied:
                 target = island or default_buffer
                 if target is None or b.dtype == target:
                     continue
-                lossless = (b.dtype, target) in _LOSSLESS
+                lossless = _lossless(b.dtype, target)
                 cast = b.to(target)
                 module._buffers[bname] = cast
                 self._tensors.append(
@@ -470,7 +470,7 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     decisions = resolve(policy, model)  # raises on ambiguous rules, before anything changes
     casts = not policy.is_mixed or policy.buffer_dtype is not None or any(d.island for d in decisions.values())
     _check_manageable(model, casts)
-    _warn_unmatched(policy, model)
+    warn_unmatched(policy, model)
     applied = Applied(model, policy, decisions)
     owner = _owner_dtypes(model, policy, decisions)
     try:
@@ -481,21 +481,6 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
         raise
     _APPLIED[model] = weakref.ref(applied)
     return applied
-
-
-def _warn_unmatched(policy: Policy, model: nn.Module) -> None:
-    """A rule that matches no module is most likely a typo in its selector: say so."""
-    named = list(model.named_modules())
-    built_in = {r for preset in Policy.presets().values() for r in preset.rules}  # e.g. O2's BatchNorm rule
-    for rule in policy.rules:
-        if rule in built_in:
-            continue
-        if not any(rule.matches(name, module) for name, module in named):
-            warnings.warn(
-                f"castwise: rule {rule} matches no module of {type(model).__name__}; check the selector "
-                "(globs match whole dotted names: '*.wo' matches 'encoder.wo', not 'wo_proj')",
-                UserWarning, stacklevel=3,
-            )
 
 
 def applied_to(model: nn.Module) -> Applied | None:

@@ -1,0 +1,194 @@
+"""What each ecosystem's precision string means (torch-free: lint-config reads it too).
+
+One table for castwise's presets and for the strings Lightning, Accelerate, OpenCLIP and Apex
+users write. A preset is its storage and compute dtypes (canonical names) plus the castwise
+clauses that complete it; ``Preset.text`` is the clause string ``Policy.parse`` builds it
+from. ``castwise.lint`` reads the same table for what a Lightning ``trainer.precision`` or an
+Accelerate ``mixed_precision`` does to weights, compute and loss scaling.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from castwise import _dtypes
+from castwise.errors import PolicyError
+
+__all__ = [
+    "ACCELERATE",
+    "ECOSYSTEMS",
+    "LIGHTNING",
+    "LIGHTNING_ALIASES",
+    "PREFERRED",
+    "PRESETS",
+    "Preset",
+    "accelerate",
+    "did_you_mean",
+    "lightning",
+    "lookup",
+]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A precision string's meaning: ``params``/``compute``/``output`` canonical dtype names
+    (``output`` None: the default, f32 when mixed else compute), the loss scaling
+    (``"dynamic"`` or None) and further castwise clauses."""
+
+    params: str
+    compute: str
+    output: str | None = None
+    loss_scale: str | None = None
+    clauses: tuple[str, ...] = ()
+
+    @property
+    def loss_scaling(self) -> str:
+        """As lint-config's precision model says it: ``dynamic`` or ``none``."""
+        return self.loss_scale or "none"
+
+    @property
+    def text(self) -> str:
+        """The clause string that parses to this preset's policy."""
+        head = [f"params={_dtypes.short(self.params)}", f"compute={_dtypes.short(self.compute)}"]
+        if self.output is not None:
+            head.append(f"output={_dtypes.short(self.output)}")
+        if self.loss_scale is not None:
+            head.append(f"loss_scale={self.loss_scale}")
+        return ",".join([*head, *self.clauses])
+
+
+_FP32 = Preset("float32", "float32")
+_FP64 = Preset("float64", "float64")
+_MIXED16 = Preset("float32", "float16", loss_scale="dynamic")
+_MIXEDBF16 = Preset("float32", "bfloat16")
+_TRUE16 = Preset("float16", "float16")  # norms as f32 islands, inputs cast: the derived defaults
+_TRUEBF16 = Preset("bfloat16", "bfloat16")
+_PURE16 = Preset("float16", "float16", clauses=("norms=none",))
+_PUREBF16 = Preset("bfloat16", "bfloat16", clauses=("norms=none",))
+
+PRESETS: dict[str, Preset] = {
+    # Lightning
+    "32-true": _FP32,
+    "32": _FP32,
+    "64-true": _FP64,
+    "64": _FP64,
+    "16-mixed": _MIXED16,
+    "bf16-mixed": _MIXEDBF16,
+    "16-true": _TRUE16,
+    "bf16-true": _TRUEBF16,
+    # Accelerate --mixed_precision
+    "no": _FP32,
+    "fp16": _MIXED16,
+    "bf16": _MIXEDBF16,
+    # OpenCLIP --precision (its "fp16"/"bf16" are 16-true/bf16-true: see castwise.policy)
+    "fp32": _FP32,
+    "amp": _MIXED16,
+    "amp_bf16": _MIXEDBF16,
+    "amp_bfloat16": _MIXEDBF16,
+    "pure_fp16": _PURE16,
+    "pure_bf16": _PUREBF16,
+    # Apex opt levels; O2/O3 patch forward to cast inputs to float16 and outputs to float32
+    "O0": _FP32,
+    "O1": _MIXED16,
+    "O2": Preset(
+        "float16",
+        "float16",
+        "float32",
+        "dynamic",
+        ("norms=none", "master_weights=on", "keep[class:torch.nn.modules.batchnorm._BatchNorm]=f32"),
+    ),
+    "O3": Preset("float16", "float16", "float32", clauses=("norms=none",)),
+}
+
+# printed names, in order of preference when several presets mean the same policy
+PREFERRED: tuple[str, ...] = (
+    "32-true",
+    "64-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "pure_fp16",
+    "pure_bf16",
+    "O2",
+    "O3",
+)
+
+# Lightning's shorthands for its precision strings (accelerator_connector's alias conversion,
+# plus "half"/"double")
+LIGHTNING_ALIASES: dict[str, str] = {
+    "16": "16-mixed",
+    "32": "32-true",
+    "64": "64-true",
+    "bf16": "bf16-mixed",
+    "half": "16-true",
+    "double": "64-true",
+}
+
+# Lightning's *-true convert the whole module (norms included) and the inputs: castwise's pure_*
+# presets; its *-mixed only autocast, like castwise's
+LIGHTNING: dict[str, str] = {
+    **{k: k for k in ("32-true", "64-true", "16-mixed", "bf16-mixed")},
+    "16-true": "pure_fp16",
+    "bf16-true": "pure_bf16",
+}
+ACCELERATE: dict[str, str] = {"no": "no", "fp16": "fp16", "bf16": "bf16"}
+
+ECOSYSTEMS: dict[str, dict[str, str]] = {
+    # prefix -> {string as that ecosystem writes it: castwise preset}
+    "lightning": {**LIGHTNING, **{k: LIGHTNING[v] for k, v in LIGHTNING_ALIASES.items()}},
+    "accelerate": ACCELERATE,
+    "openclip": {
+        "fp32": "fp32",
+        "amp": "amp",
+        "amp_bf16": "amp_bf16",
+        "amp_bfloat16": "amp_bfloat16",
+        "fp16": "16-true",
+        "bf16": "bf16-true",
+        "pure_fp16": "pure_fp16",
+        "pure_bf16": "pure_bf16",
+    },
+    "apex": {"O0": "O0", "O1": "O1", "O2": "O2", "O3": "O3"},
+}
+
+
+def lightning(precision: object) -> Preset | None:
+    """What a Lightning ``precision`` value does (``16``, ``"bf16-mixed"``...); None: unknown."""
+    text = str(precision).strip().lower()
+    name = LIGHTNING.get(LIGHTNING_ALIASES.get(text, text))
+    return PRESETS[name] if name is not None else None
+
+
+def accelerate(mixed_precision: str) -> Preset | None:
+    """What an Accelerate ``mixed_precision`` value does (``no``, ``fp16``, ``bf16``); None: unknown."""
+    name = ACCELERATE.get(mixed_precision.strip().lower())
+    return PRESETS[name] if name is not None else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def lookup(text: str) -> str:
+    """The castwise preset name a precision string stands for (``"openclip:bf16"`` ->
+    ``"bf16-true"``); PolicyError listing the valid ones when there is none."""
+    if ":" in text:
+        prefix, _, name = text.partition(":")
+        table = ECOSYSTEMS.get(prefix.strip().lower())
+        if table is None:
+            raise PolicyError(f"unknown precision prefix {prefix!r}; valid prefixes: {', '.join(sorted(ECOSYSTEMS))}")
+        key = name.strip()
+        key = key if key in table else key.upper() if key.upper() in table else key.lower()
+        if key not in table:
+            raise PolicyError(f"unknown {prefix} precision {name.strip()!r}; valid: {', '.join(sorted(table))}")
+        return table[key]
+    for key in (text, text.lower(), text.upper()):
+        if key in PRESETS:
+            return key
+    raise PolicyError(
+        f"unknown precision {text!r}{did_you_mean(text, PRESETS)}; valid presets: {', '.join(sorted(PRESETS))}; "
+        "or clauses like 'params=f32,compute=bf16,output=f32'"
+    )
