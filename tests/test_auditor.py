@@ -61,6 +61,8 @@ def test_fixture_triggers_its_rule(path: Path) -> None:
     assert f.modes
     if f.level == "error":
         assert not report.ok
+        # the fixture shows its rule and no other error (CW121 only says which mode failed)
+        assert {x.code for x in report.errors} - {"CW121"} == {expect["code"]}
 
 
 def _story(n: int) -> tuple[nn.Module, object]:
@@ -525,3 +527,30 @@ class _WritesF32IntoCache(nn.Module):
 def test_a_write_that_needs_identical_dtypes_is_cw107_not_a_norm_cast_down() -> None:
     report = castwise.audit(_WritesF32IntoCache(), torch.randn(2, 4), policy="bf16-true", mode="eval")
     assert [f.code for f in report.errors] == ["CW107"], str(report)
+
+
+def test_a_tensor_made_without_dtype_gets_its_line_and_the_code_change() -> None:
+    fixture = _load(FIXTURES / "CW106_tensor_made_in_forward.py")
+    model, inputs = fixture.build()
+    (f,) = [x for x in castwise.audit(model, inputs, mode="eval").errors if x.code == "CW106"]
+    assert f.source is not None and f.source.endswith("CW106_tensor_made_in_forward.py:14")
+    assert f.code_fix is not None and f.code_fix.line == 14
+    assert f.code_fix.replace.strip().startswith("table = torch.ones(x.shape[-1], x.shape[-1], dtype=torch.bfloat16)")
+    data = f.to_dict()
+    assert data["source"] == f.source and data["code_fix"]["line"] == 14
+
+
+def test_an_autocast_disabled_region_is_named_as_the_origin_and_islanded() -> None:
+    fixture = _load(FIXTURES / "CW114_autocast_disabled_region.py")
+    model, inputs = fixture.build()
+    report = castwise.audit(model, inputs, policy="bf16-mixed", mode="train")
+    (f,) = report.errors
+    assert (f.code, f.module, f.origin.module if f.origin else None) == ("CW114", "router.proj", "router")
+    assert f.source is not None and f.source.endswith("CW114_autocast_disabled_region.py:18")
+    assert str(report.suggested_policy) == "bf16-mixed,keep[router]=f32"
+    # the suggestion holds on the real CPU kernels, not only in the fake run
+    fixed = castwise.apply(model, report.suggested_policy)
+    try:
+        model(*inputs).float().sum().backward()
+    finally:
+        fixed.remove()

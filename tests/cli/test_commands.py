@@ -15,7 +15,6 @@ from pathlib import Path
 
 import click
 import pytest
-from click.testing import CliRunner
 
 from castwise.cli import COMMANDS, main
 

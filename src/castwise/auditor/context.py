@@ -48,6 +48,14 @@ class Ctx:
     unsupported: torch.dtype | None
     stray: bool  # the culprit is a tensor the policy left off its dtype (CW122)
     culprit_provs: list[Prov]
+    disabled_by: str | None = None  # the module whose forward turned autocast off around the op
+    region_module: Any = None  # that module (the run's copy), for its source
+
+    @property
+    def source(self) -> str | None:
+        """The user's line where the culprit's dtype was made, when recorded."""
+        first = self.first
+        return first.source if first is not None else None
 
     @property
     def first(self) -> Prov | None:
@@ -75,11 +83,13 @@ class Ctx:
         return tuple(dict.fromkeys(p.module for p in self.culprit_provs if p.module))
 
     def diag(self, code: str, message: str, fix: str, origin: Origin | bool | None = True,
-             modules: tuple[str, ...] | None = None) -> Diag:
-        """A diagnosis at this op; ``origin=True``: the culprit's origin."""
+             modules: tuple[str, ...] | None = None, source: str | bool | None = True,
+             code_fix: tuple[str, int, str, str | None] | None = None) -> Diag:
+        """A diagnosis at this op; ``origin=True``: the culprit's origin (and its source line)."""
         org = self.origin if origin is True else origin if isinstance(origin, Origin) else None
+        line = self.source if source is True else source if isinstance(source, str) else None
         return Diag(code, self.module, self.op, org, message, fix,
-                    self.modules if modules is None else modules, self.expected)
+                    self.modules if modules is None else modules, self.expected, line, code_fix)
 
 
 def _own(p: Prov, module: str) -> bool:
@@ -129,7 +139,8 @@ def make_ctx(*, phase: str, module: str, op: str | None, kind: str | None, text:
              dtypes: tuple[torch.dtype, ...], provs: tuple[Prov | None, ...], culprits: list[int],
              is_fast: bool, autocast: torch.dtype | None, compute: torch.dtype, expected: str | None,
              device: Device, dominant: torch.dtype | None = None, unsupported: torch.dtype | None = None,
-             off_policy: frozenset[str] = frozenset()) -> Ctx:
+             off_policy: frozenset[str] = frozenset(), disabled_by: str | None = None,
+             region_module: Any = None) -> Ctx:
     floats = [i for i in range(min(len(dtypes), len(provs))) if dtypes[i].is_floating_point]
     stray = [i for i in floats if (p := provs[i]) is not None and p.tensor in off_policy
              and any(dtypes[j] != dtypes[i] for j in floats)]
@@ -144,7 +155,7 @@ def make_ctx(*, phase: str, module: str, op: str | None, kind: str | None, text:
             culprits = odd
     culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray))
     return Ctx(phase, module, op, kind, text, dtypes, provs, culprits, is_fast, autocast, compute, expected,
-               device, dominant, unsupported, bool(stray), culprit_provs)
+               device, dominant, unsupported, bool(stray), culprit_provs, disabled_by, region_module)
 
 
 @dataclass
@@ -158,12 +169,22 @@ class RunRecord:
     casts: list[tuple[str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
     module_params: dict[str, dict[str, torch.dtype]] = field(default_factory=dict)
     tracer: Tracer | None = None
+    copy: Any = None  # the model copy the run used (fake tensors hold no memory)
     fake: bool = True
     device: Device | None = None
     dominant: torch.dtype = torch.float32  # the copy's most common parameter dtype, as it ran
     # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
     unexpected: list[tuple[str, str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
     unmatched: list[tuple[str, str]] = field(default_factory=list)  # (policy rule, suggestion)
+
+    def submodule(self, name: str | None) -> Any:
+        """The run's copy of module ``name`` (None when unknown)."""
+        if name is None or self.copy is None:
+            return None
+        try:
+            return self.copy.get_submodule(name) if name else self.copy
+        except AttributeError:
+            return None
 
     def off_policy(self) -> frozenset[str]:
         """The provenance names of the tensors the policy left off its dtype (as the tracer names them)."""

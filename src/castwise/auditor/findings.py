@@ -10,7 +10,7 @@ import torch
 
 from castwise import devices
 from castwise.auditor.context import RunRecord, culprits_of, make_ctx
-from castwise.report import Finding
+from castwise.report import CodeFix, Finding
 from castwise.rules.audit import cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
 from castwise.trace.events import Event, Prov
@@ -106,7 +106,8 @@ def _from_event(ev: Event, r: RunRecord) -> Diag:
     culprits = culprits_of(ev.dtypes, v.culprits if v is not None else (), r.compute)
     return classify(r, phase=ev.phase, module=ev.module, op=ev.op, kind=v.kind if v is not None else None,
                     text=text, dtypes=ev.dtypes, provs=ev.provs, culprits=culprits, is_fast=ev.fastpath,
-                    autocast=ev.autocast, expected=v.expected if v is not None else None)
+                    autocast=ev.autocast, expected=v.expected if v is not None else None,
+                    disabled_by=ev.disabled_by, region_module=r.submodule(ev.disabled_by))
 
 
 def _forward_echo(ev: Event, forward: list[Event]) -> bool:
@@ -156,7 +157,8 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         # an op raised on dtypes (a custom op's own check, a kernel in a real run)
         return classify(r, phase=fail.phase, module=fail.module, op=fail.op, kind=kind, text=text,
                         dtypes=fail.dtypes, provs=fail.provs, culprits=culprits_of(fail.dtypes, (), r.compute),
-                        is_fast=fail.fastpath, autocast=fail.autocast, expected=None, unsupported=bad)
+                        is_fast=fail.fastpath, autocast=fail.autocast, expected=None, unsupported=bad,
+                        disabled_by=fail.disabled_by, region_module=r.submodule(fail.disabled_by))
     if dtype_error:
         return _raised_in_python(r, module, kind, text, bad)
     return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
@@ -190,7 +192,8 @@ def merge(per_mode: dict[str, list[Diag]]) -> list[Finding]:
             extra = tuple(m for m in d.culprit_modules if m not in first.culprit_modules)
             if extra:
                 merged[key] = (Diag(first.code, first.module, first.op, first.origin, first.message, first.fix,
-                                    first.culprit_modules + extra, first.expected), modes, places)
+                                    first.culprit_modules + extra, first.expected, first.source, first.code_fix),
+                               modes, places)
     return [_finding(d, tuple(m for m in ("train", "eval") if m in modes), places)
             for d, modes, places in merged.values()]
 
@@ -207,5 +210,6 @@ def _finding(d: Diag, modes: tuple[str, ...], places: list[str]) -> Finding:
         details.append(("culprit_modules", list(d.culprit_modules)))
     if len(places) > 1:
         details.append(("also_at", places[1:]))
+    code_fix = CodeFix(*d.code_fix) if d.code_fix is not None else None
     return Finding(code=d.code, message=message, module=d.module, op=d.op, origin=d.origin, modes=modes,
-                   fix=d.fix, details=tuple(details))
+                   fix=d.fix, details=tuple(details), source=d.source, code_fix=code_fix)

@@ -139,6 +139,7 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
         for mname, module in copy.named_modules():
             result.module_params[mname] = {n: p.dtype for n, p in module.named_parameters(recurse=False)}
         result.tracer = tracer
+        result.copy = copy
         result.trace = run(tracer, copy, args, kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result
 

@@ -17,6 +17,22 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 @dataclass(frozen=True)
+class CodeFix:
+    """A one-line code change: in ``file`` at ``line``, the line becomes ``replace``."""
+
+    file: str
+    line: int
+    replace: str
+    original: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "replace": self.replace, "original": self.original}
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.replace.strip()}"
+
+
+@dataclass(frozen=True)
 class Finding:
     code: str
     message: str
@@ -29,6 +45,8 @@ class Finding:
     settings: tuple[str, ...] = ()  # lint-config: settings exactly as written
     locations: tuple[str, ...] = ()  # lint-config: "file:line" of each setting
     details: tuple[tuple[str, Any], ...] = ()  # extra JSON fields, e.g. dtypes seen
+    source: str | None = None  # "models/rope.py:42": the user's line where the origin was made
+    code_fix: CodeFix | None = None  # the code change, where no policy can express the fix
 
     def __post_init__(self) -> None:
         rule = _rules.get(self.code)  # an unknown code is a bug in castwise: fail here, not at render
@@ -59,6 +77,8 @@ class Finding:
             "modes": list(self.modes),
             "message": self.message,
             "fix": self.fix or rule.fix,
+            "source": self.source,
+            "code_fix": self.code_fix.to_dict() if self.code_fix else None,
         }
         if self.settings:
             out["settings"] = list(self.settings)
@@ -127,4 +147,4 @@ class Report:
 
         return render_fragment(self)
 
-__all__ = ["SEVERITY_ORDER", "Finding", "Origin", "Report", "Run"]
+__all__ = ["SEVERITY_ORDER", "CodeFix", "Finding", "Origin", "Report", "Run"]

@@ -34,13 +34,16 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
         at = f"`{f.module}`" if f.module else "(model)"
         lines += _field("at", at + (f" in {f.op}" if f.op else ""), width)
     if f.origin is not None:
-        lines += _field("origin", str(f.origin), width)
+        origin = str(f.origin) + (f" ({f.source})" if f.source else "")
+        lines += _field("origin", origin, width)
     if f.settings:
         lines += _field("settings", ", ".join(f.settings), width)
     for loc in f.locations:
         lines += _field("in", loc, width)
     lines += _field("why", f.message, width)
     lines += _field("fix", f.fix or f.rule.fix, width)
+    if f.code_fix is not None:
+        lines += _field("change", f"{f.code_fix.file}:{f.code_fix.line}  {f.code_fix.replace.strip()}", width)
     return lines
 
 

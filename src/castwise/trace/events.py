@@ -56,6 +56,7 @@ class Prov:
     op: str | None
     tensor: str | None
     dtype: torch.dtype
+    source: str | None = None  # "models/rope.py:42": the user's line that made it (made/cast tensors)
 
     def origin(self) -> Origin:
         if self.kind == "input":  # the tensor text says it is a model input
@@ -88,6 +89,9 @@ class Event:
     provs: tuple[Prov | None, ...]
     autocast: torch.dtype | None  # autocast dtype in force where the op ran, if any
     fastpath: bool
+    # the module whose forward turned autocast off around this op (autocast was on at its entry,
+    # and the op ran without it), if any
+    disabled_by: str | None = None
 
 
 @dataclass(frozen=True)

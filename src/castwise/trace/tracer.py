@@ -34,7 +34,7 @@ from castwise import _autocast
 from castwise._dtypes import fmt_tensor, name_of
 from castwise.devices import Device
 from castwise.devices import get as get_device
-from castwise.trace import fastpath
+from castwise.trace import fastpath, source
 from castwise.trace.backward import engine_replaced
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
@@ -46,6 +46,12 @@ _SKIP = frozenset({torch.ops.prim.device.default})
 _SCALAR = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default})
 _NAMES: dict[Any, str] = {}
 _TO_COPY = frozenset({_aten._to_copy.default})
+# ops autocast runs in its low-precision dtype on every device: mixed floating operands reaching
+# dispatch inside a module entered under autocast mean autocast was turned off around them
+_AUTOCAST_LOW = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.addmv", "aten.mv",
+    "aten.convolution", "aten._convolution", "aten.linear", "aten.matmul",
+})
 
 
 def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -259,11 +265,31 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _event(self, func: Any, name: str, module: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                violation: Violation | None, error: BaseException | None, is_fast: bool) -> Event:
         tensors = tensor_args(args, kwargs)
+        dtypes = tuple(t.dtype for t in tensors)
         return Event(
             self.phase, module, name, violation, error,
-            tuple(t.dtype for t in tensors), tuple(shape_of(t) for t in tensors),
+            dtypes, tuple(shape_of(t) for t in tensors),
             tuple(self.prov.get(t) for t in tensors), self.autocast_here(), is_fast,
+            self._disabled_by(func, dtypes) if self.phase == "forward" else None,
         )
+
+    def _disabled_by(self, func: Any, dtypes: tuple[torch.dtype, ...]) -> str | None:
+        """The module whose forward turned autocast off around this op, or None.
+
+        Autocast's state cannot be read inside a dispatch handler, but it is recorded at each
+        module's entry. A module entered with autocast on whose op (or child) runs without it
+        turned it off in its forward: a child entered with autocast off, or an op autocast casts
+        (a matmul, a conv) reaching dispatch with mixed floating operands."""
+        stack = self.stack
+        deepest = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].autocast is not None), None)
+        if deepest is None:
+            return None
+        if deepest < len(stack) - 1:
+            return stack[deepest].name
+        floats = {d for d in dtypes if d.is_floating_point}
+        if _NAMES.get(func) in _AUTOCAST_LOW and len(floats) > 1:
+            return stack[deepest].name
+        return None
 
     def _tag_nodes(self, tensors: list[torch.Tensor]) -> None:
         for t in tensors:
@@ -327,13 +353,15 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         desc = fmt_tensor(name_of(o.dtype), shape_of(o))
         if self.phase != "forward":
             return Prov("backward", module, name, desc, o.dtype)
+        if func in _TO_COPY and tensors and self.autocast_here() is not None:
+            return Prov("autocast", module, name, desc, o.dtype)
+        # where the dtype was made in the user's code: only here, never per op (it walks the stack)
+        line = source.where(2) if o.is_floating_point() else None
         if not tensors:
-            return Prov("created", module, name, desc, o.dtype)
+            return Prov("created", module, name, desc, o.dtype, line)
         if func in _TO_COPY:
-            if self.autocast_here() is not None:
-                return Prov("autocast", module, name, desc, o.dtype)
-            return Prov("cast", module, name, desc, o.dtype)
-        return Prov("op", module, name, desc, o.dtype)
+            return Prov("cast", module, name, desc, o.dtype, line)
+        return Prov("op", module, name, desc, o.dtype, line)
 
 
 # -- running a model under the tracer ---------------------------------------------------------

@@ -40,6 +40,9 @@ class Diag:
     fix: str
     culprit_modules: tuple[str, ...] = ()
     expected: str | None = None
+    source: str | None = None  # the user's line where the origin was made ("file.py:42")
+    # (file, line, replacement line, original line): the code change where no policy fixes it
+    code_fix: tuple[str, int, str, str | None] | None = None
 
 
 Match = Callable[["Ctx"], "Diag | None"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from castwise._dtypes import name_of, short_of
@@ -54,3 +55,38 @@ def true_preset(dtype: torch.dtype) -> str:
 def others(dtypes: tuple[torch.dtype, ...], culprits: list[int]) -> str:
     rest = {short_of(d) for i, d in enumerate(dtypes) if i not in culprits and d.is_floating_point}
     return ", ".join(sorted(rest))
+
+
+_FACTORY = re.compile(
+    r"\btorch\.(arange|zeros|ones|full|empty|tensor|linspace|logspace|rand|randn|eye|zeros_like|ones_like|"
+    r"full_like|empty_like)\("
+)
+
+
+def dtype_code_fix(source: str | None, dtype_expr: str) -> tuple[str, int, str, str | None] | None:
+    """The line at ``source`` ("file.py:42") with ``dtype=<dtype_expr>`` added to its torch factory
+    call, when the line has one without a dtype; None otherwise."""
+    if not source or ":" not in source:
+        return None
+    path, _, num = source.rpartition(":")
+    if not num.isdigit():
+        return None
+    import linecache
+    import os
+
+    full = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    text = linecache.getline(full, int(num)).rstrip("\n") or linecache.getline(path, int(num)).rstrip("\n")
+    match = _FACTORY.search(text)
+    if not text or match is None or "dtype=" in text:
+        return None
+    depth, end = 0, None
+    for i in range(match.end() - 1, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            end = i
+            break
+    if end is None:
+        return None
+    empty = text[match.end():end].strip() == ""
+    replaced = text[:end] + ("" if empty else ", ") + f"dtype={dtype_expr}" + text[end:]
+    return path, int(num), replaced, text

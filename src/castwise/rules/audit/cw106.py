@@ -9,7 +9,9 @@ from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import out_fix
 from castwise.rules.audit._text import (
+    dtype_code_fix,
     others,
+    torch_name,
 )
 
 if TYPE_CHECKING:
@@ -39,12 +41,18 @@ def _match(ctx: Ctx) -> Diag | None:
     first = ctx.first
     if first is None or first.kind not in ("created", "attribute"):
         return None
+    rest = others(ctx.dtypes, ctx.culprits)
+    # the dtype the tensor should have: that of the operands it meets (one of them, if several)
+    want = next((d for i, d in enumerate(ctx.dtypes) if i not in ctx.culprits and d.is_floating_point), None)
+    code_fix = dtype_code_fix(first.source, f"torch.{torch_name(want)}") if first.kind == "created" and want else None
+    where_made = f" at {first.source}" if first.source else ""
     return ctx.diag(
         "CW106",
-        f"{ctx.at}: {first.describe()} is {short_of(first.dtype)} (made with the default dtype, or a "
-        f"tensor attribute .to() does not convert) and meets {others(ctx.dtypes, ctx.culprits)}. "
-        f"Real error: {ctx.text}",
-        "Create the tensor with `dtype=x.dtype` (or register it as a buffer so the model's casts reach it).",
+        f"{ctx.at}: {first.describe()}{where_made} is {short_of(first.dtype)} (made with the default dtype, or "
+        f"a tensor attribute .to() does not convert) and meets {rest}. Real error: {ctx.text}",
+        "Create the tensor with `dtype=x.dtype` (or register it as a buffer so the model's casts reach it)"
+        + (f": {code_fix[0]}:{code_fix[1]} becomes `{code_fix[2].strip()}`." if code_fix else "."),
+        code_fix=code_fix,
     )
 
 
