@@ -554,3 +554,36 @@ def test_an_autocast_disabled_region_is_named_as_the_origin_and_islanded() -> No
         model(*inputs).float().sum().backward()
     finally:
         fixed.remove()
+
+
+def test_a_gradient_hook_that_changes_dtype_is_found_and_the_users_hooks_stay_as_they_were() -> None:
+    fixture = _load(FIXTURES / "CW115_hook_changes_dtype.py")
+    model, inputs = fixture.build()
+    hooks_before = list(model.head.weight._backward_hooks.values())
+    report = castwise.audit(model, inputs, mode="train")
+    (f,) = report.errors
+    assert (f.code, f.module) == ("CW115", "head")
+    assert f.origin is not None and f.origin.tensor == "param head.weight"
+    assert "clip_in_float32" in f.message and "f32 for a bf16 gradient" in f.message
+    assert f.source is not None and f.source.endswith("CW115_hook_changes_dtype.py:12")
+    assert list(model.head.weight._backward_hooks.values()) == hooks_before
+    with pytest.raises(RuntimeError, match="has changed the type of value"):  # and the real run agrees
+        model(*inputs).float().sum().backward()
+
+
+def test_a_forward_hook_that_changes_dtype_names_the_hooked_module() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 8), nn.GELU()), nn.Linear(8, 2))
+    model = model.to(torch.bfloat16)
+
+    def upcast(module: nn.Module, args: object, out: torch.Tensor) -> torch.Tensor:
+        return out.float()
+
+    model[1][0].register_forward_hook(upcast)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    report = castwise.audit(model, x, mode="eval")
+    (f,) = report.errors
+    assert f.code == "CW115" and f.origin is not None and f.origin.module == "1.0"
+    assert "upcast" in f.message
+    with pytest.raises(RuntimeError, match="same dtype"):
+        with torch.no_grad():
+            model(x)

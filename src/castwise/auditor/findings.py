@@ -11,7 +11,7 @@ import torch
 from castwise import devices
 from castwise.auditor.context import RunRecord, culprits_of, make_ctx
 from castwise.report import CodeFix, Finding
-from castwise.rules.audit import cw130, cw902, ordered_checks
+from castwise.rules.audit import cw115, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
 from castwise.trace.events import Event, Prov
 
@@ -143,6 +143,9 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         return None  # backward of a forward the real run would not have finished
     module = trace.stack[-1].name if trace.stack else (fail.module if fail else "")
     text = f"{type(exc).__name__}: {_first_line(exc)}"
+    grad_hooks = [c for c in trace.hook_changes if c.kind == "grad"]
+    if grad_hooks and "changed the type of value" in str(exc):
+        return cw115.grad_hook_diag(grad_hooks[0], text)
     unsupported = unsupported_dtype(str(exc))
     kind = "unsupported" if unsupported is not False else None
     bad = unsupported if isinstance(unsupported, torch.dtype) else None

@@ -112,6 +112,19 @@ class Frame:
     inputs: list[torch.Tensor]
 
 
+@dataclass(frozen=True)
+class HookChange:
+    """A user hook returned a tensor in another dtype than it was given."""
+
+    kind: Literal["grad", "forward"]  # a parameter's gradient hook, or a module's forward hook
+    module: str  # the module owning the hooked parameter, or the hooked module
+    tensor: str | None  # "param lm_head.weight" for gradient hooks
+    hook: str  # the hook's qualified name
+    before: torch.dtype
+    after: torch.dtype
+    source: str | None  # where the hook is defined ("train.py:12")
+
+
 @dataclass
 class Trace:
     """What one run recorded."""
@@ -127,6 +140,7 @@ class Trace:
     stack: list[Frame] = field(default_factory=list)  # module stack when the model raised
     error_phase: Phase = "forward"
     status: RunStatus = "ok"
+    hook_changes: list[HookChange] = field(default_factory=list)
     # what observers beyond the built-in ones recorded, by observer name (numerics, module tree...)
     observed: dict[str, Any] = field(default_factory=dict)
 

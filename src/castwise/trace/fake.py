@@ -43,13 +43,29 @@ def fake_model(model: nn.Module, mode: FakeTensorMode, device: str) -> nn.Module
             if isinstance(value, torch.Tensor) and id(value) not in memo:
                 memo[id(value)] = fake_like(mode, value, device)
     try:
-        return copy.deepcopy(model, memo)
+        copied = copy.deepcopy(model, memo)
     except Exception as exc:
         raise AuditError(
             f"cannot copy {type(model).__name__} to audit it on fake tensors ({type(exc).__name__}: {exc}); "
             "the audit never runs the user's own model object. Make the model deep-copyable, or audit "
             "the function that builds it (castwise audit file.py:build)"
         ) from exc
+    copy_tensor_hooks(model, memo)
+    return copied
+
+
+def copy_tensor_hooks(model: nn.Module, memo: dict[int, Any]) -> None:
+    """Gradient hooks (``param.register_hook``) live on the tensor, which a copy does not carry:
+    register the user's hooks on the copies too, so backward runs them as the real run does."""
+    seen: set[int] = set()
+    for p in model.parameters():
+        hooks = getattr(p, "_backward_hooks", None)
+        twin = memo.get(id(p))
+        if not hooks or twin is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        for hook in hooks.values():
+            twin.register_hook(hook)
 
 
 def fake_inputs(obj: Any, mode: FakeTensorMode, device: str, memo: dict[int, torch.Tensor]) -> Any:
@@ -78,13 +94,16 @@ def real_model(model: nn.Module) -> nn.Module:
             f"{type(model).__name__} is on the meta device: it has no values to run on real tensors; "
             "audit it with fake=True (the default), or materialise it first"
         )
+    memo: dict[int, Any] = {}
     try:
-        return copy.deepcopy(model)
+        copied = copy.deepcopy(model, memo)
     except Exception as exc:
         raise AuditError(
             f"cannot copy {type(model).__name__} for a real-tensor audit ({type(exc).__name__}: {exc}); "
             "audit it with fake=True (the default)"
         ) from exc
+    copy_tensor_hooks(model, memo)
+    return copied
 
 
 def real_inputs(obj: Any) -> Any:

@@ -34,7 +34,7 @@ from castwise import _autocast
 from castwise._dtypes import fmt_tensor, name_of
 from castwise.devices import Device
 from castwise.devices import get as get_device
-from castwise.trace import fastpath, source
+from castwise.trace import fastpath, hooks, source
 from castwise.trace.backward import engine_replaced
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
@@ -120,7 +120,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._checkers = [o for o in self.observers if overrides(o, "check")]
         self._afters = [o for o in self.observers if overrides(o, "after")]
         self._exits = [o for o in self.observers if overrides(o, "module_exit")]
+        self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
         self._seed(model)
+        hooks.observe_hooks(self, model)
 
     def finish(self) -> None:
         """Tell every observer the run ended."""
@@ -357,6 +359,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             return Prov("autocast", module, name, desc, o.dtype)
         # where the dtype was made in the user's code: only here, never per op (it walks the stack)
         line = source.where(2) if o.is_floating_point() else None
+        if self.hook_stack:  # made inside a user's forward hook: name the hook
+            name = f"{name} in forward hook {self.hook_stack[-1]}"
         if not tensors:
             return Prov("created", module, name, desc, o.dtype, line)
         if func in _TO_COPY:

@@ -9,6 +9,7 @@ Precedence, and why:
 1. CW111 no kernel for a dtype at all: nothing to cast "to the other side".
 2. CW112 backward: gradients, whatever the forward looked like.
    CW114 a module turned autocast off around the op: the region, not the operands.
+   CW115 a user hook changed the dtype: the hook, not the layers around it.
 3. CW113 a module's own weights cast by hand: the weights are the odd ones, not the inputs.
 4. CW103 a fused fast path: the kernel, not the operands, is the problem.
 5. CW108 a mask: its own fix (dtype=q.dtype, or bool).
@@ -28,7 +29,7 @@ import pkgutil
 from castwise.rules.audit._base import AuditRule, Check
 
 PRECEDENCE: tuple[str, ...] = (
-    "CW111", "CW112", "CW114", "CW113", "CW103", "CW108", "CW110.embedding", "CW107", "CW101",
+    "CW111", "CW112", "CW114", "CW115", "CW113", "CW103", "CW108", "CW110.embedding", "CW107", "CW101",
     "CW104", "CW102", "CW105", "CW106", "CW109", "CW110",
 )
 
