@@ -587,3 +587,16 @@ def test_a_forward_hook_that_changes_dtype_names_the_hooked_module() -> None:
     with pytest.raises(RuntimeError, match="same dtype"):
         with torch.no_grad():
             model(x)
+
+
+def test_a_tied_weight_is_named_after_the_module_that_ties_it_with_every_holder() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.lm_head.float()  # the user keeps the head in float32: the embedding shares its Parameter
+    report = castwise.audit(model, {"input_ids": torch.randint(0, 64, (1, 8))}, mode="eval")
+    first = report.errors[0]
+    assert first.origin is not None and first.origin.module == "lm_head"
+    assert first.origin.tensor == "param lm_head.weight (shared with model.embed_tokens.weight)"

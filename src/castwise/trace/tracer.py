@@ -132,11 +132,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     # -- provenance seeds --------------------------------------------------------------------
 
     def _seed(self, model: nn.Module) -> None:
+        self._seed_params(model)
         for mname, module in model.named_modules():
-            for pname, p in module._parameters.items():
-                if p is not None and p not in self.prov:
-                    full = f"{mname}.{pname}" if mname else pname
-                    self.prov[p] = Prov("param", mname, None, f"param {full}", p.dtype)
             for bname, b in module._buffers.items():
                 if b is not None and b not in self.prov:
                     full = f"{mname}.{bname}" if mname else bname
@@ -145,6 +142,24 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if isinstance(value, torch.Tensor) and not aname.startswith("_") and value not in self.prov:
                     full = f"{mname}.{aname}" if mname else aname
                     self.prov[value] = Prov("attribute", mname, None, f"tensor attribute {full}", value.dtype)
+
+    def _seed_params(self, model: nn.Module) -> None:
+        """Parameters' provenance. A parameter shared by several modules (tied weights) is named
+        after the last module that holds it, the one that ties itself to the first (an output head
+        to its embedding, as ``tie_weights`` does), with every other holder listed."""
+        owners: dict[int, list[tuple[str, str, Any]]] = {}
+        for mname, module in model.named_modules(remove_duplicate=False):
+            for pname, p in module._parameters.items():
+                if p is not None:
+                    entry = owners.setdefault(id(p), [])
+                    if all(m != mname for m, _n, _p in entry):
+                        entry.append((mname, pname, p))
+        for entry in owners.values():
+            mname, pname, p = entry[-1]
+            full = f"{mname}.{pname}" if mname else pname
+            shared = [f"{m}.{n}" if m else n for m, n, _p in entry[:-1]]
+            text = f"param {full}" + (f" (shared with {', '.join(shared)})" if shared else "")
+            self.prov[p] = Prov("param", mname, None, text, p.dtype)
 
     def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
