@@ -16,7 +16,7 @@ from castwise._dtypes import short_of
 from castwise.devices import Device
 from castwise.rules.audit._base import Diag
 from castwise.rules.audit._text import is_ancestor, where
-from castwise.trace.events import Origin, Prov
+from castwise.trace.events import Mode, Origin, Prov
 
 if TYPE_CHECKING:
     from castwise.policy import ModuleRule, Policy
@@ -162,7 +162,7 @@ def make_ctx(*, phase: str, module: str, op: str | None, kind: str | None, text:
 class RunRecord:
     """One run of the model (a mode) and what the audit knows about the copy it ran."""
 
-    mode: str
+    mode: Mode
     trace: Trace
     compute: torch.dtype
     param_dtypes: dict[str, int] = field(default_factory=dict)

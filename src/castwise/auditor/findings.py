@@ -13,7 +13,7 @@ from castwise.auditor.context import RunRecord, culprits_of, make_ctx
 from castwise.report import CodeFix, Finding
 from castwise.rules.audit import cw115, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
-from castwise.trace.events import Event, Prov
+from castwise.trace.events import Event, Mode, Prov
 
 # what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"
 # (a KeyError("not a dtype problem") is not a dtype error)
@@ -197,11 +197,12 @@ def merge(per_mode: dict[str, list[Diag]]) -> list[Finding]:
                 merged[key] = (Diag(first.code, first.module, first.op, first.origin, first.message, first.fix,
                                     first.culprit_modules + extra, first.expected, first.source, first.code_fix),
                                modes, places)
-    return [_finding(d, tuple(m for m in ("train", "eval") if m in modes), places)
+    order: tuple[Mode, ...] = ("train", "eval")
+    return [_finding(d, tuple(m for m in order if m in modes), places)
             for d, modes, places in merged.values()]
 
 
-def _finding(d: Diag, modes: tuple[str, ...], places: list[str]) -> Finding:
+def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
     message = d.message.rstrip()
     if not message.endswith((".", "?", "!")):
         message += "."

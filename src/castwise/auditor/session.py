@@ -21,7 +21,7 @@ from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.trace import fake as fake_mod
-from castwise.trace.events import RunStatus, Trace
+from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
 from castwise.trace.observers import default_observers
 from castwise.trace.tracer import Tracer, run
@@ -86,7 +86,7 @@ def _named_tensors(name: str, obj: Any) -> list[tuple[str, torch.Tensor]]:
 # -- one run ------------------------------------------------------------------------------------
 
 
-def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool,
+def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: Mode, fake: bool,
               compute: torch.dtype, record_ops: bool,
               observers: list[Any] | None = None) -> RunRecord:
     from castwise.applied import apply, iter_casts
@@ -246,7 +246,7 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
               *, record_ops: bool = True, observers: list[Any] | None = None) -> tuple[Report, list[RunRecord]]:
     """Run every mode of the audit and build the report (no suggested policy yet)."""
     compute = policy.compute_dtype if policy is not None else dominant_dtype(model)
-    modes = ["train", "eval"] if mode == "both" else [mode]
+    modes: list[Mode] = ["train", "eval"] if mode == "both" else [mode]  # type: ignore[list-item]
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
     findings = findings_of(runs, policy)
@@ -268,7 +268,7 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
     return report, runs
 
 
-def unmatched_rule_findings(policy: Policy, model: nn.Module, modes: tuple[str, ...] = ()) -> list[Finding]:
+def unmatched_rule_findings(policy: Policy, model: nn.Module, modes: tuple[Mode, ...] = ()) -> list[Finding]:
     """CW123 findings for the audit: one per user rule that matches no module of ``model``,
     with the suggested selectors as its fix (``details``: the rule and the suggestions)."""
     out: list[Finding] = []

@@ -15,6 +15,7 @@ from castwise.lint.model import ConfigFile, PrecisionModel, Setting, is_auto, is
 from castwise.lint.values import check_values
 from castwise.policy import presets
 from castwise.report import Finding
+from castwise.rules._rule import Severity
 
 # GPUs below compute capability 8.0: no bf16 arithmetic (torch.cuda.is_bf16_supported is False
 # for them without emulation; transformers: "You need Ampere+ GPU with cuda>=11.0")
@@ -26,7 +27,7 @@ def _said(settings: Iterable[Setting]) -> str:
 
 
 def _finding(code: str, settings: Sequence[Setting], message: str, fix: str,
-             severity: str | None = None) -> Finding:
+             severity: Severity | None = None) -> Finding:
     pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
     return Finding(
         code=code, message=message, fix=fix, severity=severity,

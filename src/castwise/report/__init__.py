@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castwise import rules as _rules
-from castwise.trace.events import Origin, RunStatus
+from castwise.rules._rule import Severity
+from castwise.trace.events import Mode, Origin, RunStatus
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -39,9 +40,9 @@ class Finding:
     module: str | None = None
     op: str | None = None
     origin: Origin | None = None
-    modes: tuple[str, ...] = ()
+    modes: tuple[Mode, ...] = ()
     fix: str | None = None
-    severity: str | None = None  # None: the rule's default (resolved at construction)
+    severity: Severity | None = None  # None: the rule's default (resolved at construction)
     settings: tuple[str, ...] = ()  # lint-config: settings exactly as written
     locations: tuple[str, ...] = ()  # lint-config: "file:line" of each setting
     details: tuple[tuple[str, Any], ...] = ()  # extra JSON fields, e.g. dtypes seen
@@ -90,7 +91,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Run:
-    mode: str
+    mode: Mode
     device: str
     policy: str | None
     status: RunStatus  # "incomplete": the run stopped before the end (CW902)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from castwise.trace.contracts import Violation
 
 Phase = Literal["forward", "backward"]
+Mode = Literal["train", "eval"]
 RunStatus = Literal["ok", "error", "incomplete"]
 
 ProvKind = Literal["param", "buffer", "attribute", "input", "created", "cast", "autocast", "op", "backward"]
