@@ -124,14 +124,25 @@ def test_apply_warns_at_the_callers_line_with_the_suggestion() -> None:
     assert Path(w.filename) == Path(__file__) and w.lineno == line
 
 
+def test_the_audit_reports_the_rule_once_as_a_finding_not_as_a_warning() -> None:
+    """The audit applies the policy to its own copy: the rule that matches nothing is its CW123
+    finding, not also a warning pointing into castwise."""
+    model = nn.Sequential(nn.Linear(4, 4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = castwise.audit(model, torch.randn(2, 4), policy="bf16-true,keep[*.nope]=f32", mode="eval")
+    assert not [w for w in caught if "matches no module" in str(w.message)]
+    assert [f.code for f in report.findings if f.code == "CW123"] == ["CW123"]
+
+
 def test_the_warning_points_past_every_castwise_frame() -> None:
-    """Called through more castwise code (the audit applies the policy to its copy), the warning
-    still names the user's line, not castwise's."""
+    """Called through castwise's context manager form, the warning still names the user's line."""
     model = nn.Sequential(nn.Linear(4, 4))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = _line_of_next_statement()
-        castwise.audit(model, torch.randn(2, 4), policy="bf16-true,keep[*.nope]=f32", mode="eval")
+        with castwise.apply(model, "bf16-true,keep[*.nope]=f32"):
+            pass
     hits = [w for w in caught if "keep[*.nope]=f32 matches no module" in str(w.message)]
     assert hits and all(Path(w.filename) == Path(__file__) and w.lineno == line for w in hits)
 
