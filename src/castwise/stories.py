@@ -150,6 +150,24 @@ def build_t5() -> tuple[nn.Module, Inputs]:
     return model, {"input_ids": torch.randint(0, 128, (2, 7))}
 
 
+def build_t5_overflow() -> tuple[nn.Module, Inputs]:
+    """A float32 T5 encoder whose block 2 `wo` has weight columns past float16's range (65504),
+    as large-magnitude `wo` weights in pretrained T5 checkpoints are (why transformers keeps
+    `wo` in float32), with the matching `wi` rows scaled down: float32 computes the same
+    function; under 16-true (`keep_in_fp32=off`) the weights become inf and `wo` makes nan."""
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=6, num_heads=4, dropout_rate=0.0)
+    model = T5EncoderModel(config)
+    ff = model.encoder.block[2].layer[1].DenseReluDense
+    with torch.no_grad():
+        cols = torch.tensor([3, 17])
+        ff.wi.weight[cols] *= 1e-6
+        ff.wo.weight[:, cols] *= 1e6
+    return model, {"input_ids": torch.randint(0, 128, (4, 16))}
+
+
 # -- story 3: nn.TransformerEncoder, bf16-mixed, eval takes the fast path -----------------------
 
 

@@ -45,16 +45,23 @@ class Err:
 NO_ERR = Err(0.0, 0.0)
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    # float32 holds the difference of two bf16/f16/f32 values well enough for a relative error
+    return t.detach() if t.dtype == torch.float64 else t.detach().float()
+
+
 def tensor_err(low: torch.Tensor, ref: torch.Tensor) -> Err:
     if low.shape != ref.shape or not ref.is_floating_point():
         return NO_ERR
-    a, b = low.detach().double(), ref.detach().double()  # float64: the error of the measure is not measured
-    finite = torch.isfinite(b)
-    if not bool(finite.all()):
+    a, b = _wide(low), _wide(ref)
+    if not bool(torch.isfinite(b).all()):
+        finite = torch.isfinite(b)
         a, b = a[finite], b[finite]
-    if not bool(torch.isfinite(a).all()):
+    diff = a - b
+    num = float(diff.pow(2).sum())
+    if not math.isfinite(num):
         return Err(0.0, float(b.pow(2).sum()), True)
-    return Err(float((a - b).pow(2).sum()), float(b.pow(2).sum()))
+    return Err(num, float(b.pow(2).sum()))
 
 
 def err(low: Any, ref: Any) -> Err:
@@ -79,12 +86,14 @@ def sensitivity(iso: Any, ref: Call) -> float:
     for i, (a, b) in enumerate(zip(float_tensors(iso), float_tensors(ref.out), strict=False)):
         if a.shape != b.shape:
             continue
-        delta = a.detach().double() - b.detach().double()
-        if not bool(torch.isfinite(delta[torch.isfinite(b.double())]).all()):
-            return math.inf
-        delta = torch.nan_to_num(delta, nan=0.0, posinf=0.0, neginf=0.0)
+        delta = _wide(a) - _wide(b)
         g = ref.grads[i] if i < len(ref.grads) else None
-        total += float((delta * g.double()).pow(2).sum()) if g is not None else float(delta.pow(2).sum())
+        score = float((delta * g).pow(2).sum()) if g is not None else float(delta.pow(2).sum())
+        if not math.isfinite(score):
+            if bool(torch.isfinite(delta[torch.isfinite(b)]).all()):
+                continue  # the reference itself is not finite there: nothing to score
+            return math.inf
+        total += score
     return total
 
 

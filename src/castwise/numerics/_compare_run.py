@@ -54,6 +54,13 @@ def cast_like(obj: Any, like: Any) -> Any:
         if not t.is_floating_point():
             return t
         dtype = next(dtypes, t.dtype)
+        if dtype == t.dtype:
+            return t
+        if torch.finfo(dtype).max < torch.finfo(t.dtype).max:
+            # saturate: a value past the narrower range is the producer's overflow, which this
+            # module must not be charged with (the producer is, when it runs alone)
+            limit = torch.finfo(dtype).max
+            t = t.clamp(-limit, limit)
         return t.to(dtype)  # to what the policy's run had here, so the module runs as it did
 
     return map_tensors(obj, cast)
