@@ -31,7 +31,7 @@ class ModuleNumerics:
     calls: int
     dtype: str  # the narrowest format it computed in under the policy
     out_err: float  # its output under the policy vs the reference
-    added_err: float  # what it adds alone, on the reference's inputs
+    added_err: float  # what it adds alone, on the reference's inputs (nan: it could not run alone)
     inherited_err: float  # the error already in its inputs
     grad_err: float | None  # d loss / d output under the policy vs the reference (train)
     param_grad_err: float | None  # its own parameters' gradients (train)
@@ -125,23 +125,31 @@ def _aggregate(pairs: list[tuple[Call, Call]], ref: Recording, low: Recording,
     done = 0
     for low_call, ref_call in sorted(pairs, key=lambda p: p[1].index):
         callees = children.get(ref_call.index, [])
-        iso = isolated(low_call, ref_call, callees)
+        try:
+            iso = isolated(low_call, ref_call, callees)
+        except Exception:  # noqa: BLE001  # a module that cannot run alone (state set by its caller)
+            iso = None
         a = acc.setdefault(low_call.name, {"calls": 0, "out": NO_ERR, "added": NO_ERR, "inh": NO_ERR,
-                                          "grad": NO_ERR, "sens": 0.0, "u": 0.0, "order": done})
+                                          "grad": NO_ERR, "sens": 0.0, "u": 0.0, "order": done,
+                                          "alone": True})
         done += 1
         a["calls"] += 1
         a["out"] += err(low_call.out, ref_call.out)
-        a["added"] += err(iso, ref_call.out)
+        if iso is None:
+            a["alone"] = False
+        else:
+            a["added"] += err(iso, ref_call.out)
+            a["sens"] += sensitivity(iso, ref_call)
         a["inh"] += err((low_call.args, low_call.kwargs), (ref_call.args, ref_call.kwargs))
         a["grad"] += grad_err(low_call.grads, ref_call.grads)
-        a["sens"] += sensitivity(iso, ref_call)
         a["u"] = max(a["u"], unit_roundoff(low_call, [c for c, _ in callees]))
     pgrads = _param_grad_errs(low_model, ref, low) if mode == "train" else {}
     rows = []
     for name, a in acc.items():
         train = mode == "train"
         rows.append(ModuleNumerics(
-            name, a["calls"], _short(a["u"]), a["out"].value, a["added"].value, a["inh"].value,
+            name, a["calls"], _short(a["u"]), a["out"].value, a["added"].value if a["alone"] else math.nan,
+            a["inh"].value,
             a["grad"].value if train and a["grad"].den > 0 else None,
             pgrads[name].value if name in pgrads else None,
             TOLERANCE_FACTOR * a["u"], a["sens"], a["order"],
@@ -150,7 +158,7 @@ def _aggregate(pairs: list[tuple[Call, Call]], ref: Recording, low: Recording,
 
 
 def _finite_key(x: float) -> float:
-    return 1e308 if math.isinf(x) or math.isnan(x) else x
+    return 1e308 if math.isinf(x) else (-1.0 if math.isnan(x) else x)
 
 
 def measure(model: nn.Module, inputs: Inputs, target: Target, reference: Target, mode: str,

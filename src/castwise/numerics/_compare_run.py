@@ -46,24 +46,33 @@ def float_tensors(obj: Any) -> list[torch.Tensor]:
     return out
 
 
+def _saturating_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == t.dtype or not t.is_floating_point():
+        return t
+    if torch.finfo(dtype).max < torch.finfo(t.dtype).max:
+        # saturate: a value past the narrower range is the producer's overflow, which this
+        # module must not be charged with (the producer is, when it runs alone)
+        limit = torch.finfo(dtype).max
+        t = t.clamp(-limit, limit)
+    return t.to(dtype)  # to what the policy's run had here, so the module runs as it did
+
+
 def cast_like(obj: Any, like: Any) -> Any:
-    """``obj``'s floating tensors cast to the dtypes of ``like``'s, matched in order."""
-    dtypes = iter([t.dtype for t in float_tensors(like)])
-
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        if not t.is_floating_point():
-            return t
-        dtype = next(dtypes, t.dtype)
-        if dtype == t.dtype:
-            return t
-        if torch.finfo(dtype).max < torch.finfo(t.dtype).max:
-            # saturate: a value past the narrower range is the producer's overflow, which this
-            # module must not be charged with (the producer is, when it runs alone)
-            limit = torch.finfo(dtype).max
-            t = t.clamp(-limit, limit)
-        return t.to(dtype)  # to what the policy's run had here, so the module runs as it did
-
-    return map_tensors(obj, cast)
+    """``obj``'s floating tensors cast to the dtypes of the tensors at the same place in ``like``
+    (same keys, same positions); where ``like`` has no tensor, ``obj``'s stays as it is."""
+    if isinstance(obj, torch.Tensor):
+        return _saturating_cast(obj, like.dtype) if isinstance(like, torch.Tensor) and like.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)) and isinstance(like, (tuple, list)):
+        items = [cast_like(x, y) for x, y in zip(obj, like, strict=False)] + list(obj[len(like):])
+        if isinstance(obj, list):
+            return items
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if isinstance(obj, dict) and isinstance(like, dict):
+        new = type(obj)() if type(obj) is dict else obj.__class__(**{})
+        for key, value in obj.items():
+            new[key] = cast_like(value, like.get(key))
+        return new
+    return obj
 
 
 def _clone(obj: Any) -> Any:
