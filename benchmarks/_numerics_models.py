@@ -24,6 +24,11 @@ class Plant(nn.Module):
         super().__init__()
         self.inner = inner
 
+    @property
+    def weight(self) -> torch.Tensor:  # models that read their Linear's weight (T5 reads wo.weight.dtype)
+        weight: torch.Tensor = self.inner.weight
+        return weight
+
     def op(self, h: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -48,8 +53,9 @@ class OnePassNorm(Plant):
 
     def op(self, h: torch.Tensor) -> torch.Tensor:
         g = h + 16 * h.detach().abs().amax()
-        mu = g.mean(-1, keepdim=True)
-        var = (g * g).mean(-1, keepdim=True) - mu * mu
+        dims = tuple(range(1, h.dim()))  # all but the batch: a 1x1 conv output has a last dim of 1
+        mu = g.mean(dims, keepdim=True)
+        var = (g * g).mean(dims, keepdim=True) - mu * mu
         return (g - mu) * torch.rsqrt(var.abs() + 1e-6) * h.detach().std()
 
 
@@ -60,7 +66,8 @@ class TinyEpsNorm(Plant):
 
     def op(self, h: torch.Tensor) -> torch.Tensor:
         g = h * 1e-4
-        return g / torch.sqrt(g.pow(2).mean(-1, keepdim=True) + 1e-12) * h.detach().std()
+        dims = tuple(range(1, h.dim()))
+        return g / torch.sqrt(g.pow(2).mean(dims, keepdim=True) + 1e-12) * h.detach().std()
 
 
 class LargeProjection(Plant):
@@ -97,7 +104,13 @@ def plant(model: nn.Module, name: str, cls: type[Plant]) -> None:
 
 
 def choose(model: nn.Module, policy: str, rng: random.Random) -> tuple[str, type[Plant]]:
-    return rng.choice(plantable(model)), rng.choice(PLANTS[policy])
+    """A module outside the policy's own float32 islands (T5's `wo` is one under 16-true: a plant
+    there computes in float32 and is not sensitive) and a plant."""
+    from castwise.policy import Policy, resolve
+
+    kept = [n for n, d in resolve(Policy.parse(policy), model).items() if d.island == torch.float32]
+    names = [n for n in plantable(model) if not any(n == k or n.startswith(k + ".") for k in kept)]
+    return rng.choice(names), rng.choice(PLANTS[policy])
 
 
 # -- models ----------------------------------------------------------------------------------
@@ -119,23 +132,38 @@ def _image(seed: int, size: int = 32) -> torch.Tensor:
 def bert(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=64)
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     return BertModel(cfg, add_pooling_layer=False), {"input_ids": _ids(seed)}
 
 
 def gpt2(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
     from transformers import GPT2Config, GPT2Model
 
-    cfg = GPT2Config(vocab_size=100, n_embd=64, n_layer=layers, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=100, n_embd=64, n_layer=layers, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
     return GPT2Model(cfg), {"input_ids": _ids(seed)}
 
 
 def llama(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
     from transformers import LlamaConfig, LlamaModel
 
-    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaModel(cfg), {"input_ids": _ids(seed)}
 
 
@@ -149,8 +177,14 @@ def t5(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
 def vit(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
     from transformers import ViTConfig, ViTModel
 
-    cfg = ViTConfig(image_size=64 if BIG["on"] else 32, patch_size=8, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                    intermediate_size=128)
+    cfg = ViTConfig(
+        image_size=64 if BIG["on"] else 32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
     return ViTModel(cfg, add_pooling_layer=False), {"pixel_values": _image(seed)}
 
 
@@ -163,8 +197,14 @@ def timm_convnext(seed: int, layers: int = 0) -> tuple[nn.Module, Any]:
 def timm_vit(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
     import timm
 
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=64 if BIG["on"] else 32, patch_size=8,
-                              depth=layers)
+    model = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=10,
+        img_size=64 if BIG["on"] else 32,
+        patch_size=8,
+        depth=layers,
+    )
     return model, (_image(seed),)
 
 
@@ -183,15 +223,24 @@ def tv_mobilenet(seed: int, layers: int = 0) -> tuple[nn.Module, Any]:
 
 def nn_encoder(seed: int, layers: int = 2) -> tuple[nn.Module, Any]:
     layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
-    model = nn.Sequential(nn.Linear(16, 64), nn.TransformerEncoder(layer, layers, enable_nested_tensor=False),
-                          nn.Linear(64, 8))
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.TransformerEncoder(layer, layers, enable_nested_tensor=False), nn.Linear(64, 8)
+    )
     batch, length = (8, 64) if BIG["on"] else (2, 16)
     return model, (torch.randn(batch, length, 16, generator=torch.Generator().manual_seed(seed)),)
 
 
 MODELS: dict[str, Builder] = {
-    "bert": bert, "gpt2": gpt2, "llama": llama, "t5": t5, "vit": vit, "timm-convnext": timm_convnext,
-    "timm-vit": timm_vit, "tv-resnet18": tv_resnet, "tv-mobilenet": tv_mobilenet, "nn-encoder": nn_encoder,
+    "bert": bert,
+    "gpt2": gpt2,
+    "llama": llama,
+    "t5": t5,
+    "vit": vit,
+    "timm-convnext": timm_convnext,
+    "timm-vit": timm_vit,
+    "tv-resnet18": tv_resnet,
+    "tv-mobilenet": tv_mobilenet,
+    "nn-encoder": nn_encoder,
 }
 
 

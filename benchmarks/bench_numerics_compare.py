@@ -32,9 +32,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import castwise  # noqa: E402
-from _numerics_models import MODELS, build, choose, plant  # noqa: E402
-from castwise.numerics._compare_run import call_model, loss_of, projection  # noqa: E402
+from _numerics_models import MODELS, build, choose, plant
+
+import castwise
+from castwise.numerics._compare_run import call_model, loss_of, projection
 
 POLICIES = ("bf16-mixed", "16-true")
 
@@ -69,9 +70,17 @@ def planted_cases(name: str, seed: int, cases: int) -> list[dict[str, Any]]:
         plant(model, where, cls)
         report = castwise.compare(model, inputs, policy=policy)
         ranked = report.summary["ranked"]
-        out.append({"model": name, "policy": policy, "kind": cls.kind, "planted": where,
-                    "first": ranked[0] if ranked else None, "hit": bool(ranked) and ranked[0] == where,
-                    "first_past_tolerance": report.summary["first_past_tolerance"]})
+        out.append(
+            {
+                "model": name,
+                "policy": policy,
+                "kind": cls.kind,
+                "planted": where,
+                "first": ranked[0] if ranked else None,
+                "hit": bool(ranked) and ranked[0] == where,
+                "first_past_tolerance": report.summary["first_past_tolerance"],
+            }
+        )
     return out
 
 
@@ -100,12 +109,13 @@ def main() -> int:
         all_cases += cases
         hits = sum(c["hit"] for c in cases)
         misses = "; ".join(f"{c['kind']}@{c['planted']} ({c['policy']}) -> {c['first']}" for c in cases if not c["hit"])
-        print(f"{name:<14} {len(past):>16} {hits:>4}/{len(cases):<4} {ratio:>8.2f}  {misses}{' PAST: ' + str(past) if past else ''}"
-              f"{' NOT ALONE: ' + str(alone) if alone else ''}",
-              flush=True)
+        notes = (f" PAST: {past}" if past else "") + (f" NOT ALONE: {alone}" if alone else "")
+        print(f"{name:<14} {len(past):>16} {hits:>4}/{len(cases):<4} {ratio:>8.2f}  {misses}{notes}", flush=True)
     total = sum(c["hit"] for c in all_cases)
-    print(f"\nplanted module ranked first: {total}/{len(all_cases)} = {100 * total / len(all_cases):.1f}% "
-          f"across {len(args.models.split(','))} models (seed {args.seed})")
+    print(
+        f"\nplanted module ranked first: {total}/{len(all_cases)} = {100 * total / len(all_cases):.1f}% "
+        f"across {len(args.models.split(','))} models (seed {args.seed})"
+    )
     by_kind: dict[str, list[bool]] = {}
     for c in all_cases:
         by_kind.setdefault(f"{c['kind']} ({c['policy']})", []).append(c["hit"])

@@ -188,10 +188,11 @@ def _numerics_story(out: _Out) -> bool:
         out.field("real run", f"finite (loss {loss:.4g}): torch's behaviour has changed")
     else:
         out.bad("real run", f"loss {loss} under {policy}: float16 makes `wo`'s weights inf")
-    for what, module, call in (
+    steps: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
         ("forecast", "castwise.numerics.forecast", lambda m: m.forecast(model, inputs, target="f16")),
         ("locate", "castwise.numerics.locate", lambda m: m.locate_nonfinite(model, inputs, policy=policy)),
-    ):
+    )
+    for what, module, call in steps:
         try:
             found = call(importlib.import_module(module))
         except ImportError:

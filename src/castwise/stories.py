@@ -160,11 +160,11 @@ def build_t5_overflow() -> tuple[nn.Module, Inputs]:
     torch.manual_seed(0)
     config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=6, num_heads=4, dropout_rate=0.0)
     model = T5EncoderModel(config)
-    ff = model.encoder.block[2].layer[1].DenseReluDense
+    ff = model.get_submodule("encoder.block.2.layer.1.DenseReluDense")
     with torch.no_grad():
         cols = torch.tensor([3, 17])
-        ff.wi.weight[cols] *= 1e-6
-        ff.wo.weight[:, cols] *= 1e6
+        ff.get_parameter("wi.weight")[cols] *= 1e-6
+        ff.get_parameter("wo.weight")[:, cols] *= 1e6
     return model, {"input_ids": torch.randint(0, 128, (4, 16))}
 
 

@@ -105,8 +105,9 @@ def test_the_users_model_and_global_state_are_unchanged() -> None:
     assert not model.training
     assert all(torch.equal(before[k], v) and before[k].dtype == v.dtype for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
-    assert all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in m.__dict__
-               for m in model.modules())
+    assert all(
+        not m._forward_hooks and not m._forward_pre_hooks and "forward" not in m.__dict__ for m in model.modules()
+    )
     assert torch.equal(torch.get_rng_state(), rng)
     assert not torch.is_autocast_enabled("cpu")
     assert torch.get_default_dtype() == torch.float32
@@ -118,5 +119,5 @@ def test_bad_arguments_say_what_is_valid() -> None:
         castwise.compare(model, inputs, policy="bf16-mixed", mode="both")
     with pytest.raises(PolicyError):
         castwise.compare(model, inputs, policy="bf17-mixed")
-    with pytest.raises(CastwiseError, match="torch.nn.Module"):
+    with pytest.raises(CastwiseError, match=r"torch\.nn\.Module"):
         castwise.compare("model", inputs, policy="bf16-mixed")

@@ -93,12 +93,15 @@ def test_the_users_model_is_unchanged() -> None:
     assert all("forward" not in m.__dict__ and not m._forward_hooks for m in model.modules())
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"budget": 0}, "budget=0 is not valid"),
-    ({"budget": "1%"}, "budget='1%' is not valid"),
-    ({"budget": 1e-2, "metric": "accuracy"}, "valid: loss, output"),
-    ({"budget": 1e-2, "mode": "both"}, "valid: eval, train"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"budget": 0}, "budget=0 is not valid"),
+        ({"budget": "1%"}, "budget='1%' is not valid"),
+        ({"budget": 1e-2, "metric": "accuracy"}, "valid: loss, output"),
+        ({"budget": 1e-2, "mode": "both"}, "valid: eval, train"),
+    ],
+)
 def test_bad_arguments(kwargs: dict, match: str) -> None:
     model, inputs = mlp()
     with pytest.raises(CastwiseError, match=match):

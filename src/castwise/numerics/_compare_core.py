@@ -50,10 +50,16 @@ class ModuleNumerics:
             return "inf" if math.isinf(x) else (None if math.isnan(x) else float(f"{x:.6g}"))
 
         return {
-            "module": self.module, "calls": self.calls, "dtype": self.dtype, "out_err": num(self.out_err),
-            "added_err": num(self.added_err), "inherited_err": num(self.inherited_err),
-            "grad_err": num(self.grad_err), "param_grad_err": num(self.param_grad_err),
-            "tolerance": num(self.tolerance), "past_tolerance": self.past_tolerance,
+            "module": self.module,
+            "calls": self.calls,
+            "dtype": self.dtype,
+            "out_err": num(self.out_err),
+            "added_err": num(self.added_err),
+            "inherited_err": num(self.inherited_err),
+            "grad_err": num(self.grad_err),
+            "param_grad_err": num(self.param_grad_err),
+            "tolerance": num(self.tolerance),
+            "past_tolerance": self.past_tolerance,
             "sensitivity": num(self.sensitivity),
         }
 
@@ -115,30 +121,42 @@ def _param_grad_errs(model: nn.Module, ref: Recording, low: Recording) -> dict[s
     return out
 
 
-def _aggregate(pairs: list[tuple[Call, Call]], ref: Recording, low: Recording,
-               low_model: nn.Module, mode: str) -> list[ModuleNumerics]:
+def _aggregate(
+    pairs: list[tuple[Call, Call]], ref: Recording, low: Recording, low_model: nn.Module, mode: str
+) -> list[ModuleNumerics]:
     children: dict[int, list[tuple[Call, Call]]] = defaultdict(list)
     for low_call, ref_call in pairs:
         if ref_call.parent is not None:
             children[ref_call.parent].append((low_call, ref_call))
     acc: dict[str, dict[str, Any]] = {}
-    done = 0
     for low_call, ref_call in sorted(pairs, key=lambda p: p[1].index):
         callees = children.get(ref_call.index, [])
         try:
-            iso = isolated(low_call, ref_call, callees)
-        except Exception:  # noqa: BLE001  # a module that cannot run alone (state set by its caller)
-            iso = None
-        a = acc.setdefault(low_call.name, {"calls": 0, "out": NO_ERR, "added": NO_ERR, "inh": NO_ERR,
-                                          "grad": NO_ERR, "sens": 0.0, "u": 0.0, "order": done,
-                                          "alone": True})
-        done += 1
+            iso, rounding = isolated(low_call, ref_call, callees)
+        except Exception:  # a module that cannot run alone (state set by its caller)
+            iso, rounding = None, NO_ERR
+        a = acc.setdefault(
+            low_call.name,
+            {
+                "calls": 0,
+                "out": NO_ERR,
+                "added": NO_ERR,
+                "cast": NO_ERR,
+                "inh": NO_ERR,
+                "grad": NO_ERR,
+                "sens": 0.0,
+                "u": 0.0,
+                "order": ref_call.done,
+                "alone": True,
+            },
+        )
         a["calls"] += 1
         a["out"] += err(low_call.out, ref_call.out)
         if iso is None:
             a["alone"] = False
         else:
             a["added"] += err(iso, ref_call.out)
+            a["cast"] += rounding
             a["sens"] += sensitivity(iso, ref_call)
         a["inh"] += err((low_call.args, low_call.kwargs), (ref_call.args, ref_call.kwargs))
         a["grad"] += grad_err(low_call.grads, ref_call.grads)
@@ -147,22 +165,44 @@ def _aggregate(pairs: list[tuple[Call, Call]], ref: Recording, low: Recording,
     rows = []
     for name, a in acc.items():
         train = mode == "train"
-        rows.append(ModuleNumerics(
-            name, a["calls"], _short(a["u"]), a["out"].value, a["added"].value if a["alone"] else math.nan,
-            a["inh"].value,
-            a["grad"].value if train and a["grad"].den > 0 else None,
-            pgrads[name].value if name in pgrads else None,
-            TOLERANCE_FACTOR * a["u"], a["sens"], a["order"],
-        ))
+        rows.append(
+            ModuleNumerics(
+                name,
+                a["calls"],
+                _short(a["u"]),
+                a["out"].value,
+                _added(a["added"], a["cast"]) if a["alone"] else math.nan,
+                a["inh"].value,
+                a["grad"].value if train and a["grad"].den > 0 else None,
+                pgrads[name].value if name in pgrads else None,
+                TOLERANCE_FACTOR * a["u"],
+                a["sens"],
+                a["order"],
+            )
+        )
     return sorted(rows, key=lambda m: (-_finite_key(m.added_err), -_finite_key(m.sensitivity), m.order))
+
+
+def _added(alone: Err, cast: Err) -> float:
+    """What the module's own ops add: its error alone less the error of casting its inputs."""
+    if alone.nonfinite:
+        return math.inf
+    return max(0.0, alone.value - cast.value)
 
 
 def _finite_key(x: float) -> float:
     return 1e308 if math.isinf(x) else (-1.0 if math.isnan(x) else x)
 
 
-def measure(model: nn.Module, inputs: Inputs, target: Target, reference: Target, mode: str,
-            seed: int = 0, per_module: bool = True) -> Measurement:
+def measure(
+    model: nn.Module,
+    inputs: Inputs,
+    target: Target,
+    reference: Target,
+    mode: str,
+    seed: int = 0,
+    per_module: bool = True,
+) -> Measurement:
     """Run the reference and the target on copies of ``model``; per module numbers if asked."""
     ref_model = prepared(model, reference, mode)
     low_model = prepared(model, target, mode)
@@ -175,8 +215,9 @@ def measure(model: nn.Module, inputs: Inputs, target: Target, reference: Target,
     return Measurement(tuple(rows), float(ref.loss), float(low.loss), err(low.output, ref.output).value)
 
 
-def loss_only(model: nn.Module, inputs: Inputs, target: Target, mode: str, directions: list[torch.Tensor] | None,
-              seed: int = 0) -> tuple[float, Any]:
+def loss_only(
+    model: nn.Module, inputs: Inputs, target: Target, mode: str, directions: list[torch.Tensor] | None, seed: int = 0
+) -> tuple[float, Any]:
     """One plain run of ``target`` (no recording): the loss and the output."""
     from castwise.numerics._compare_run import call_model, projection
 

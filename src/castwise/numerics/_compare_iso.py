@@ -4,7 +4,8 @@ A module's *added* error: the module, as the policy's copy has it (its dtypes, i
 the autocast state it was called under), run on the reference run's inputs (cast to the
 dtypes the policy's run had there), with every module it calls answering with the
 reference's output for that call. What differs from the reference's output is then made by
-the module's own ops alone, not inherited from its inputs nor added by its children.
+the module's own ops alone, not inherited from its inputs nor added by its children, less
+the error of casting its inputs (an identity module passes that on and adds nothing).
 """
 
 from __future__ import annotations
@@ -54,14 +55,18 @@ def tensor_err(low: torch.Tensor, ref: torch.Tensor) -> Err:
     if low.shape != ref.shape or not ref.is_floating_point():
         return NO_ERR
     a, b = _wide(low), _wide(ref)
-    if not bool(torch.isfinite(b).all()):
-        finite = torch.isfinite(b)
-        a, b = a[finite], b[finite]
-    diff = a - b
-    num = float(diff.pow(2).sum())
-    if not math.isfinite(num):
-        return Err(0.0, float(b.pow(2).sum()), True)
-    return Err(num, float(b.pow(2).sum()))
+    if a.dtype != b.dtype:
+        a = a.to(b.dtype)  # float64 only when the reference is float64
+    # fused norms: one pass each, no temporary for the difference
+    num = float(torch.dist(a, b)) ** 2
+    den = float(torch.linalg.vector_norm(b)) ** 2
+    if math.isfinite(num) and math.isfinite(den):
+        return Err(num, den)
+    finite = torch.isfinite(b)  # the slow path: non-finite values somewhere
+    a, b = a[finite], b[finite]
+    num = float((a - b).pow(2).sum())
+    den = float(b.pow(2).sum())
+    return Err(num, den) if math.isfinite(num) else Err(0.0, den, True)
 
 
 def err(low: Any, ref: Any) -> Err:
@@ -88,7 +93,7 @@ def sensitivity(iso: Any, ref: Call) -> float:
             continue
         delta = _wide(a) - _wide(b)
         g = ref.grads[i] if i < len(ref.grads) else None
-        score = float((delta * g).pow(2).sum()) if g is not None else float(delta.pow(2).sum())
+        score = float(torch.linalg.vector_norm(delta * g if g is not None else delta)) ** 2
         if not math.isfinite(score):
             if bool(torch.isfinite(delta[torch.isfinite(b)]).all()):
                 continue  # the reference itself is not finite there: nothing to score
@@ -121,10 +126,13 @@ def _replay(queue: deque[Any], fallback: Any) -> Any:
     return forward
 
 
-def isolated(low: Call, ref: Call, children: list[tuple[Call, Call]]) -> Any:
-    """Run ``low.module`` alone on ``ref``'s inputs; its callees replay the reference's outputs."""
+def isolated(low: Call, ref: Call, children: list[tuple[Call, Call]]) -> tuple[Any, Err]:
+    """Run ``low.module`` alone on ``ref``'s inputs; its callees replay the reference's outputs.
+    Returns the output and the error of the inputs' cast to the policy's dtypes (rounding,
+    saturation): what even an exact module would pass on."""
     args = map_tensors(cast_like(ref.args, low.args), lambda t: t.clone())
     kwargs = map_tensors(cast_like(ref.kwargs, low.kwargs), lambda t: t.clone())
+    rounding = err((args, kwargs), (ref.args, ref.kwargs))
     queues: dict[int, deque[Any]] = {}
     modules: dict[int, nn.Module] = {}
     for low_child, ref_child in children:
@@ -139,9 +147,8 @@ def isolated(low: Call, ref: Call, children: list[tuple[Call, Call]]) -> Any:
             module.forward = _replay(queues[key], module.forward)  # type: ignore[method-assign]
         low.autocast.restore()
         with torch.no_grad():
-            if isinstance(args, tuple):
-                return low.module(*args, **kwargs)
-            return low.module(args, **kwargs)
+            out = low.module(*args, **kwargs) if isinstance(args, tuple) else low.module(args, **kwargs)
+        return out, rounding
     finally:
         before.restore()
         for key, (had, previous) in saved.items():

@@ -42,7 +42,13 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 def float_tensors(obj: Any) -> list[torch.Tensor]:
     """The floating tensors of a nested structure, in a stable order."""
     out: list[torch.Tensor] = []
-    map_tensors(obj, lambda t: (out.append(t) if t.is_floating_point() else None, t)[1])
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            out.append(t)
+        return t
+
+    map_tensors(obj, keep)
     return out
 
 
@@ -63,7 +69,7 @@ def cast_like(obj: Any, like: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return _saturating_cast(obj, like.dtype) if isinstance(like, torch.Tensor) and like.is_floating_point() else obj
     if isinstance(obj, (tuple, list)) and isinstance(like, (tuple, list)):
-        items = [cast_like(x, y) for x, y in zip(obj, like, strict=False)] + list(obj[len(like):])
+        items = [cast_like(x, y) for x, y in zip(obj, like, strict=False)] + list(obj[len(like) :])
         if isinstance(obj, list):
             return items
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
@@ -91,6 +97,7 @@ class Call:
     kwargs: dict[str, Any]
     autocast: _autocast.AutocastState
     out: Any = None
+    done: int = -1  # when it returned, counted over the run's calls (callees before callers)
     grads: list[torch.Tensor | None] = field(default_factory=list)  # d loss / d each floating output
 
 
@@ -140,14 +147,22 @@ class _Recorder:
         self.names = {id(m): n for n, m in model.named_modules()}
         self.calls: list[Call] = []
         self.stack: list[int] = []
+        self.finished = 0
         self.handles: list[Any] = []
         for module in model.modules():
             self.handles.append(module.register_forward_pre_hook(self.pre, with_kwargs=True))
             self.handles.append(module.register_forward_hook(self.post, with_kwargs=True, always_call=True))
 
     def pre(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        call = Call(len(self.calls), self.names.get(id(module), "?"), module, self.stack[-1] if self.stack else None,
-                    _clone(args), _clone(kwargs), _autocast.AutocastState.capture())
+        call = Call(
+            len(self.calls),
+            self.names.get(id(module), "?"),
+            module,
+            self.stack[-1] if self.stack else None,
+            _clone(args),
+            _clone(kwargs),
+            _autocast.AutocastState.capture(),
+        )
         self.calls.append(call)
         self.stack.append(call.index)
 
@@ -156,11 +171,12 @@ class _Recorder:
             return
         call = self.calls[self.stack.pop()]
         call.out = _clone(out)
+        call.done, self.finished = self.finished, self.finished + 1
         outs = float_tensors(out)
         call.grads = [None] * len(outs)
         for i, t in enumerate(outs):
             if t.requires_grad:
-                t.register_hook(self._grad_hook(call, i))
+                t.register_hook(self._grad_hook(call, i))  # type: ignore[no-untyped-call]
 
     @staticmethod
     def _grad_hook(call: Call, i: int) -> Callable[[torch.Tensor], None]:
@@ -174,8 +190,9 @@ class _Recorder:
             h.remove()
 
 
-def record(model: nn.Module, inputs: Inputs, mode: str, directions: list[torch.Tensor] | None,
-           seed: int) -> tuple[Recording, list[torch.Tensor]]:
+def record(
+    model: nn.Module, inputs: Inputs, mode: str, directions: list[torch.Tensor] | None, seed: int
+) -> tuple[Recording, list[torch.Tensor]]:
     """Run ``model`` once (train: forward and backward of the loss), recording every call."""
     torch.manual_seed(seed)
     recorder = _Recorder(model)

@@ -25,15 +25,25 @@ from castwise.errors import PolicyError
 from castwise.policy import ModuleRule, Policy
 
 _FLOAT8 = {
-    "float8_e4m3fn": torch.float8_e4m3fn, "f8e4m3fn": torch.float8_e4m3fn, "e4m3": torch.float8_e4m3fn,
-    "fp8": torch.float8_e4m3fn, "float8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2, "f8e5m2": torch.float8_e5m2, "e5m2": torch.float8_e5m2,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "f8e4m3fn": torch.float8_e4m3fn,
+    "e4m3": torch.float8_e4m3fn,
+    "fp8": torch.float8_e4m3fn,
+    "float8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "f8e5m2": torch.float8_e5m2,
+    "e5m2": torch.float8_e5m2,
     "fp8_e5m2": torch.float8_e5m2,
 }
 # unit roundoff (half the distance from 1 to the next number) of each format
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {
-    torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11,
-    torch.float8_e4m3fn: 2.0**-4, torch.float8_e5m2: 2.0**-3,
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+    torch.float8_e4m3fn: 2.0**-4,
+    torch.float8_e5m2: 2.0**-3,
 }
 _MATMUL_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -117,7 +127,7 @@ def _install_float8(model: nn.Module, fmt: torch.dtype, islands: Iterable[str]) 
         if any(name == k or name.startswith(k + ".") or k == "" for k in kept):
             continue
         module.forward = types.MethodType(_float8_forward(fmt), module)  # type: ignore[method-assign]
-        module._castwise_float8 = fmt  # read by the tolerance: this module rounds to float8
+        vars(module)["_castwise_float8"] = fmt  # read by the tolerance: this module rounds to float8
 
 
 # -- copies --------------------------------------------------------------------------------

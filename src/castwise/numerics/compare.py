@@ -51,8 +51,10 @@ class ComparisonReport(Report):
     def __str__(self) -> str:
         lines = [super().__str__(), ""]
         s = self.summary
-        lines.append(f"loss: reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
-                     f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}")
+        lines.append(
+            f"loss: reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
+            f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
+        )
         first = s.get("first_past_tolerance")
         lines.append(f"first module past tolerance: {_where(first) if first is not None else 'none'}")
         lines.append("")
@@ -84,43 +86,67 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
     for rank, row in enumerate(m.modules):
         if not row.past_tolerance:
             continue
-        details = (("added_err", row.to_dict()["added_err"]), ("tolerance", row.to_dict()["tolerance"]),
-                   ("rank", rank + 1), ("first", row is first))
+        details = (
+            ("added_err", row.to_dict()["added_err"]),
+            ("tolerance", row.to_dict()["tolerance"]),
+            ("rank", rank + 1),
+            ("first", row is first),
+        )
         if math.isinf(row.added_err):
-            out.append(Finding(
-                "CW321", f"{_where(row.module)} makes inf/nan under the policy from the reference's finite "
-                f"inputs ({row.dtype}): the non-finite values start here, they are not inherited.",
-                module=row.module, modes=(mode,), details=details))
+            out.append(
+                Finding(
+                    "CW321",
+                    f"{_where(row.module)} makes inf/nan under the policy from the reference's finite "
+                    f"inputs ({row.dtype}): the non-finite values start here, they are not inherited.",
+                    module=row.module,
+                    modes=(mode,),
+                    details=details,
+                )
+            )
             continue
         share = "" if row.inherited_err <= 0 else f"; its inputs already carry {row.inherited_err:.2e} (inherited)"
-        out.append(Finding(
-            "CW320", f"{_where(row.module)} adds relative error {row.added_err:.2e} on its own, "
-            f"{row.added_err / row.tolerance:.0f}x what rounding to {row.dtype} explains "
-            f"({row.tolerance:.2e}){share}; ranked {rank + 1} of {len(m.modules)} by added error"
-            + (", and the first past tolerance in the run." if row is first else "."),
-            module=row.module, modes=(mode,), details=details))
+        out.append(
+            Finding(
+                "CW320",
+                f"{_where(row.module)} adds relative error {row.added_err:.2e} on its own, "
+                f"{row.added_err / row.tolerance:.0f}x what rounding to {row.dtype} explains "
+                f"({row.tolerance:.2e}){share}; ranked {rank + 1} of {len(m.modules)} by added error"
+                + (", and the first past tolerance in the run." if row is first else "."),
+                module=row.module,
+                modes=(mode,),
+                details=details,
+            )
+        )
     return out
 
 
 def report_of(m: Measurement, target: Target, reference: Target, mode: str) -> ComparisonReport:
     first = m.first_past_tolerance()
     summary = {
-        "reference": str(reference), "policy": str(target), "mode": mode,
-        "loss_reference": m.loss_ref, "loss_policy": m.loss_low, "loss_err": m.loss_err,
-        "output_err": m.output_err, "tolerance_factor": TOLERANCE_FACTOR,
+        "reference": str(reference),
+        "policy": str(target),
+        "mode": mode,
+        "loss_reference": m.loss_ref,
+        "loss_policy": m.loss_low,
+        "loss_err": m.loss_err,
+        "output_err": m.output_err,
+        "tolerance_factor": TOLERANCE_FACTOR,
         "first_past_tolerance": None if first is None else first.module,
         "ranked": [row.module for row in m.modules[:TABLE_ROWS]],
     }
     runs = [Run(mode, "cpu", str(reference), "ok"), Run(mode, "cpu", str(target), "ok")]
     return ComparisonReport(
-        findings=_findings(m, mode), runs=runs, summary=summary,
+        findings=_findings(m, mode),
+        runs=runs,
+        summary=summary,
         title=f"castwise numerics --compare (real tensors, policy {target}, reference {reference})",
         numerics=[row.to_dict() for row in m.modules],
     )
 
 
-def compare(model: Any, inputs: Inputs, *, policy: Any, reference: Any = "32-true",
-            mode: str = "train") -> ComparisonReport:
+def compare(
+    model: Any, inputs: Inputs, *, policy: Any, reference: Any = "32-true", mode: str = "train"
+) -> ComparisonReport:
     """Per-module error of ``policy`` against ``reference`` on real tensors, added vs inherited.
 
     ``policy``/``reference``: a ``castwise.Policy`` or a string ``Policy.parse`` accepts, or an
@@ -142,8 +168,10 @@ def _check_model(model: Any) -> None:
     from torch import nn
 
     if not isinstance(model, nn.Module):
-        raise CastwiseError(f"compare needs a torch.nn.Module, got {type(model).__name__}; pass the model "
-                            "and its inputs: compare(model, inputs, policy='bf16-mixed')")
+        raise CastwiseError(
+            f"compare needs a torch.nn.Module, got {type(model).__name__}; pass the model "
+            "and its inputs: compare(model, inputs, policy='bf16-mixed')"
+        )
 
 
 __all__ = ["ComparisonReport", "ModuleNumerics", "compare"]

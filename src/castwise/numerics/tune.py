@@ -7,8 +7,8 @@ alone, weighted by the loss gradient at its output, as ModelOpt's AutoQuantize s
 Then a verified search for the shortest prefix of that ranking whose real run meets the
 budget: the measurement itself is the run without islands, one run tries the modules past
 tolerance, bisection does the rest: at most 3 + ceil(log2(candidates)) runs, usually
-2 + ceil(log2(modules past tolerance)). Islands are ``keep[NAME]=f32`` rules: weights float32, inputs cast in, autocast off
-inside, output cast back saturating to float16's range.
+2 + ceil(log2(modules past tolerance)). Islands are ``keep[NAME]=f32`` rules: weights float32,
+inputs cast in, autocast off inside, output cast back saturating to float16's range.
 """
 
 from __future__ import annotations
@@ -55,25 +55,43 @@ class Tuned:
     def findings(self) -> list[Finding]:
         share = f"{100 * self.low_precision_share:.1f}% of FLOPs in low precision"
         if not self.met:
-            return [Finding("CW330", f"with {len(self.islands)} float32 islands ({share}) the {self.metric} "
-                                     f"still differs from {self.reference} by {self.error:.2e}, past the budget "
-                                     f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}).",
-                            details=(("islands", list(self.islands)),))]
-        return [Finding("CW331", f"policy {self.policy}: {len(self.islands)} float32 island(s), {share}; "
-                                 f"{self.metric} error {self.error:.2e} within the budget {self.budget:.2e} "
-                                 f"(no islands: {self.baseline_error:.2e}), verified by a real run; "
-                                 f"{self.runs} runs.", fix=f"castwise.apply(model, Policy.parse({str(self.policy)!r}))",
-                        details=(("islands", list(self.islands)),))]
+            return [
+                Finding(
+                    "CW330",
+                    f"with {len(self.islands)} float32 islands ({share}) the {self.metric} "
+                    f"still differs from {self.reference} by {self.error:.2e}, past the budget "
+                    f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}).",
+                    details=(("islands", list(self.islands)),),
+                )
+            ]
+        return [
+            Finding(
+                "CW331",
+                f"policy {self.policy}: {len(self.islands)} float32 island(s), {share}; "
+                f"{self.metric} error {self.error:.2e} within the budget {self.budget:.2e} "
+                f"(no islands: {self.baseline_error:.2e}), verified by a real run; "
+                f"{self.runs} runs.",
+                fix=f"castwise.apply(model, Policy.parse({str(self.policy)!r}))",
+                details=(("islands", list(self.islands)),),
+            )
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         def num(x: float) -> float | str:
             return "inf" if math.isinf(x) else float(f"{x:.6g}")
 
         return {
-            "policy": str(self.policy), "error": num(self.error), "metric": self.metric, "budget": self.budget,
-            "met": self.met, "low_precision_share": round(self.low_precision_share, 6),
-            "islands": list(self.islands), "baseline_error": num(self.baseline_error), "runs": self.runs,
-            "candidates": list(self.candidates), "reference": self.reference,
+            "policy": str(self.policy),
+            "error": num(self.error),
+            "metric": self.metric,
+            "budget": self.budget,
+            "met": self.met,
+            "low_precision_share": round(self.low_precision_share, 6),
+            "islands": list(self.islands),
+            "baseline_error": num(self.baseline_error),
+            "runs": self.runs,
+            "candidates": list(self.candidates),
+            "reference": self.reference,
             "findings": [f.to_dict() for f in self.findings],
         }
 
@@ -81,11 +99,13 @@ class Tuned:
         from castwise.report.text import render_finding
 
         verdict = "within" if self.met else "NOT within"
-        lines = [f"castwise numerics --tune: {self.metric} error {self.error:.2e} {verdict} the budget "
-                 f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}; {self.runs} real runs)",
-                 f"policy: {self.policy}",
-                 f"float32 islands ({len(self.islands)}): {', '.join(self.islands) or 'none'}",
-                 f"low-precision share of FLOPs: {100 * self.low_precision_share:.1f}%"]
+        lines = [
+            f"castwise numerics --tune: {self.metric} error {self.error:.2e} {verdict} the budget "
+            f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}; {self.runs} real runs)",
+            f"policy: {self.policy}",
+            f"float32 islands ({len(self.islands)}): {', '.join(self.islands) or 'none'}",
+            f"low-precision share of FLOPs: {100 * self.low_precision_share:.1f}%",
+        ]
         for f in self.findings:
             lines += ["", *render_finding(f)]
         return "\n".join(lines)
@@ -148,8 +168,17 @@ def _candidates(m: Measurement, flops: dict[str, int]) -> list[ModuleNumerics]:
 
 
 class _Search:
-    def __init__(self, model: nn.Module, inputs: Inputs, target: Target, mode: str, metric: str,
-                 ref_loss: float, ref_out: Any, dirs: list[torch.Tensor]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Inputs,
+        target: Target,
+        mode: str,
+        metric: str,
+        ref_loss: float,
+        ref_out: Any,
+        dirs: list[torch.Tensor],
+    ) -> None:
         self.model, self.inputs, self.target, self.mode, self.metric = model, inputs, target, mode, metric
         self.ref_loss, self.ref_out, self.dirs = ref_loss, ref_out, dirs
         self.runs = 0
@@ -169,12 +198,22 @@ def _check(budget: float, metric: str, mode: str) -> None:
     if metric not in METRICS:
         raise CastwiseError(f"metric={metric!r} is not valid; valid: {', '.join(sorted(METRICS))}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0 < budget < math.inf):
-        raise CastwiseError(f"budget={budget!r} is not valid; valid: a relative error > 0, e.g. 1e-2 "
-                            "(the loss may differ from the reference's by 1%)")
+        raise CastwiseError(
+            f"budget={budget!r} is not valid; valid: a relative error > 0, e.g. 1e-2 "
+            "(the loss may differ from the reference's by 1%)"
+        )
 
 
-def tune(model: Any, inputs: Inputs, *, policy: Any, budget: float, metric: str = "loss",
-         mode: str = "train", reference: Any = "32-true") -> Tuned:
+def tune(
+    model: Any,
+    inputs: Inputs,
+    *,
+    policy: Any,
+    budget: float,
+    metric: str = "loss",
+    mode: str = "train",
+    reference: Any = "32-true",
+) -> Tuned:
     """The fewest float32 islands (by FLOPs) under which ``metric`` is within ``budget``.
 
     ``metric``: ``"loss"`` (relative difference of the loss: the model's own ``loss`` or a fixed
@@ -192,8 +231,9 @@ def tune(model: Any, inputs: Inputs, *, policy: Any, budget: float, metric: str 
         return _tune(model, inputs, target, ref, float(budget), metric, mode)
 
 
-def _tune(model: nn.Module, inputs: Inputs, target: Target, ref: Target, budget: float, metric: str,
-          mode: str) -> Tuned:
+def _tune(
+    model: nn.Module, inputs: Inputs, target: Target, ref: Target, budget: float, metric: str, mode: str
+) -> Tuned:
     ref_model = prepared(model, ref, mode)
     flops = _forward_flops(ref_model, inputs)
     torch.manual_seed(0)
@@ -235,10 +275,17 @@ def _tune(model: nn.Module, inputs: Inputs, target: Target, ref: Target, budget:
     low_model = prepared(model, target.with_islands(islands), mode)
     found = target.with_islands(islands)
     return Tuned(
-        policy=found.policy if found.float8 is None else str(found), error=errors[best],
-        low_precision_share=_share(flops, target, islands, low_model), islands=tuple(islands), budget=budget,
-        metric=metric, met=errors[best] <= budget, baseline_error=baseline, runs=search.runs,
-        candidates=tuple(ranked), reference=str(ref),
+        policy=found.policy if found.float8 is None else str(found),
+        error=errors[best],
+        low_precision_share=_share(flops, target, islands, low_model),
+        islands=tuple(islands),
+        budget=budget,
+        metric=metric,
+        met=errors[best] <= budget,
+        baseline_error=baseline,
+        runs=search.runs,
+        candidates=tuple(ranked),
+        reference=str(ref),
     )
 
 

@@ -6,8 +6,10 @@ from castwise.rules import Rule
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        code="CW320", name="module-adds-error-past-rounding",
-        category=None, severity="warning",
+        code="CW320",
+        name="module-adds-error-past-rounding",
+        category=None,
+        severity="warning",
         summary="A module adds more error under the policy than rounding to its format explains.",
         detects=(
             "castwise compare runs the model under the policy and under the reference (float32 by "
@@ -38,8 +40,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW321", name="module-makes-nonfinite-under-policy",
-        category=None, severity="error",
+        code="CW321",
+        name="module-makes-nonfinite-under-policy",
+        category=None,
+        severity="error",
         summary="A module makes inf/nan under the policy from the reference's finite inputs.",
         detects=(
             "Run alone under the policy on the reference run's (finite) inputs, the module's own "
@@ -63,8 +67,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW330", name="tune-budget-not-met",
-        category=None, severity="error",
+        code="CW330",
+        name="tune-budget-not-met",
+        category=None,
+        severity="error",
         summary="No set of float32 islands among the candidates brings the error within the budget.",
         detects=(
             "castwise tune kept every candidate module (all modules that add error under the "
@@ -86,8 +92,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW331", name="tuned-float32-islands",
-        category=None, severity="info",
+        code="CW331",
+        name="tuned-float32-islands",
+        category=None,
+        severity="info",
         summary="The float32 islands tune found: the policy, its verified error and its low-precision share.",
         detects=(
             "castwise tune ranked the modules by sensitivity (the error each adds alone, weighted "
