@@ -12,7 +12,7 @@ from torch import nn
 
 from castwise.errors import CastwiseError
 from castwise.numerics._compare_iso import NO_ERR, Err, err, grad_err, isolated, sensitivity, unit_roundoff
-from castwise.numerics._compare_run import Call, Inputs, Recording, loss_of, record
+from castwise.numerics._compare_run import Call, Inputs, Recording, loss_of, record, seed_all
 from castwise.numerics._compare_target import Target, prepared
 
 # what rounding explains: a module that rounds its inputs, weights and output to a format with
@@ -222,7 +222,7 @@ def loss_only(
     from castwise.numerics._compare_run import call_model, projection
 
     twin = prepared(model, target, mode)
-    torch.manual_seed(seed)
+    seed_all(seed)
     with torch.no_grad():
         out = call_model(twin, inputs)
         dirs = directions if directions is not None else projection(out)

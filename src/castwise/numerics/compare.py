@@ -120,7 +120,7 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
     return out
 
 
-def report_of(m: Measurement, target: Target, reference: Target, mode: str) -> ComparisonReport:
+def report_of(m: Measurement, target: Target, reference: Target, mode: str, device: str = "cpu") -> ComparisonReport:
     first = m.first_past_tolerance()
     summary = {
         "reference": str(reference),
@@ -134,7 +134,7 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str) -> C
         "first_past_tolerance": None if first is None else first.module,
         "ranked": [row.module for row in m.modules[:TABLE_ROWS]],
     }
-    runs = [Run(mode, "cpu", str(reference), "ok"), Run(mode, "cpu", str(target), "ok")]
+    runs = [Run(mode, device, str(reference), "ok"), Run(mode, device, str(target), "ok")]
     return ComparisonReport(
         findings=_findings(m, mode),
         runs=runs,
@@ -161,7 +161,8 @@ def compare(
     _check_model(model)
     with preserved_state():
         m = measure(model, inputs, target, ref, mode)
-    return report_of(m, target, ref, mode)
+    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), "cpu")
+    return report_of(m, target, ref, mode, device)
 
 
 def _check_model(model: Any) -> None:

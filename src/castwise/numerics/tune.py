@@ -23,7 +23,7 @@ from torch import nn
 from castwise.errors import CastwiseError
 from castwise.numerics._compare_core import Measurement, ModuleNumerics, check_mode, loss_only, measure
 from castwise.numerics._compare_iso import err
-from castwise.numerics._compare_run import Inputs, call_model, projection
+from castwise.numerics._compare_run import Inputs, call_model, projection, seed_all
 from castwise.numerics._compare_target import Target, parse_target, prepared
 from castwise.report import Finding
 
@@ -236,7 +236,7 @@ def _tune(
 ) -> Tuned:
     ref_model = prepared(model, ref, mode)
     flops = _forward_flops(ref_model, inputs)
-    torch.manual_seed(0)
+    seed_all(0)
     with torch.no_grad():
         ref_out = call_model(ref_model, inputs)
     dirs = projection(ref_out)
