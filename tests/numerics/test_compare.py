@@ -60,6 +60,7 @@ def test_tiny_epsilon_norm_in_f16_makes_nonfinite_and_is_named_as_the_producer()
     # downstream modules inherit the nan; none of them is said to make it
     assert rows["out"]["inherited_err"] == "inf" and rows["out"]["added_err"] != "inf"
     assert math.isinf(report.summary["loss_err"]) or math.isnan(report.summary["loss_policy"])
+    assert "error CW321 module-makes-nonfinite-under-policy" in str(report)
 
 
 def test_gradients_compared_in_train_and_not_in_eval() -> None:

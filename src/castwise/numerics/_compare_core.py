@@ -12,7 +12,7 @@ from torch import nn
 
 from castwise.errors import CastwiseError
 from castwise.numerics._compare_iso import NO_ERR, Err, err, grad_err, isolated, sensitivity, unit_roundoff
-from castwise.numerics._compare_run import Call, Inputs, Recording, loss_of, record, seed_all
+from castwise.numerics._compare_run import Call, Inputs, Recording, loss_of, loss_scale, record, seed_all
 from castwise.numerics._compare_target import Target, prepared
 
 # what rounding explains: a module that rounds its inputs, weights and output to a format with
@@ -64,18 +64,24 @@ class ModuleNumerics:
         }
 
 
+def loss_error(low: float, ref: float, scale: float) -> float:
+    """|low - ref| relative to |ref|, or to the projection loss's typical size when larger."""
+    if not math.isfinite(low):
+        return math.inf
+    return abs(low - ref) / max(abs(ref), scale, 1e-30)
+
+
 @dataclass(frozen=True)
 class Measurement:
     modules: tuple[ModuleNumerics, ...]  # ranked: largest added error first
     loss_ref: float
     loss_low: float
     output_err: float
+    loss_scale: float = 0.0  # see loss_error
 
     @property
     def loss_err(self) -> float:
-        if not math.isfinite(self.loss_low):
-            return math.inf
-        return abs(self.loss_low - self.loss_ref) / max(abs(self.loss_ref), 1e-30)
+        return loss_error(self.loss_low, self.loss_ref, self.loss_scale)
 
     def first_past_tolerance(self) -> ModuleNumerics | None:
         past = [m for m in self.modules if m.past_tolerance]
@@ -212,7 +218,8 @@ def measure(
     rows: list[ModuleNumerics] = []
     if per_module:
         rows = _aggregate(_pair_calls(ref, low), ref, low, low_model, mode)
-    return Measurement(tuple(rows), float(ref.loss), float(low.loss), err(low.output, ref.output).value)
+    output_err = err(low.output, ref.output).value
+    return Measurement(tuple(rows), float(ref.loss), float(low.loss), output_err, loss_scale(ref.output))
 
 
 def loss_only(

@@ -130,6 +130,16 @@ def projection(output: Any, seed: int = 1234) -> list[torch.Tensor]:
     return [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.device) for t in float_tensors(output)]
 
 
+def loss_scale(output: Any) -> float:
+    """The typical size of the projection loss (its standard deviation over directions): a
+    relative loss error against a projection that happens to be near zero would mean nothing.
+    0 when the model returns its own loss."""
+    if _loss_tensor(output) is not None:
+        return 0.0
+    total = sum(float(t.detach().float().pow(2).sum()) / max(t.numel(), 1) for t in float_tensors(output))
+    return math.sqrt(total)
+
+
 def loss_of(output: Any, directions: list[torch.Tensor]) -> torch.Tensor:
     """The model's own ``loss`` when it returns one, else a float32 random projection of its
     outputs (a loss whose gradient is not constant, unlike a plain sum)."""

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from castwise.errors import CastwiseError
-from castwise.numerics._compare_core import Measurement, ModuleNumerics, check_mode, loss_only, measure
+from castwise.numerics._compare_core import Measurement, ModuleNumerics, check_mode, loss_error, loss_only, measure
 from castwise.numerics._compare_iso import err
 from castwise.numerics._compare_run import Inputs, call_model, projection, seed_all
 from castwise.numerics._compare_target import Target, parse_target, prepared
@@ -176,11 +176,12 @@ class _Search:
         mode: str,
         metric: str,
         ref_loss: float,
+        scale: float,
         ref_out: Any,
         dirs: list[torch.Tensor],
     ) -> None:
         self.model, self.inputs, self.target, self.mode, self.metric = model, inputs, target, mode, metric
-        self.ref_loss, self.ref_out, self.dirs = ref_loss, ref_out, dirs
+        self.ref_loss, self.scale, self.ref_out, self.dirs = ref_loss, scale, ref_out, dirs
         self.runs = 0
 
     def error(self, islands: list[str]) -> float:
@@ -188,9 +189,7 @@ class _Search:
         loss, out = loss_only(self.model, self.inputs, self.target.with_islands(islands), self.mode, self.dirs)
         if self.metric == "output":
             return err(out, self.ref_out).value
-        if not math.isfinite(loss):
-            return math.inf
-        return abs(loss - self.ref_loss) / max(abs(self.ref_loss), 1e-30)
+        return loss_error(loss, self.ref_loss, self.scale)
 
 
 def _check(budget: float, metric: str, mode: str) -> None:
@@ -241,7 +240,7 @@ def _tune(
         ref_out = call_model(ref_model, inputs)
     dirs = projection(ref_out)
     m = measure(model, inputs, target, ref, mode)
-    search = _Search(model, inputs, target, mode, metric, m.loss_ref, ref_out, dirs)
+    search = _Search(model, inputs, target, mode, metric, m.loss_ref, m.loss_scale, ref_out, dirs)
     search.runs = 1  # the measurement's run of the policy is the run without islands
     baseline = m.loss_err if metric == "loss" else m.output_err
     ordered = _candidates(m, flops)
