@@ -94,6 +94,7 @@ def main() -> int:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)  # steadier timings on a shared machine
     all_cases: list[dict[str, Any]] = []
+    ratios: list[float] = []
     print(f"{'model':<14} {'healthy past tol':>16} {'hits':>9} {'cost x':>8}  misses")
     for name in args.models.split(","):
         model, inputs = build(name, args.seed)
@@ -111,11 +112,17 @@ def main() -> int:
         misses = "; ".join(f"{c['kind']}@{c['planted']} ({c['policy']}) -> {c['first']}" for c in cases if not c["hit"])
         notes = (f" PAST: {past}" if past else "") + (f" NOT ALONE: {alone}" if alone else "")
         print(f"{name:<14} {len(past):>16} {hits:>4}/{len(cases):<4} {ratio:>8.2f}  {misses}{notes}", flush=True)
+        ratios.append(ratio)
     total = sum(c["hit"] for c in all_cases)
     print(
-        f"\nplanted module ranked first: {total}/{len(all_cases)} = {100 * total / len(all_cases):.1f}% "
+        f"\nplanted module ranked first: {total}/{len(all_cases)} = {100 * total / max(len(all_cases), 1):.1f}% "
         f"across {len(args.models.split(','))} models (seed {args.seed})"
     )
+    if not args.no_cost:
+        print(
+            f"compare / two plain runs: median {statistics.median(ratios):.2f}x, max {max(ratios):.2f}x, "
+            f"<= 3x on {sum(r <= 3 for r in ratios)}/{len(ratios)} models"
+        )
     by_kind: dict[str, list[bool]] = {}
     for c in all_cases:
         by_kind.setdefault(f"{c['kind']} ({c['policy']})", []).append(c["hit"])
