@@ -170,8 +170,8 @@ def _numerics_story(out: _Out) -> bool:
     import math
 
     out.head("Story 6. T5 in float16: `wo` overflows; which layers must stay float32?")
-    out.field("setup", "T5 encoder (float32 weights; block 2's `wo` has weights past 65504, as pretrained T5's "
-                       "wo is why transformers keeps it in float32), trained under 16-true,keep_in_fp32=off")
+    out.field("setup", "T5 encoder, float32 weights, block 2's `wo` with weights past float16's 65504; trained "
+                       "under 16-true,keep_in_fp32=off (transformers' hard-coded float32 `wo` turned off)")
     from castwise.stories import build_t5_overflow
 
     if importlib.util.find_spec("transformers") is None:

@@ -152,9 +152,11 @@ def build_t5() -> tuple[nn.Module, Inputs]:
 
 def build_t5_overflow() -> tuple[nn.Module, Inputs]:
     """A float32 T5 encoder whose block 2 `wo` has weight columns past float16's range (65504),
-    as large-magnitude `wo` weights in pretrained T5 checkpoints are (why transformers keeps
-    `wo` in float32), with the matching `wi` rows scaled down: float32 computes the same
-    function; under 16-true (`keep_in_fp32=off`) the weights become inf and `wo` makes nan."""
+    with the matching `wi` rows scaled down, so float32 computes an ordinary function. Under
+    16-true (`keep_in_fp32=off`) those weights become inf and `wo` makes nan; a float32 `wo`
+    island fixes it. (Pretrained T5's float16 overflow, why transformers keeps `wo` in float32,
+    is in large activations, planted here in the weights: an output past 65504 itself cannot
+    be fixed by any island whose output returns to float16.)"""
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(0)
