@@ -84,7 +84,11 @@ def parse_target(policy: Policy | str | Target) -> Target:
     if isinstance(policy, Policy):
         return Target(policy)
     if not isinstance(policy, str):
-        raise PolicyError(f"policy must be a castwise.Policy or a string, got {type(policy).__name__}")
+        raise PolicyError(
+            f"policy must be a castwise.Policy or a policy string, got {type(policy).__name__}; compare and "
+            "tune need the policy to measure, e.g. policy='bf16-mixed' (CLI: --policy bf16-mixed), or an "
+            "emulated float8 format: float8_e4m3fn, float8_e5m2"
+        )
     head, _, rest = policy.partition(",")
     fmt = _FLOAT8.get(head.strip().lower())
     if fmt is None:
