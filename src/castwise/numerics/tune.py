@@ -1,13 +1,15 @@
 """``tune(model, inputs, *, policy, budget)``: which layers must stay in float32?
 
-The smallest set of float32 islands, by FLOPs, under which the error against the reference
+Aims at the smallest set of float32 islands, by FLOPs, under which the error against the reference
 is within ``budget``. One compare measurement ranks the candidates (every module that adds
 error under the policy; those past tolerance first) by sensitivity: the error a module adds
 alone, weighted by the loss gradient at its output, as ModelOpt's AutoQuantize scores layers.
-Then a verified search for the shortest prefix of that ranking whose real run meets the
-budget: the measurement itself is the run without islands, one run tries the modules past
-tolerance, bisection does the rest: at most 3 + ceil(log2(candidates)) runs, usually
-2 + ceil(log2(modules past tolerance)). Islands are ``keep[NAME]=f32`` rules: weights float32,
+Then a verified search, greedy with bisection: the measurement itself is the run without
+islands, one run tries the modules past tolerance, bisection finds the shortest prefix of the
+ranking whose real run meets the budget (at most 3 + ceil(log2(candidates)) runs, usually
+2 + ceil(log2(modules past tolerance))); then, while runs are left under 2 + log2(modules),
+islands are dropped greedily, most FLOPs first, when a real run without them still meets the
+budget. Islands are ``keep[NAME]=f32`` rules: weights float32,
 inputs cast in, autocast off inside, output cast back saturating to float16's range.
 """
 
@@ -192,6 +194,53 @@ class _Search:
         return loss_error(loss, self.ref_loss, self.scale)
 
 
+def _bisect(search: _Search, ordered: list[ModuleNumerics], baseline: float, budget: float) -> tuple[list[str], float]:
+    """The shortest prefix of the ranking whose real run meets the budget (or the best seen)."""
+    ranked = [r.module for r in ordered]
+    prefix = [_union(ranked[:k]) for k in range(len(ranked) + 1)]
+    errors: dict[int, float] = {0: baseline}
+
+    def passes(k: int) -> bool:
+        if k not in errors:
+            errors[k] = search.error(prefix[k])
+        return errors[k] <= budget
+
+    def bisect(lo: int, hi: int) -> int:  # prefix lo fails, prefix hi passes
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+        return hi
+
+    best = 0
+    if baseline > budget and ranked:
+        # the modules past tolerance first: usually they are the islands, and one run says so
+        past = sum(r.past_tolerance for r in ordered)
+        first = past if 0 < past < len(ranked) else len(ranked)
+        if passes(first):
+            best = bisect(0, first)
+        elif first < len(ranked) and passes(len(ranked)):
+            best = bisect(first, len(ranked))
+        else:
+            best = min(errors, key=lambda k: (errors[k], k))
+    return prefix[best], errors[best]
+
+
+def _prune(
+    search: _Search, islands: list[str], error: float, budget: float, flops: dict[str, int], limit: int
+) -> tuple[list[str], float]:
+    """Greedy, while runs are left under ``limit``: drop the most expensive island when a real
+    run without it still meets the budget (fewer float32 FLOPs, verified)."""
+    kept = list(islands)
+    for name in sorted(islands, key=lambda n: -flops.get(n, 0)):
+        if search.runs >= limit or len(kept) == 1:
+            break
+        trial = [k for k in kept if k != name]
+        trial_error = search.error(trial)
+        if trial_error <= budget:
+            kept, error = trial, trial_error
+    return kept, error
+
+
 def _check(budget: float, metric: str, mode: str) -> None:
     check_mode(mode)
     if metric not in METRICS:
@@ -213,7 +262,10 @@ def tune(
     mode: str = "train",
     reference: Any = "32-true",
 ) -> Tuned:
-    """The fewest float32 islands (by FLOPs) under which ``metric`` is within ``budget``.
+    """Few float32 islands, few FLOPs, under which ``metric`` is within ``budget`` (verified):
+    the shortest prefix of the sensitivity ranking that meets it, then islands dropped greedily,
+    most FLOPs first, while a run without them still meets it and runs are left (at most
+    2 + log2(modules) in all).
 
     ``metric``: ``"loss"`` (relative difference of the loss: the model's own ``loss`` or a fixed
     random projection of its outputs) or ``"output"`` (relative L2 error of the outputs).
@@ -245,42 +297,20 @@ def _tune(
     baseline = m.loss_err if metric == "loss" else m.output_err
     ordered = _candidates(m, flops)
     ranked = [r.module for r in ordered]
-    prefix = [_union(ranked[:k]) for k in range(len(ranked) + 1)]
-    errors: dict[int, float] = {0: baseline}
-
-    def passes(k: int) -> bool:
-        if k not in errors:
-            errors[k] = search.error(prefix[k])
-        return errors[k] <= budget
-
-    def bisect(lo: int, hi: int) -> int:  # prefix lo fails, prefix hi passes
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
-        return hi
-
-    best = 0
-    if baseline > budget and ranked:
-        # the modules past tolerance first: usually they are the islands, and one run says so
-        past = sum(r.past_tolerance for r in ordered)
-        first = past if 0 < past < len(ranked) else len(ranked)
-        if passes(first):
-            best = bisect(0, first)
-        elif first < len(ranked) and passes(len(ranked)):
-            best = bisect(first, len(ranked))
-        else:
-            best = min(errors, key=lambda k: (errors[k], k))
-    islands = prefix[best]
+    islands, error = _bisect(search, ordered, baseline, budget)
+    if error <= budget and len(islands) > 1:
+        limit = int(2 + math.log2(len(list(model.modules()))))
+        islands, error = _prune(search, islands, error, budget, flops, limit)
     low_model = prepared(model, target.with_islands(islands), mode)
     found = target.with_islands(islands)
     return Tuned(
         policy=found.policy if found.float8 is None else str(found),
-        error=errors[best],
+        error=error,
         low_precision_share=_share(flops, target, islands, low_model),
         islands=tuple(islands),
         budget=budget,
         metric=metric,
-        met=errors[best] <= budget,
+        met=error <= budget,
         baseline_error=baseline,
         runs=search.runs,
         candidates=tuple(ranked),
