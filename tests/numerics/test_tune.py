@@ -41,6 +41,7 @@ def test_tune_keeps_only_the_planted_module_and_meets_the_budget() -> None:
     assert tuned.runs <= 2 + math.log2(n_modules)
     # the island is one Linear of six (16x32, 4 of 32x32, 32x4): 1024 of 4736 multiply-adds
     assert tuned.low_precision_share == pytest.approx(1 - 1024 / 4736, abs=1e-6)
+    assert tuned.island_share == pytest.approx(1024 / 4736, abs=1e-6)
 
 
 def test_tune_finds_the_nonfinite_producer_in_f16() -> None:

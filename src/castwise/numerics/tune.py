@@ -48,6 +48,7 @@ class Tuned:
     runs: int  # real runs of the policy the search made (the measurement included)
     candidates: tuple[str, ...]  # ranked by sensitivity, most sensitive first
     reference: str = "32-true"
+    island_share: float = 0.0  # forward FLOPs in the islands tune added / all (the policy's own excluded)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +90,7 @@ class Tuned:
             "budget": self.budget,
             "met": self.met,
             "low_precision_share": round(self.low_precision_share, 6),
+            "island_share": round(self.island_share, 6),
             "islands": list(self.islands),
             "baseline_error": num(self.baseline_error),
             "runs": self.runs,
@@ -106,7 +108,8 @@ class Tuned:
             f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}; {self.runs} real runs)",
             f"policy: {self.policy}",
             f"float32 islands ({len(self.islands)}): {', '.join(self.islands) or 'none'}",
-            f"low-precision share of FLOPs: {100 * self.low_precision_share:.1f}%",
+            f"low-precision share of FLOPs: {100 * self.low_precision_share:.1f}% (the islands above: "
+            f"{100 * self.island_share:.1f}%)",
         ]
         for f in self.findings:
             lines += ["", *render_finding(f)]
@@ -143,8 +146,18 @@ def _union(names: list[str]) -> list[str]:
     return out
 
 
+def _total(flops: dict[str, int]) -> int:
+    return flops.get("", 0) or sum(v for k, v in flops.items() if "." not in k)
+
+
+def _island_share(flops: dict[str, int], islands: list[str]) -> float:
+    total = _total(flops)
+    return sum(flops.get(n, 0) for n in _union(islands)) / total if total > 0 else 0.0
+
+
 def _share(flops: dict[str, int], target: Target, islands: list[str], low_model: nn.Module) -> float:
-    total = flops.get("", 0) or sum(v for k, v in flops.items() if "." not in k)
+    """Forward FLOPs left in low precision: outside the tuned islands and the policy's own."""
+    total = _total(flops)
     if total <= 0:
         return 1.0
     from castwise.policy import resolve
@@ -307,6 +320,7 @@ def _tune(
         policy=found.policy if found.float8 is None else str(found),
         error=error,
         low_precision_share=_share(flops, target, islands, low_model),
+        island_share=_island_share(flops, islands),
         islands=tuple(islands),
         budget=budget,
         metric=metric,
