@@ -11,9 +11,10 @@ precision-sensitive module planted on a Linear/Conv holding <= 4% of the forward
 (cancellation or a one-pass variance under bf16-mixed; a tiny-epsilon norm or a large-magnitude
 projection under 16-true). The budget is --budget, or twice the healthy model's loss error
 under the policy when that is larger (a tighter budget is below what the format gives, plant
-or no plant). Per model: the loss error without islands, the islands tune
-returns, the error of the verified run under them, the share of forward FLOPs in those
-islands (target <= 5%; a policy's own islands, T5's `wo` under 16-true, are not tune's), and the number of real runs (target <= 2 + log2(modules)).
+or no plant). Per model: the loss error without islands, the islands tune returns, the error
+of the verified run under them, the share of forward FLOPs in those islands (target <= 5%; a
+policy's own islands, T5's `wo` under 16-true, are not tune's), and the number of real runs
+(target <= 2 + log2(modules)).
 """
 
 from __future__ import annotations
