@@ -584,9 +584,8 @@ def test_a_forward_hook_that_changes_dtype_names_the_hooked_module() -> None:
     (f,) = report.errors
     assert f.code == "CW115" and f.origin is not None and f.origin.module == "1.0"
     assert "upcast" in f.message
-    with pytest.raises(RuntimeError, match="same dtype"):
-        with torch.no_grad():
-            model(x)
+    with pytest.raises(RuntimeError, match="same dtype"), torch.no_grad():
+        model(x)
 
 
 def test_a_tied_weight_is_named_after_the_module_that_ties_it_with_every_holder() -> None:

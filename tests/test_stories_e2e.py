@@ -64,11 +64,11 @@ def test_story5_config_lint(tmp_path: Path) -> None:
     assert "MIXED_PRECISION" in settings and "--gradient_precision" in settings
 
 
-def test_demo_runs_all_five_stories_and_exits_0() -> None:
+def test_demo_runs_all_six_stories_and_exits_0() -> None:
     p = subprocess.run([sys.executable, "-m", "castwise", "demo"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    for n in range(1, 6):
+    for n in range(1, 7):
         assert f"Story {n}." in p.stdout
-    assert "5/5 stories diagnosed and fixed" in p.stdout
+    assert "6/6 stories diagnosed and fixed" in p.stdout
     assert "Traceback" not in p.stdout + p.stderr
     assert torch.backends.mha.get_fastpath_enabled()

@@ -32,6 +32,9 @@ _LAZY: dict[str, str] = {
     "AuditError": "castwise.errors",
     "ConfigError": "castwise.errors",
     "TargetError": "castwise.errors",
+    "compare": "castwise.numerics.compare",
+    "tune": "castwise.numerics.tune",
+    "Tuned": "castwise.numerics.tune",
 }
 
 __all__ = [
@@ -49,12 +52,15 @@ __all__ = [
     "Report",
     "RuleError",
     "TargetError",
+    "Tuned",
     "__version__",
     "apply",
     "audit",
+    "compare",
     "diagnose",
     "explain",
     "lint_config",
+    "tune",
 ]
 
 if TYPE_CHECKING:
@@ -72,6 +78,8 @@ if TYPE_CHECKING:
         TargetError,
     )
     from castwise.lint import lint_config
+    from castwise.numerics.compare import compare
+    from castwise.numerics.tune import Tuned, tune
     from castwise.policy import ModuleRule, Policy
     from castwise.report import Finding, Origin, Report
 

@@ -1,5 +1,6 @@
-"""``castwise demo``: the five stories on built-in models, each failing for real, diagnosed,
-fixed by the suggested policy, and passing under it."""
+"""``castwise demo``: the five dtype stories on built-in models, each failing for real, diagnosed,
+fixed by the suggested policy, and passing under it; then a numerics story (a T5-style model
+that overflows float16, and the float32 island that buys it back)."""
 
 from __future__ import annotations
 
@@ -173,6 +174,57 @@ def _config_story(out: _Out) -> bool:
     return True
 
 
+def _numerics_story(out: _Out) -> bool:
+    """Story 6: values, not dtypes. T5 under 16-true overflows; forecast and locate_nonfinite
+    name `wo` (numerics I, imported lazily: skipped where not installed); tune finds the
+    float32 islands; the run is finite under them."""
+    import importlib
+    import importlib.util
+    import math
+
+    out.head("Story 6. T5 in float16: `wo` overflows; which layers must stay float32?")
+    out.field("setup", "T5 encoder, float32 weights, block 2's `wo` with weights past float16's 65504; trained "
+                       "under 16-true,keep_in_fp32=off (transformers' hard-coded float32 `wo` turned off)")
+    from castwise.stories import build_t5_overflow
+
+    if importlib.util.find_spec("transformers") is None:
+        out.field("skipped", "needs transformers: pip install 'castwise[demo]'")
+        return True
+    from castwise.numerics._compare_core import loss_only
+    from castwise.numerics._compare_target import parse_target
+    from castwise.numerics.tune import tune
+
+    policy = "16-true,keep_in_fp32=off"
+    model, inputs = _timed(out, "building the model", build_t5_overflow)
+    loss, _ = loss_only(model, inputs, parse_target(policy), "train", None)
+    if math.isfinite(loss):
+        out.field("real run", f"finite (loss {loss:.4g}): torch's behaviour has changed")
+    else:
+        out.bad("real run", f"loss {loss} under {policy}: float16 makes `wo`'s weights inf")
+    steps: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+        ("forecast", "castwise.numerics.forecast", lambda m: m.forecast(model, inputs, target="f16")),
+        ("locate", "castwise.numerics.locate", lambda m: m.locate_nonfinite(model, inputs, policy=policy)),
+    )
+    for what, module, call in steps:
+        try:
+            found = call(importlib.import_module(module))
+        except ImportError:
+            out.field(what, f"skipped ({module} is not installed)")
+            continue
+        first = next(iter(found.findings), None)
+        out.field(what, "no finding" if first is None else f"{first.code} at `{first.module}`")
+    tuned = _timed(out, "tuning float32 islands (real runs)", lambda: tune(model, inputs, policy=policy, budget=1e-2))
+    out.field("islands", ", ".join(tuned.islands) or "none")
+    out.field("policy", f"{tuned.policy}  ({100 * tuned.low_precision_share:.1f}% of FLOPs in f16, "
+                        f"{tuned.runs} real runs)")
+    fixed, _ = loss_only(model, inputs, parse_target(tuned.policy), "train", None)
+    if not (tuned.met and math.isfinite(fixed)):
+        out.bad("after fix", f"loss {fixed}, error {tuned.error:.2e}")
+        return False
+    out.ok(f"finite under the tuned policy: loss differs from float32 by {tuned.error:.1e} (budget 1e-2)")
+    return any(name.endswith(".wo") for name in tuned.islands)
+
+
 class _quiet_libraries:
     """Silence the stories' libraries (open_clip's 'no pretrained weights' warning, transformers'
     progress bars) for the demo only; restored after."""
@@ -201,10 +253,11 @@ class _quiet_libraries:
 
 
 def run_demo(stream: TextIO | None = None, width: int = WIDTH) -> int:
-    """Run the five stories; 0 when each is diagnosed as expected (and fixed where fixable)."""
+    """Run the six stories; 0 when each is diagnosed as expected (and fixed where fixable)."""
     out = _Out(stream or sys.stdout, width)
     out.line("castwise demo: five real mixed-precision failures from public issue trackers, rebuilt on")
-    out.line("small local models, each run for real, audited on fake tensors, and fixed by a policy.")
+    out.line("small local models, each run for real, audited on fake tensors, and fixed by a policy;")
+    out.line("then a model that overflows float16, and the float32 island that fixes it.")
     start = time.perf_counter()
     results: list[bool] = []
     try:
@@ -218,5 +271,8 @@ def run_demo(stream: TextIO | None = None, width: int = WIDTH) -> int:
                 warnings.simplefilter("ignore")
                 results.append(_model_story(out, story))
     results.append(_config_story(out))
+    with _quiet_libraries(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results.append(_numerics_story(out))
     out.head(f"{sum(results)}/{len(results)} stories diagnosed and fixed in {time.perf_counter() - start:.0f}s.")
     return 0 if all(results) else 1

@@ -150,6 +150,26 @@ def build_t5() -> tuple[nn.Module, Inputs]:
     return model, {"input_ids": torch.randint(0, 128, (2, 7))}
 
 
+def build_t5_overflow() -> tuple[nn.Module, Inputs]:
+    """A float32 T5 encoder whose block 2 `wo` has weight columns past float16's range (65504),
+    with the matching `wi` rows scaled down, so float32 computes an ordinary function. Under
+    16-true (`keep_in_fp32=off`) those weights become inf and `wo` makes nan; a float32 `wo`
+    island fixes it. (Pretrained T5's float16 overflow, why transformers keeps `wo` in float32,
+    is in large activations, planted here in the weights: an output past 65504 itself cannot
+    be fixed by any island whose output returns to float16.)"""
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=6, num_heads=4, dropout_rate=0.0)
+    model = T5EncoderModel(config)
+    ff = model.get_submodule("encoder.block.2.layer.1.DenseReluDense")
+    with torch.no_grad():
+        cols = torch.tensor([3, 17])
+        ff.get_parameter("wi.weight")[cols] *= 1e-6
+        ff.get_parameter("wo.weight")[:, cols] *= 1e6
+    return model, {"input_ids": torch.randint(0, 128, (4, 16))}
+
+
 # -- story 3: nn.TransformerEncoder, bf16-mixed, eval takes the fast path -----------------------
 
 

@@ -51,6 +51,10 @@ class Ctx:
     disabled_by: str | None = None  # the module whose forward turned autocast off around the op
     region_module: Any = None  # that module (the run's copy), for its source
 
+    def make_origin(self, module: str | None, op: str | None, tensor: str | None) -> Origin:
+        """An Origin value (rule modules build one through this, without importing the trace layer)."""
+        return Origin(module, op, tensor)
+
     @property
     def source(self) -> str | None:
         """The user's line where the culprit's dtype was made, when recorded."""

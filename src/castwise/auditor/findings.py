@@ -13,7 +13,7 @@ from castwise.auditor.context import RunRecord, culprits_of, make_ctx
 from castwise.report import CodeFix, Finding
 from castwise.rules.audit import cw115, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
-from castwise.trace.events import Event, Mode, Prov
+from castwise.trace.events import Event, Mode, Origin, Prov
 
 # what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"
 # (a KeyError("not a dtype problem") is not a dtype error)
@@ -145,7 +145,8 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     text = f"{type(exc).__name__}: {_first_line(exc)}"
     grad_hooks = [c for c in trace.hook_changes if c.kind == "grad"]
     if grad_hooks and "changed the type of value" in str(exc):
-        return cw115.grad_hook_diag(grad_hooks[0], text)
+        change = grad_hooks[0]
+        return cw115.grad_hook_diag(change, text, Origin(change.module or None, None, change.tensor))
     unsupported = unsupported_dtype(str(exc))
     kind = "unsupported" if unsupported is not False else None
     bad = unsupported if isinstance(unsupported, torch.dtype) else None

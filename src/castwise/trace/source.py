@@ -11,6 +11,8 @@ import linecache
 import os
 import sys
 
+from castwise._paths import short_path
+
 # path fragments of frames that are never the user's line
 _PLUMBING = (
     f"{os.sep}torch{os.sep}",
@@ -40,17 +42,6 @@ def user_frame(skip: int = 1) -> tuple[str, int] | None:
     return None
 
 
-def short_path(path: str) -> str:
-    """A path as a user reads it: relative to the working directory when under it, else from
-    site-packages on ("transformers/models/t5/modeling_t5.py")."""
-    cwd = os.getcwd() + os.sep
-    if path.startswith(cwd):
-        return path[len(cwd):]
-    marker = f"site-packages{os.sep}"
-    at = path.find(marker)
-    return path[at + len(marker):] if at >= 0 else path
-
-
 def where(skip: int = 1) -> str | None:
     """``"models/rope.py:42"`` for the user's frame, or None."""
     found = user_frame(skip + 1)
@@ -61,3 +52,6 @@ def line_text(path: str, line: int) -> str | None:
     """The text of a source line (None when the file cannot be read)."""
     text = linecache.getline(path, line)
     return text.rstrip("\n") if text else None
+
+
+__all__ = ["line_text", "short_path", "user_frame", "where"]

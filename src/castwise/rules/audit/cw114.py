@@ -50,10 +50,8 @@ def _match(ctx: Ctx) -> Diag | None:
     region = ctx.disabled_by
     if region is None or ctx.phase != "forward":
         return None
-    from castwise.trace.events import Origin
-
     line = _region_line(ctx)
-    origin = Origin(region or None, None, "autocast turned off in its forward")
+    origin = ctx.make_origin(region or None, None, "autocast turned off in its forward")
     floats = sorted({short_of(d) for d in ctx.dtypes if d.is_floating_point})
     low = ", ".join(d for d in floats if d in ("bf16", "f16")) or "low-precision"
     high = ", ".join(d for d in floats if d not in ("bf16", "f16")) or "float32"
@@ -77,7 +75,7 @@ def _region_line(ctx: Ctx) -> str | None:
     module = ctx.region_module
     if module is None:
         return None
-    from castwise.trace.source import short_path
+    from castwise._paths import short_path
 
     try:
         lines, start = inspect.getsourcelines(type(module).forward)

@@ -11,7 +11,7 @@ from castwise.rules.audit._text import where
 
 if TYPE_CHECKING:
     from castwise.auditor.context import Ctx
-    from castwise.trace.events import HookChange
+    from castwise.trace.events import HookChange, Origin
 
 META = Rule(
     code="CW115",
@@ -54,12 +54,11 @@ def _forward_hook(ctx: Ctx) -> Diag | None:
     )
 
 
-def grad_hook_diag(change: HookChange, text: str) -> Diag:
-    """Backward raised because a gradient hook changed the gradient's dtype."""
-    from castwise.trace.events import Origin
-
+def grad_hook_diag(change: HookChange, text: str, origin: Origin) -> Diag:
+    """Backward raised because a gradient hook changed the gradient's dtype (``origin``: the
+    hooked parameter)."""
     return Diag(
-        "CW115", change.module, None, Origin(change.module or None, None, change.tensor),
+        "CW115", change.module, None, origin,
         f"The gradient hook {change.hook} on {change.tensor} (in {where(change.module)}) returns "
         f"{short_of(change.after)} for a {short_of(change.before)} gradient; autograd refuses it. Real error: "
         f"{text}",

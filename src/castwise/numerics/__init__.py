@@ -1,0 +1,1 @@
+"""Numerics: values, not dtypes, on real tensors (compare, tune; locate, forecast, watch)."""

@@ -1,0 +1,186 @@
+"""``compare(model, inputs, *, policy, reference)``: why is my bf16 loss different from fp32?
+
+The same weights, inputs and random state run under the policy and under the reference, on
+real tensors and on copies of the model (the user's model is never touched). Per module:
+the error of its output, of the gradient of the loss with respect to its output and of its
+parameters' gradients; and the error it *adds* (the module run alone under the policy on the
+reference's inputs, its callees answering with the reference's outputs) apart from the error
+it *inherits* (already in its inputs). A module is reported only when what it adds is past
+what rounding to its format explains (``TOLERANCE_FACTOR`` times the format's unit roundoff),
+so a healthy model under bf16-mixed reports nothing. Errors are relative L2 norms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from castwise.errors import CastwiseError
+from castwise.numerics._compare_core import TOLERANCE_FACTOR, Measurement, ModuleNumerics, check_mode, measure
+from castwise.numerics._compare_run import Inputs
+from castwise.numerics._compare_target import Target, parse_target
+from castwise.report import Finding, Report, Run
+from castwise.trace.events import Mode
+
+TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
+
+
+def _mode(mode: str) -> Mode:
+    """A checked run mode (the public functions validate it first)."""
+    if mode not in ("train", "eval"):
+        raise CastwiseError(f"mode={mode!r} is not valid; valid: eval, train")
+    return "train" if mode == "train" else "eval"
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2e}"
+
+
+def _where(name: str) -> str:
+    return f"`{name}`" if name else "the model itself"
+
+
+@dataclass
+class ComparisonReport(Report):
+    """A Report with the per-module numbers (``numerics``) and the loss difference."""
+
+    numerics: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["numerics"] = self.numerics
+        return out
+
+    def __str__(self) -> str:
+        lines = [super().__str__(), ""]
+        s = self.summary
+        lines.append(
+            f"loss: reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
+            f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
+        )
+        first = s.get("first_past_tolerance")
+        lines.append(f"first module past tolerance: {_where(first) if first is not None else 'none'}")
+        lines.append("")
+        head = f"{'module':<44} {'dtype':>8} {'added':>9} {'inherited':>9} {'output':>9} {'grad':>9} {'tol':>9}"
+        lines.append(head)
+        for row in self.numerics[:TABLE_ROWS]:
+            mark = " *" if row["past_tolerance"] else ""
+            name = row["module"] or "(model)"
+            name = name if len(name) <= 44 else "..." + name[-41:]
+            cells = [_cell(row[k]) for k in ("added_err", "inherited_err", "out_err", "grad_err", "tolerance")]
+            lines.append(f"{name:<44} {row['dtype']:>8} " + " ".join(f"{c:>9}" for c in cells) + mark)
+        if len(self.numerics) > TABLE_ROWS:
+            lines.append(f"... {len(self.numerics) - TABLE_ROWS} more modules in to_dict()['numerics']")
+        lines.append("(* past tolerance; errors are relative L2 norms against the reference)")
+        return "\n".join(lines)
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return "-"
+    if x == "inf":
+        return "inf"
+    return f"{float(x):.2e}"
+
+
+def _findings(m: Measurement, mode: str) -> list[Finding]:
+    out: list[Finding] = []
+    first = m.first_past_tolerance()
+    for rank, row in enumerate(m.modules):
+        if not row.past_tolerance:
+            continue
+        details = (
+            ("added_err", row.to_dict()["added_err"]),
+            ("tolerance", row.to_dict()["tolerance"]),
+            ("rank", rank + 1),
+            ("first", row is first),
+        )
+        if math.isinf(row.added_err):
+            out.append(
+                Finding(
+                    "CW321",
+                    f"{_where(row.module)} makes inf/nan under the policy from the reference's finite "
+                    f"inputs ({row.dtype}): the non-finite values start here, they are not inherited.",
+                    module=row.module,
+                    modes=(_mode(mode),),
+                    details=details,
+                )
+            )
+            continue
+        share = "" if row.inherited_err <= 0 else f"; its inputs already carry {row.inherited_err:.2e} (inherited)"
+        out.append(
+            Finding(
+                "CW320",
+                f"{_where(row.module)} adds relative error {row.added_err:.2e} on its own, "
+                f"{row.added_err / row.tolerance:.0f}x what rounding to {row.dtype} explains "
+                f"({row.tolerance:.2e}){share}; ranked {rank + 1} of {len(m.modules)} by added error"
+                + (", and the first past tolerance in the run." if row is first else "."),
+                module=row.module,
+                modes=(_mode(mode),),
+                details=details,
+            )
+        )
+    return out
+
+
+def report_of(m: Measurement, target: Target, reference: Target, mode: str, device: str = "cpu") -> ComparisonReport:
+    first = m.first_past_tolerance()
+    summary = {
+        "reference": str(reference),
+        "policy": str(target),
+        "mode": mode,
+        "loss_reference": m.loss_ref,
+        "loss_policy": m.loss_low,
+        "loss_err": m.loss_err,
+        "output_err": m.output_err,
+        "tolerance_factor": TOLERANCE_FACTOR,
+        "first_past_tolerance": None if first is None else first.module,
+        "ranked": [row.module for row in m.modules[:TABLE_ROWS]],
+    }
+    runs = [Run(_mode(mode), device, str(reference), "ok"), Run(_mode(mode), device, str(target), "ok")]
+    return ComparisonReport(
+        findings=_findings(m, mode),
+        runs=runs,
+        summary=summary,
+        title=f"castwise numerics --compare (real tensors, policy {target}, reference {reference})",
+        numerics=[row.to_dict() for row in m.modules],
+    )
+
+
+def compare(
+    model: Any, inputs: Inputs, *, policy: Any, reference: Any = "32-true", mode: str = "train"
+) -> ComparisonReport:
+    """Per-module error of ``policy`` against ``reference`` on real tensors, added vs inherited.
+
+    ``policy``/``reference``: a ``castwise.Policy`` or a string ``Policy.parse`` accepts, or an
+    emulated float8 format (``float8_e4m3fn``, ``float8_e5m2``). ``mode``: ``"train"`` (forward
+    and backward of the model's loss, or of a fixed random projection of its outputs) or
+    ``"eval"`` (forward under no_grad). The model is not changed: both runs use deep copies.
+    """
+    from castwise.auditor import preserved_state
+
+    check_mode(mode)
+    target, ref = parse_target(policy), parse_target(reference)
+    _check_model(model)
+    with preserved_state():
+        m = measure(model, inputs, target, ref, mode)
+    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), "cpu")
+    return report_of(m, target, ref, mode, device)
+
+
+def _check_model(model: Any) -> None:
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise CastwiseError(
+            f"compare needs a torch.nn.Module, got {type(model).__name__}; pass the model "
+            "and its inputs: compare(model, inputs, policy='bf16-mixed')"
+        )
+
+
+__all__ = ["ComparisonReport", "ModuleNumerics", "compare"]

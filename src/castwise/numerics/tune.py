@@ -1,0 +1,335 @@
+"""``tune(model, inputs, *, policy, budget)``: which layers must stay in float32?
+
+Aims at the smallest set of float32 islands, by FLOPs, under which the error against the reference
+is within ``budget``. One compare measurement ranks the candidates (every module that adds
+error under the policy; those past tolerance first) by sensitivity: the error a module adds
+alone, weighted by the loss gradient at its output, as ModelOpt's AutoQuantize scores layers.
+Then a verified search, greedy with bisection: the measurement itself is the run without
+islands, one run tries the modules past tolerance, bisection finds the shortest prefix of the
+ranking whose real run meets the budget (at most 3 + ceil(log2(candidates)) runs, usually
+2 + ceil(log2(modules past tolerance))); then, while runs are left under 2 + log2(modules),
+islands are dropped greedily, most FLOPs first, when a real run without them still meets the
+budget. Islands are ``keep[NAME]=f32`` rules: weights float32,
+inputs cast in, autocast off inside, output cast back saturating to float16's range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from castwise.errors import CastwiseError
+from castwise.numerics._compare_core import Measurement, ModuleNumerics, check_mode, loss_error, loss_only, measure
+from castwise.numerics._compare_iso import err
+from castwise.numerics._compare_run import Inputs, call_model, projection, seed_all
+from castwise.numerics._compare_target import Target, parse_target, prepared
+from castwise.report import Finding
+
+METRICS = ("loss", "output")
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What tune found: ``policy`` (with the islands), its verified ``error`` and the share of
+    forward FLOPs left in low precision."""
+
+    policy: Any  # castwise.Policy; a str for an emulated float8 target ("float8_e4m3fn,keep[...]=f32")
+    error: float  # the metric's relative error under `policy`, from a real run
+    low_precision_share: float  # forward matmul/conv FLOPs outside float32 islands / all
+    islands: tuple[str, ...]
+    budget: float
+    metric: str
+    met: bool  # error <= budget
+    baseline_error: float  # the error with no islands
+    runs: int  # real runs of the policy the search made (the measurement included)
+    candidates: tuple[str, ...]  # ranked by sensitivity, most sensitive first
+    reference: str = "32-true"
+    island_share: float = 0.0  # forward FLOPs in the islands tune added / all (the policy's own excluded)
+
+    @property
+    def ok(self) -> bool:
+        return self.met
+
+    @property
+    def findings(self) -> list[Finding]:
+        share = f"{100 * self.low_precision_share:.1f}% of FLOPs in low precision"
+        if not self.met:
+            return [
+                Finding(
+                    "CW330",
+                    f"with {len(self.islands)} float32 islands ({share}) the {self.metric} "
+                    f"still differs from {self.reference} by {self.error:.2e}, past the budget "
+                    f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}).",
+                    details=(("islands", list(self.islands)),),
+                )
+            ]
+        return [
+            Finding(
+                "CW331",
+                f"policy {self.policy}: {len(self.islands)} float32 island(s), {share}; "
+                f"{self.metric} error {self.error:.2e} within the budget {self.budget:.2e} "
+                f"(no islands: {self.baseline_error:.2e}), verified by a real run; "
+                f"{self.runs} runs.",
+                fix=f"castwise.apply(model, Policy.parse({str(self.policy)!r}))",
+                details=(("islands", list(self.islands)),),
+            )
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        def num(x: float) -> float | str:
+            return "inf" if math.isinf(x) else float(f"{x:.6g}")
+
+        return {
+            "policy": str(self.policy),
+            "error": num(self.error),
+            "metric": self.metric,
+            "budget": self.budget,
+            "met": self.met,
+            "low_precision_share": round(self.low_precision_share, 6),
+            "island_share": round(self.island_share, 6),
+            "islands": list(self.islands),
+            "baseline_error": num(self.baseline_error),
+            "runs": self.runs,
+            "candidates": list(self.candidates),
+            "reference": self.reference,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def __str__(self) -> str:
+        from castwise.report.text import render_finding
+
+        verdict = "within" if self.met else "NOT within"
+        lines = [
+            f"castwise numerics --tune: {self.metric} error {self.error:.2e} {verdict} the budget "
+            f"{self.budget:.2e} (no islands: {self.baseline_error:.2e}; {self.runs} real runs)",
+            f"policy: {self.policy}",
+            f"float32 islands ({len(self.islands)}): {', '.join(self.islands) or 'none'}",
+            f"low-precision share of FLOPs: {100 * self.low_precision_share:.1f}% (the islands above: "
+            f"{100 * self.island_share:.1f}%)",
+        ]
+        for f in self.findings:
+            lines += ["", *render_finding(f)]
+        return "\n".join(lines)
+
+
+def _forward_flops(model: nn.Module, inputs: Inputs) -> dict[str, int]:
+    """Forward FLOPs (matmuls, convolutions, attention) per module name, children included."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        call_model(model, inputs)
+    root = type(model).__name__
+    out: dict[str, int] = {}
+    for key, counts in counter.get_flop_counts().items():
+        if key == "Global":
+            continue
+        name = "" if key == root else key.removeprefix(root + ".")
+        out[name] = int(sum(counts.values()))
+    return out
+
+
+def _covered(name: str, islands: list[str]) -> bool:
+    return any(name == k or name.startswith(k + ".") for k in islands)
+
+
+def _union(names: list[str]) -> list[str]:
+    """Outermost names only (an island's descendants are in it already)."""
+    out: list[str] = []
+    for name in sorted(set(names), key=lambda n: n.count(".")):
+        if not _covered(name, out):
+            out.append(name)
+    return out
+
+
+def _total(flops: dict[str, int]) -> int:
+    return flops.get("", 0) or sum(v for k, v in flops.items() if "." not in k)
+
+
+def _island_share(flops: dict[str, int], islands: list[str]) -> float:
+    total = _total(flops)
+    return sum(flops.get(n, 0) for n in _union(islands)) / total if total > 0 else 0.0
+
+
+def _share(flops: dict[str, int], target: Target, islands: list[str], low_model: nn.Module) -> float:
+    """Forward FLOPs left in low precision: outside the tuned islands and the policy's own."""
+    total = _total(flops)
+    if total <= 0:
+        return 1.0
+    from castwise.policy import resolve
+
+    kept = [n for n, d in resolve(target.policy, low_model).items() if d.island == torch.float32]
+    if target.float8 is not None:
+        low = [n for n, m in low_model.named_modules() if getattr(m, "_castwise_float8", None) is not None]
+        return sum(flops.get(n, 0) for n in low if not _covered(n, islands + kept)) / total
+    outer = _union(islands + kept)
+    return max(0.0, 1.0 - sum(flops.get(n, 0) for n in outer) / total)
+
+
+def _candidates(m: Measurement, flops: dict[str, int]) -> list[ModuleNumerics]:
+    """Modules that add error: those past tolerance first, each group most sensitive first and
+    the cheaper first among equals (the model itself is not an island)."""
+    rows = [r for r in m.modules if r.module and r.added_err > 0]
+
+    def key(r: ModuleNumerics) -> tuple[bool, float, float, int]:
+        sens = 1e308 if math.isinf(r.sensitivity) or math.isnan(r.sensitivity) else r.sensitivity
+        return (not r.past_tolerance, -sens, flops.get(r.module, 0), r.order)
+
+    return sorted(rows, key=key)
+
+
+class _Search:
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Inputs,
+        target: Target,
+        mode: str,
+        metric: str,
+        ref_loss: float,
+        scale: float,
+        ref_out: Any,
+        dirs: list[torch.Tensor],
+    ) -> None:
+        self.model, self.inputs, self.target, self.mode, self.metric = model, inputs, target, mode, metric
+        self.ref_loss, self.scale, self.ref_out, self.dirs = ref_loss, scale, ref_out, dirs
+        self.runs = 0
+
+    def error(self, islands: list[str]) -> float:
+        self.runs += 1
+        loss, out = loss_only(self.model, self.inputs, self.target.with_islands(islands), self.mode, self.dirs)
+        if self.metric == "output":
+            return err(out, self.ref_out).value
+        return loss_error(loss, self.ref_loss, self.scale)
+
+
+def _bisect(search: _Search, ordered: list[ModuleNumerics], baseline: float, budget: float) -> tuple[list[str], float]:
+    """The shortest prefix of the ranking whose real run meets the budget (or the best seen)."""
+    ranked = [r.module for r in ordered]
+    prefix = [_union(ranked[:k]) for k in range(len(ranked) + 1)]
+    errors: dict[int, float] = {0: baseline}
+
+    def passes(k: int) -> bool:
+        if k not in errors:
+            errors[k] = search.error(prefix[k])
+        return errors[k] <= budget
+
+    def bisect(lo: int, hi: int) -> int:  # prefix lo fails, prefix hi passes
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+        return hi
+
+    best = 0
+    if baseline > budget and ranked:
+        # the modules past tolerance first: usually they are the islands, and one run says so
+        past = sum(r.past_tolerance for r in ordered)
+        first = past if 0 < past < len(ranked) else len(ranked)
+        if passes(first):
+            best = bisect(0, first)
+        elif first < len(ranked) and passes(len(ranked)):
+            best = bisect(first, len(ranked))
+        else:
+            best = min(errors, key=lambda k: (errors[k], k))
+    return prefix[best], errors[best]
+
+
+def _prune(
+    search: _Search, islands: list[str], error: float, budget: float, flops: dict[str, int], limit: int
+) -> tuple[list[str], float]:
+    """Greedy, while runs are left under ``limit``: drop the most expensive island when a real
+    run without it still meets the budget (fewer float32 FLOPs, verified)."""
+    kept = list(islands)
+    for name in sorted(islands, key=lambda n: -flops.get(n, 0)):
+        if search.runs >= limit or len(kept) == 1:
+            break
+        trial = [k for k in kept if k != name]
+        trial_error = search.error(trial)
+        if trial_error <= budget:
+            kept, error = trial, trial_error
+    return kept, error
+
+
+def _check(budget: float, metric: str, mode: str) -> None:
+    check_mode(mode)
+    if metric not in METRICS:
+        raise CastwiseError(f"metric={metric!r} is not valid; valid: {', '.join(sorted(METRICS))}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0 < budget < math.inf):
+        raise CastwiseError(
+            f"budget={budget!r} is not valid; valid: a relative error > 0, e.g. 1e-2 "
+            "(the loss may differ from the reference's by 1%)"
+        )
+
+
+def tune(
+    model: Any,
+    inputs: Inputs,
+    *,
+    policy: Any,
+    budget: float,
+    metric: str = "loss",
+    mode: str = "train",
+    reference: Any = "32-true",
+) -> Tuned:
+    """Few float32 islands, few FLOPs, under which ``metric`` is within ``budget`` (verified):
+    the shortest prefix of the sensitivity ranking that meets it, then islands dropped greedily,
+    most FLOPs first, while a run without them still meets it and runs are left (at most
+    2 + log2(modules) in all).
+
+    ``metric``: ``"loss"`` (relative difference of the loss: the model's own ``loss`` or a fixed
+    random projection of its outputs) or ``"output"`` (relative L2 error of the outputs).
+    ``policy``: bf16/f16 policies, or an emulated float8 format (``float8_e4m3fn``). The model is
+    not changed: every run is on a deep copy.
+    """
+    from castwise.auditor import preserved_state
+
+    _check(budget, metric, mode)
+    if not isinstance(model, nn.Module):
+        raise CastwiseError(f"tune needs a torch.nn.Module, got {type(model).__name__}")
+    target, ref = parse_target(policy), parse_target(reference)
+    with preserved_state():
+        return _tune(model, inputs, target, ref, float(budget), metric, mode)
+
+
+def _tune(
+    model: nn.Module, inputs: Inputs, target: Target, ref: Target, budget: float, metric: str, mode: str
+) -> Tuned:
+    ref_model = prepared(model, ref, mode)
+    flops = _forward_flops(ref_model, inputs)
+    seed_all(0)
+    with torch.no_grad():
+        ref_out = call_model(ref_model, inputs)
+    dirs = projection(ref_out)
+    m = measure(model, inputs, target, ref, mode)
+    search = _Search(model, inputs, target, mode, metric, m.loss_ref, m.loss_scale, ref_out, dirs)
+    search.runs = 1  # the measurement's run of the policy is the run without islands
+    baseline = m.loss_err if metric == "loss" else m.output_err
+    ordered = _candidates(m, flops)
+    ranked = [r.module for r in ordered]
+    islands, error = _bisect(search, ordered, baseline, budget)
+    if error <= budget and len(islands) > 1:
+        limit = int(2 + math.log2(len(list(model.modules()))))
+        islands, error = _prune(search, islands, error, budget, flops, limit)
+    low_model = prepared(model, target.with_islands(islands), mode)
+    found = target.with_islands(islands)
+    return Tuned(
+        policy=found.policy if found.float8 is None else str(found),
+        error=error,
+        low_precision_share=_share(flops, target, islands, low_model),
+        island_share=_island_share(flops, islands),
+        islands=tuple(islands),
+        budget=budget,
+        metric=metric,
+        met=error <= budget,
+        baseline_error=baseline,
+        runs=search.runs,
+        candidates=tuple(ranked),
+        reference=str(ref),
+    )
+
+
+__all__ = ["Tuned", "tune"]
