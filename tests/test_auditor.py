@@ -599,3 +599,41 @@ def test_a_tied_weight_is_named_after_the_module_that_ties_it_with_every_holder(
     first = report.errors[0]
     assert first.origin is not None and first.origin.module == "lm_head"
     assert first.origin.tensor == "param lm_head.weight (shared with model.embed_tokens.weight)"
+
+
+class _Float32Island(nn.Module):
+    """An island without cast-back: its input cast up, its output left float32."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.float())
+
+
+class _QKVAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, 16)
+
+
+def test_qkv_with_one_projection_kept_fp32_names_that_projection() -> None:
+    # sdpa checks q/k/v before it dispatches: the operands are the last tensors the module made
+    model = nn.Sequential(_QKVAttention(), nn.Linear(16, 4)).to(torch.bfloat16)
+    model[0].k_proj = _Float32Island(model[0].k_proj.float())
+    x = torch.randn(2, 5, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="query, key, and value to have the same dtype"):
+        model(x)
+    report = castwise.audit(model, x, mode="eval")
+    (f,) = report.errors
+    assert f.code == "CW102" and f.module == "0"
+    assert f.origin is not None and f.origin.module == "0.k_proj.inner"
+    assert "receives ," not in f.message
+    assert str(report.suggested_policy) == "bf16-true,keep[*.k_proj.inner]=f32" or \
+        "k_proj" in str(report.suggested_policy)

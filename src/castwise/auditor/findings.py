@@ -116,13 +116,24 @@ def _forward_echo(ev: Event, forward: list[Event]) -> bool:
     return ev.phase == "backward" and any(f.module == ev.module or f.op == ev.op for f in forward)
 
 
+def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
+    """The last tensors made in ``module`` before the raise, when their dtypes are mixed: the
+    operands of a call that checks dtypes before it dispatches (sdpa's q/k/v check)."""
+    if r.tracer is None:
+        return []
+    recent = [t for m, t in r.tracer.recent if m == module][-3:]
+    return recent if len({t.dtype for t in recent}) > 1 else []
+
+
 def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None) -> Diag:
-    """Python code raised on dtypes (a strict layer's own check): the module's inputs and weights."""
+    """Code raised on dtypes before any op dispatched (a strict layer's own check, sdpa's q/k/v
+    check): the last operands made in the module if they mix dtypes, else its inputs and weights."""
     trace = r.trace
     frame = trace.stack[-1] if trace.stack else None
-    tensors = [t for t in frame.inputs if t.is_floating_point()] if frame else []
-    own = r.module_params.get(module, {})
     prov_of = r.tracer.prov_of if r.tracer is not None else (lambda t: None)
+    recent = _recent_operands(r, module)
+    own = {} if recent else r.module_params.get(module, {})
+    tensors = recent or ([t for t in frame.inputs if t.is_floating_point()] if frame else [])
     provs = tuple(prov_of(t) for t in tensors) + tuple(
         Prov("param", module, None, f"param {module + '.' if module else ''}{n}", d) for n, d in own.items()
     )

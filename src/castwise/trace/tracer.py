@@ -21,6 +21,7 @@ checks, up-casts, activation bytes, numerics) is an observer (``castwise.trace.o
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -121,6 +122,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._afters = [o for o in self.observers if overrides(o, "after")]
         self._exits = [o for o in self.observers if overrides(o, "module_exit")]
         self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
+        self.recent: collections.deque[tuple[str, torch.Tensor]] = collections.deque(maxlen=8)
         self._seed(model)
         hooks.observe_hooks(self, model)
 
@@ -357,6 +359,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             prov[o] = chosen
             if forward:
                 self.creator[o] = module
+                if o.is_floating_point():
+                    # the last tensors made here: the operands of a call that raises before it
+                    # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
+                    self.recent.append((module, o))
         if record:  # raw (dtype, shape) pairs: formatting waits until someone reads them
             self.trace.ops.append((
                 module, name, self.phase,
