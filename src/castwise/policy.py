@@ -62,6 +62,8 @@ jmp-style and castwise clauses (every one optional; defaults derive from params/
   and bfloat16 compute
 - ``cast_back=saturate|plain`` how an island's output returns to float16: clamped to float16's
   finite range first (default), or plainly cast
+- ``reduce=DT`` dtype gradients are reduced in across ranks (FSDP2's ``reduce_dtype``, DeepSpeed's
+  ``communication_data_type``; default float32: a sum over many ranks loses bits in bf16/f16)
 - ``fastpath=on|off`` allow fused TransformerEncoderLayer/MultiheadAttention fast paths while the
   model runs (default on, torch's default)
 - ``keep[SELECTOR]=DT`` run matching modules as islands in DT: parameters and buffers stored in
@@ -278,6 +280,7 @@ _CLAUSES = (
     "out[SELECTOR]",
     "output",
     "params",
+    "reduce",
 )
 
 
@@ -302,9 +305,10 @@ class Policy:
     cast_back: Literal["saturate", "plain"] = "saturate"
     fastpath: bool = True
     rules: tuple[ModuleRule, ...] = ()
+    reduce_dtype: torch.dtype = F32  # gradient reduction across ranks (castwise.fsdp2, castwise.export)
 
     def __post_init__(self) -> None:
-        for name in ("param_dtype", "compute_dtype", "output_dtype"):
+        for name in ("param_dtype", "compute_dtype", "output_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if not isinstance(value, torch.dtype) or value not in _WIDTH:
                 raise PolicyError(f"{name}={value!r} is not valid; valid: {_SHORT_DTYPE_NAMES}")
@@ -376,6 +380,7 @@ class Policy:
             "cast_back": "saturate",
             "fastpath": True,
             "rules": (),
+            "reduce_dtype": F32,
         }
 
     # -- text form -------------------------------------------------------------------------
@@ -489,6 +494,8 @@ class Policy:
             out.append(f"cast_back={self.cast_back}")
         if self.fastpath != base["fastpath"]:
             out.append(f"fastpath={'on' if self.fastpath else 'off'}")
+        if self.reduce_dtype != base["reduce_dtype"]:
+            out.append(f"reduce={_short(self.reduce_dtype)}")
         base_rules = tuple(base["rules"])
         if self.rules[: len(base_rules)] == base_rules:
             out += [str(r) for r in self.rules[len(base_rules) :]]
@@ -527,6 +534,8 @@ def _clause_value(key: str, value: str) -> dict[str, Any]:
     low = value.lower()
     if key == "output":
         return {"output_dtype": _dtype(value, key)}
+    if key == "reduce":
+        return {"reduce_dtype": _dtype(value, key)}
     if key == "buffers":
         return {"buffer_dtype": None if low in ("none", "params") else _dtype(value, key)}
     if key == "inputs":
