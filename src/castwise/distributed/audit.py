@@ -81,7 +81,9 @@ def records_of(model: nn.Module) -> tuple[list[UnitPlan], dict[int, torch.dtype]
     planned = {u.name: u for u in plan.units} if plan is not None else {}
     records: list[UnitPlan] = []
     gather_of: dict[int, torch.dtype] = {}
-    for name, _module, state in sorted(_states(model), key=lambda s: (-s[0].count(".") if s[0] else 1, s[0])):
+    states = list(_states(model))  # in named_modules() order
+    order = {s[0]: i for i, s in enumerate(states)}
+    for name, _module, state in sorted(states, key=lambda s: (-s[0].count(".") if s[0] else 1, order[s[0]])):
         mp = state._mp_policy
         params = [fp.sharded_param for fp in _fsdp_params(state)]
         dtypes = {p.dtype for p in params}

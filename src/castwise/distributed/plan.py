@@ -279,7 +279,8 @@ def make_plan(model: nn.Module, policy: Policy | str, units: Sequence[str] | Non
         chosen[name] = ("block" if units is None else "unit", reason)
     for name, dtype in islands.items():
         chosen[name] = ("island", f"island {short_of(dtype)}: {decisions[name].island_reason}")
-    names = sorted(chosen, key=lambda n: (-n.count("."), n))  # innermost first
+    order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+    names = sorted(chosen, key=lambda n: (-n.count("."), order[n]))  # innermost first, then model order
     all_units = [*names, ""]
 
     def island_of(name: str) -> torch.dtype | None:
