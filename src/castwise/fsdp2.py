@@ -55,14 +55,6 @@ def _check(model: nn.Module, mesh: Any) -> None:
 
     from castwise.applied import applied_to
 
-    if not dist.is_available():
-        raise ShardError("this torch build has no torch.distributed; castwise.fsdp2.plan works without it")
-    if mesh is None and not dist.is_initialized():
-        raise ShardError(
-            "fully_shard needs a process group: call torch.distributed.init_process_group(...) first (or pass "
-            "mesh=init_device_mesh(...)); to see what it would do without one, print(castwise.fsdp2.plan(model, "
-            "policy))"
-        )
     if any(_is_fsdp(m) for m in model.modules()):
         raise ShardError(
             f"{type(model).__name__} is already sharded by FSDP2; castwise.fsdp2.fully_shard shards an unsharded "
@@ -73,6 +65,14 @@ def _check(model: nn.Module, mesh: Any) -> None:
         raise ShardError(
             f"{type(model).__name__} is under castwise.apply (policy {applied.policy}); under FSDP2 the gather "
             "does the casting: call .remove() on the Applied and pass the policy to castwise.fsdp2.fully_shard"
+        )
+    if not dist.is_available():
+        raise ShardError("this torch build has no torch.distributed; castwise.fsdp2.plan works without it")
+    if mesh is None and not dist.is_initialized():
+        raise ShardError(
+            "fully_shard needs a process group: call torch.distributed.init_process_group(...) first (or pass "
+            "mesh=init_device_mesh(...)); to see what it would do without one, print(castwise.fsdp2.plan(model, "
+            "policy))"
         )
 
 
