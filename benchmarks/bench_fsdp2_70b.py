@@ -25,8 +25,14 @@ def build(layers: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers, num_attention_heads=64,
-        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
     )
     with torch.device("meta"):
         model: torch.nn.Module = LlamaForCausalLM(config)
@@ -56,8 +62,10 @@ def main() -> None:
     t1 = time.perf_counter()
     castwise.fsdp2.fully_shard(model, opts.policy)
     t2 = time.perf_counter()
-    print(f"built Llama-70B shape on meta: {n / 1e9:.1f}B parameters, {opts.layers} layers in {t1 - t0:.1f}s; "
-          f"fully_shard over {opts.world} fake ranks in {t2 - t1:.1f}s")
+    print(
+        f"built Llama-70B shape on meta: {n / 1e9:.1f}B parameters, {opts.layers} layers in {t1 - t0:.1f}s; "
+        f"fully_shard over {opts.world} fake ranks in {t2 - t1:.1f}s"
+    )
     ids = torch.randint(0, 128256, (1, opts.seq))
     start = time.perf_counter()
     report = castwise.audit(model, ids, device=opts.device, mode=opts.mode)
@@ -65,11 +73,15 @@ def main() -> None:
     units = report.to_dict()["units"]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     print(report.title)
-    print(f"runs: {', '.join(f'{r.mode}: {r.status}' for r in report.runs)}; findings: {len(report.findings)}; "
-          f"units: {len(units)}; bytes per rank (stored): {sum(u['bytes_per_rank'] for u in units) / 2**30:.2f} GiB")
+    print(
+        f"runs: {', '.join(f'{r.mode}: {r.status}' for r in report.runs)}; findings: {len(report.findings)}; "
+        f"units: {len(units)}; bytes per rank (stored): {sum(u['bytes_per_rank'] for u in units) / 2**30:.2f} GiB"
+    )
     for u in units[:2] + units[-2:]:
-        print(f"  {u['unit']}: {u['kind']}, stored {u['stored']}, gather {u['gather']}, compute {u['compute']}, "
-              f"reduce {u['reduce']}, output {u['output']}")
+        print(
+            f"  {u['unit']}: {u['kind']}, stored {u['stored']}, gather {u['gather']}, compute {u['compute']}, "
+            f"reduce {u['reduce']}, output {u['output']}"
+        )
     print(f"audit wall time: {wall:.1f} s (acceptance <= 30 s); peak RSS: {rss:.2f} GiB (acceptance < 2 GiB)")
     dist.destroy_process_group()
 

@@ -76,8 +76,9 @@ def _left_out(target: str, parts: list[str], strict: bool, fix: str) -> None:
     what = "; ".join(sorted(parts))
     if strict:
         raise ExportError(f"{target}'s configuration cannot say: {what}. {fix}")
-    warnings.warn(f"castwise.export.{target.lower()}: left to the training script: {what}. {fix}",
-                  ExportWarning, stacklevel=3)
+    warnings.warn(
+        f"castwise.export.{target.lower()}: left to the training script: {what}. {fix}", ExportWarning, stacklevel=3
+    )
 
 
 def _check_dtypes(policy: Policy, target: str) -> None:
@@ -110,9 +111,13 @@ def deepspeed(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
         out["fp16"] = {"enabled": True, "loss_scale": scale, "initial_scale_power": 16}
     out["communication_data_type"] = _DS_NAME[_name(p.reduce_dtype)]
     left = _script_only(p, "DeepSpeed")
-    _left_out("DeepSpeed", left, strict,
-              "Apply them to the module before deepspeed.initialize (castwise.apply), knowing the engine "
-              "converts the whole module to its dtype.")
+    _left_out(
+        "DeepSpeed",
+        left,
+        strict,
+        "Apply them to the module before deepspeed.initialize (castwise.apply), knowing the engine "
+        "converts the whole module to its dtype.",
+    )
     return out
 
 
@@ -155,9 +160,13 @@ def accelerate(policy: Policy | str, *, fsdp: bool = False, strict: bool = False
         grads = p.param_dtype  # DDP all-reduces gradients in the parameters' dtype
         if p.reduce_dtype != grads:
             left.append(f"reduce={_short(p.reduce_dtype)} (DDP all-reduces gradients in {_short(grads)})")
-    _left_out("Accelerate", left, strict,
-              "Apply them in the script: castwise.apply(model, policy) before accelerator.prepare, or "
-              "castwise.fsdp2.fully_shard for FSDP2.")
+    _left_out(
+        "Accelerate",
+        left,
+        strict,
+        "Apply them in the script: castwise.apply(model, policy) before accelerator.prepare, or "
+        "castwise.fsdp2.fully_shard for FSDP2.",
+    )
     return out
 
 
@@ -186,7 +195,11 @@ def lightning(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
         left.append(f"loss_scale={p.loss_scale:g} (16-mixed scales dynamically)")
     if p.reduce_dtype != torch.float32 and p.reduce_dtype != p.param_dtype:
         left.append(f"reduce={_short(p.reduce_dtype)} (DDP reduces in the parameters' dtype)")
-    _left_out("Lightning", left, strict,
-              "Apply them in configure_model (castwise.apply, or castwise.fsdp2.fully_shard under "
-              "ModelParallelStrategy), or use castwise.lightning.CastwiseCallback(fix=True).")
+    _left_out(
+        "Lightning",
+        left,
+        strict,
+        "Apply them in configure_model (castwise.apply, or castwise.fsdp2.fully_shard under "
+        "ModelParallelStrategy), or use castwise.lightning.CastwiseCallback(fix=True).",
+    )
     return {"precision": precision}

@@ -23,8 +23,13 @@ def tiny_llama(layers: int = 2) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
     )
     torch.manual_seed(0)
     model: torch.nn.Module = LlamaForCausalLM(config)
@@ -56,8 +61,13 @@ def run_scenario(policy: str, steps: int, rank: int, world: int) -> dict[str, An
     model = tiny_llama()
     ids = batch(world)[rank : rank + 1]
     castwise.fsdp2.fully_shard(model, policy)
-    seen: dict[str, set[str]] = {"island_weight": set(), "linear_weight": set(), "linear_out": set(),
-                                 "island_out": set(), "logits": set()}
+    seen: dict[str, set[str]] = {
+        "island_weight": set(),
+        "linear_weight": set(),
+        "linear_out": set(),
+        "island_out": set(),
+        "logits": set(),
+    }
     plan = castwise.fsdp2.plan_of(model)
     assert plan is not None
     islands = {u.name for u in plan.units if u.kind == "island"}
@@ -94,8 +104,12 @@ def run_scenario(policy: str, steps: int, rank: int, world: int) -> dict[str, An
         dist.reduce_scatter_single = original
     grads_dtype = sorted({_dtype(p.to_local()) for p in model.parameters()})  # type: ignore[operator]
     return {
-        "policy": policy, "losses": losses, "times": times, "reduce_dtypes": sorted(set(reduce_dtypes)),
-        "seen": {k: sorted(v) for k, v in seen.items()}, "param_dtypes": grads_dtype,
+        "policy": policy,
+        "losses": losses,
+        "times": times,
+        "reduce_dtypes": sorted(set(reduce_dtypes)),
+        "seen": {k: sorted(v) for k, v in seen.items()},
+        "param_dtypes": grads_dtype,
         "plan": plan.to_dict(),
     }
 

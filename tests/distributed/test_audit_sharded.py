@@ -82,7 +82,12 @@ def test_a_sharded_llama_reports_per_unit_gather_compute_and_reduce_dtypes() -> 
     assert "FSDP2 over 4 ranks" in report.title
     island = units["model.layers.0.input_layernorm"]
     assert (island["kind"], island["gather"], island["compute"], island["reduce"], island["output"]) == (
-        "island", "f32", "f32", "f32", "bf16")
+        "island",
+        "f32",
+        "f32",
+        "f32",
+        "bf16",
+    )
     block = units["model.layers.0"]
     assert (block["kind"], block["stored"], block["gather"], block["reduce"]) == ("block", "bf16", "bf16", "f32")
     assert list(units)[-1] == "(root)"
@@ -142,8 +147,14 @@ def test_a_70b_shaped_slice_over_64_ranks_audits_in_little_memory() -> None:
     """The benchmark (benchmarks/bench_fsdp2_70b.py: 80 layers, 64 ranks) at 2 layers over a mesh of its own."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=2, num_attention_heads=64,
-                         num_key_value_heads=8, vocab_size=128256)
+    config = LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=2,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     group = dist.new_group(list(range(WORLD)))  # the fake backend answers for any rank list

@@ -107,7 +107,7 @@ def test_accelerate_ddp_config_lints_clean_and_the_launcher_reads_it(text: str, 
 def test_what_accelerate_cannot_say_is_a_warning_or_with_strict_an_error() -> None:
     with pytest.warns(ExportWarning, match=r"reduce=f32 \(Accelerate's FSDP reduces in bf16\)"):
         accelerate("bf16-mixed", fsdp=True)
-    with pytest.raises(ExportError, match="castwise.fsdp2.fully_shard"):
+    with pytest.raises(ExportError, match=r"castwise\.fsdp2\.fully_shard"):
         accelerate("bf16-mixed,keep[*.norm]=f32", strict=True)
     with pytest.raises(ExportError, match="valid compute dtypes: bf16, f16, f32"):
         deepspeed("64-true")
@@ -124,8 +124,15 @@ def test_lightning_arguments_lint_clean_and_the_trainer_takes_them(text: str, tm
     _lints_clean(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 16-mixed on CPU: Lightning says it runs bf16-mixed instead
-        trainer = pl.Trainer(**arguments, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False)
+        trainer = pl.Trainer(
+            **arguments,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
     plugin = trainer.strategy.precision_plugin
     want = arguments["precision"] if arguments["precision"] != "16-mixed" else "bf16-mixed"
     assert plugin.precision == want

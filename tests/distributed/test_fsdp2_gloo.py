@@ -39,7 +39,10 @@ def _free_port() -> int:
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("fsdp2") / "results.json"
     context = mp.start_processes(
-        _workers.worker, args=(WORLD, _free_port(), str(out), SCENARIOS), nprocs=WORLD, join=False,
+        _workers.worker,
+        args=(WORLD, _free_port(), str(out), SCENARIOS),
+        nprocs=WORLD,
+        join=False,
         start_method="spawn",
     )
     deadline = time.monotonic() + TIMEOUT_S

@@ -18,13 +18,20 @@ F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 
 def test_blocks_then_root_under_a_mixed_policy() -> None:
     p = plan(tiny_llama(), "bf16-mixed")
-    assert [(u.name, u.kind) for u in p.units] == [("model.layers.0", "block"), ("model.layers.1", "block"),
-                                                   ("", "root")]
+    assert [(u.name, u.kind) for u in p.units] == [
+        ("model.layers.0", "block"),
+        ("model.layers.1", "block"),
+        ("", "root"),
+    ]
     block, root = p.units[0], p.units[-1]
     assert (block.stored, block.gather, block.compute, block.reduce, block.output) == (F32, BF16, BF16, F32, None)
     assert (root.output, root.inputs) == (F32, BF16)  # f32 logits; float inputs cast to the gather dtype
-    assert block.mp_policy_kwargs() == {"param_dtype": BF16, "reduce_dtype": F32, "output_dtype": None,
-                                        "cast_forward_inputs": False}
+    assert block.mp_policy_kwargs() == {
+        "param_dtype": BF16,
+        "reduce_dtype": F32,
+        "output_dtype": None,
+        "cast_forward_inputs": False,
+    }
     assert sum(u.params for u in p.units) == sum(q.numel() for q in tiny_llama().parameters())
     assert p.param_casts == () and p.buffers == ()  # a mixed policy stores what the model has
 
@@ -35,7 +42,13 @@ def test_islands_are_their_own_units_inside_their_blocks_innermost_first() -> No
     assert names.index("model.layers.0.input_layernorm") < names.index("model.layers.0")
     island = p.unit("model.layers.0.input_layernorm")
     assert (island.kind, island.stored, island.gather, island.reduce, island.output, island.inputs) == (
-        "island", F32, F32, F32, BF16, F32)
+        "island",
+        F32,
+        F32,
+        F32,
+        BF16,
+        F32,
+    )
     assert p.unit("model.layers.0").stored == BF16
     assert {c.name for c in p.buffers} == {"model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq"}
     text = str(p)
@@ -77,7 +90,9 @@ def test_fully_shard_needs_a_process_group_and_an_unapplied_model() -> None:
 
 
 def test_importing_castwise_stays_light_and_reaches_the_new_modules() -> None:
-    code = ("import sys, castwise; castwise.export; import castwise.export; "
-            "print('torch' in sys.modules, callable(castwise.export.deepspeed))")
+    code = (
+        "import sys, castwise; castwise.export; import castwise.export; "
+        "print('torch' in sys.modules, callable(castwise.export.deepspeed))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]

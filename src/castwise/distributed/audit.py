@@ -30,7 +30,7 @@ import torch
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
-from castwise.report import Report, Run
+from castwise.report import Report
 
 if TYPE_CHECKING:
     from torch import nn
@@ -54,7 +54,7 @@ def is_sharded(model: Any) -> bool:
 # -- reading the FSDP2 states --------------------------------------------------------------------
 
 
-def _states(model: nn.Module) -> Iterator[tuple[str, nn.Module, Any]]:
+def _states(model: nn.Module) -> Iterator[tuple[str, Any, Any]]:  # (name, FSDPModule, FSDPState)
     from torch.distributed.fsdp import FSDPModule
 
     for name, module in model.named_modules():
@@ -93,14 +93,23 @@ def records_of(model: nn.Module) -> tuple[list[UnitPlan], dict[int, torch.dtype]
             gather_of[id(p)] = mp.param_dtype or p.dtype
         mine = planned.get(name)
         kind = mine.kind if mine is not None else ("root" if not name else "unit")
-        records.append(UnitPlan(
-            name=name, kind=kind, params=sum(_global_numel(p) for p in params), stored=stored, gather=gather,
-            compute=gather, reduce=mp.reduce_dtype or gather, output=mp.output_dtype,
-            inputs=mine.inputs if mine is not None else
-            (mp.param_dtype if (mp.cast_forward_inputs and mp.param_dtype is not None) else None),
-            reason=mine.reason if mine is not None else "torch fully_shard",
-            saturate=mine.saturate if mine is not None else False,
-        ))
+        records.append(
+            UnitPlan(
+                name=name,
+                kind=kind,
+                params=sum(_global_numel(p) for p in params),
+                stored=stored,
+                gather=gather,
+                compute=gather,
+                reduce=mp.reduce_dtype or gather,
+                output=mp.output_dtype,
+                inputs=mine.inputs
+                if mine is not None
+                else (mp.param_dtype if (mp.cast_forward_inputs and mp.param_dtype is not None) else None),
+                reason=mine.reason if mine is not None else "torch fully_shard",
+                saturate=mine.saturate if mine is not None else False,
+            )
+        )
     # castwise's plan also holds units that needed no FSDP2 state (islands owning no parameter)
     have = {r.name for r in records}
     records[:-1] = records[:-1] + [u for u in (plan.units if plan else ()) if u.name not in have and u.name]
@@ -126,13 +135,21 @@ def _foreign_hook(fn: Any) -> bool:
     return str(getattr(fn, "__module__", "") or "").startswith("torch.distributed")
 
 
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
-               "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-               "_load_state_dict_post_hooks")
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
 
 
-def _view_module(module: nn.Module, gather: Callable[[torch.Tensor, str], torch.dtype],
-                 memo: dict[int, torch.Tensor], prefix: str) -> nn.Module:
+def _view_module(
+    module: nn.Module, gather: Callable[[torch.Tensor, str], torch.dtype], memo: dict[int, torch.Tensor], prefix: str
+) -> nn.Module:
     from torch import nn
 
     cls = _plain_class(module) if "torch.distributed.fsdp" in sys.modules else type(module)
@@ -153,21 +170,20 @@ def _view_module(module: nn.Module, gather: Callable[[torch.Tensor, str], torch.
             continue
         if id(p) not in memo:
             dtype = gather(p, prefix + pname) if p.is_floating_point() else p.dtype
-            memo[id(p)] = nn.Parameter(torch.empty(tuple(p.shape), dtype=dtype, device="meta"),
-                                       requires_grad=p.requires_grad)
+            memo[id(p)] = nn.Parameter(
+                torch.empty(tuple(p.shape), dtype=dtype, device="meta"), requires_grad=p.requires_grad
+            )
         params[pname] = memo[id(p)]  # type: ignore[assignment]
     state["_parameters"] = type(module._parameters)(params)
     state["_buffers"] = type(module._buffers)(module._buffers)
     state["_modules"] = type(module._modules)(
-        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}."))
-        for n, c in module._modules.items()
+        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.")) for n, c in module._modules.items()
     )
     new.__dict__.update(state)
     return new
 
 
-def _boundary(inputs: torch.dtype | None, output: torch.dtype | None,
-              saturate: bool) -> Callable[..., Any]:
+def _boundary(inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool) -> Callable[..., Any]:
     """A forward doing what FSDP2 does at a unit's boundary: floating inputs cast to the gather
     dtype (``cast_forward_inputs``), outputs to ``output_dtype`` (clamped first where castwise
     saturates an island's return to f16). Bound to the view's module, so deep copies rebind."""
@@ -193,8 +209,12 @@ def _clamp(obj: Any) -> Any:
     return obj
 
 
-def build_view(model: nn.Module, records: list[UnitPlan], gather: Callable[[torch.Tensor, str], torch.dtype],
-               output_rules: tuple[tuple[str, torch.dtype], ...] = ()) -> nn.Module:
+def build_view(
+    model: nn.Module,
+    records: list[UnitPlan],
+    gather: Callable[[torch.Tensor, str], torch.dtype],
+    output_rules: tuple[tuple[str, torch.dtype], ...] = (),
+) -> nn.Module:
     """The unsharded model computing in the units' dtypes (see the module docstring)."""
     view = _view_module(model, gather, {}, "")
     for u in records:
@@ -219,9 +239,17 @@ def _unit_of(name: str, units: list[str]) -> str:
 # -- the audit ---------------------------------------------------------------------------------
 
 
-def audit_sharded(model: nn.Module, inputs: Any, *, policy: Policy | str | None = None, device: str | None = None,
-                  mode: str = "both", fake: bool = True, world_size: int | None = None,
-                  units: list[str] | None = None) -> Report:
+def audit_sharded(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    policy: Policy | str | None = None,
+    device: str | None = None,
+    mode: str = "both",
+    fake: bool = True,
+    world_size: int | None = None,
+    units: list[str] | None = None,
+) -> Report:
     """Audit a distributed setup on fake tensors: ``model`` sharded by FSDP2 (its units are read
     from its FSDP states; ``policy`` must be None or the policy it was sharded with), or an
     unsharded ``model`` with the ``policy`` that ``castwise.fsdp2.fully_shard`` would apply
@@ -234,8 +262,10 @@ def audit_sharded(model: nn.Module, inputs: Any, *, policy: Policy | str | None 
     from castwise.auditor import audit
 
     if not fake:
-        raise AuditError("a distributed audit runs on fake tensors (the sharded weights are on other ranks); "
-                         "pass fake=True (the default)")
+        raise AuditError(
+            "a distributed audit runs on fake tensors (the sharded weights are on other ranks); "
+            "pass fake=True (the default)"
+        )
     plan: Plan | None
     if is_sharded(model):
         from castwise import fsdp2
@@ -257,8 +287,10 @@ def audit_sharded(model: nn.Module, inputs: Any, *, policy: Policy | str | None 
         what = f"FSDP2 over {world} ranks"
     else:
         if policy is None:
-            raise AuditError(f"{type(model).__name__} is not sharded by FSDP2; pass the policy castwise.fsdp2 would "
-                             "shard it with (policy='bf16-mixed', ...), or audit it with castwise.audit")
+            raise AuditError(
+                f"{type(model).__name__} is not sharded by FSDP2; pass the policy castwise.fsdp2 would "
+                "shard it with (policy='bf16-mixed', ...), or audit it with castwise.audit"
+            )
         plan = make_plan(model, policy, units)
         records = list(plan.units)
         names = [u.name for u in records]

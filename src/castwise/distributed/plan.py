@@ -134,9 +134,7 @@ class Plan:
         for u in self.units:
             if u.name == name:
                 return u
-        raise ShardError(
-            f"no unit {name!r} in this plan; valid: {', '.join(sorted(u.label for u in self.units))}"
-        )
+        raise ShardError(f"no unit {name!r} in this plan; valid: {', '.join(sorted(u.label for u in self.units))}")
 
     def to_dict(self) -> list[dict[str, Any]]:
         return [u.to_dict() for u in self.units]
@@ -149,8 +147,17 @@ class Plan:
         )
         cols = ("unit", "kind", "params", "stored", "gather", "compute", "reduce", "output", "inputs")
         rows = [
-            (u.label, u.kind, _count(u.params), _short(u.stored), _short(u.gather), _short(u.compute),
-             _short(u.reduce), _short(u.output), _short(u.inputs))
+            (
+                u.label,
+                u.kind,
+                _count(u.params),
+                _short(u.stored),
+                _short(u.gather),
+                _short(u.compute),
+                _short(u.reduce),
+                _short(u.output),
+                _short(u.inputs),
+            )
             for u in self.units
         ]
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
@@ -166,8 +173,10 @@ class Plan:
         if self.buffers:
             lines.append("buffers cast by castwise (FSDP2 leaves buffers as they are): " + _grouped(self.buffers))
         if p.loss_scale is not None:
-            lines.append(f"loss scaling ({p.loss_scale}) is the training loop's: torch.amp.GradScaler works on "
-                         "FSDP2's DTensor gradients")
+            lines.append(
+                f"loss scaling ({p.loss_scale}) is the training loop's: torch.amp.GradScaler works on "
+                "FSDP2's DTensor gradients"
+            )
         for name, dtype in self.output_rules:
             lines.append(f"output of {name or '(root)'} cast to {_short(dtype)} by castwise (out rule)")
         return "\n".join(lines)
@@ -225,8 +234,10 @@ def _selected(model: nn.Module, selectors: Sequence[str]) -> list[tuple[str, str
     named = list(model.named_modules())
     for selector in selectors:
         if not isinstance(selector, str):
-            raise ShardError(f"units: {selector!r} is not a selector; valid: module names or globs ('model.layers.*'), "
-                             "'re:REGEX', 'class:Name'")
+            raise ShardError(
+                f"units: {selector!r} is not a selector; valid: module names or globs ('model.layers.*'), "
+                "'re:REGEX', 'class:Name'"
+            )
         rule = ModuleRule(selector, torch.float32)
         hits = [n for n, m in named if n and rule.matches(n, m)]
         if not hits:
@@ -304,24 +315,50 @@ def make_plan(model: nn.Module, policy: Policy | str, units: Sequence[str] | Non
             parent = name.rsplit(".", 1)[0] if "." in name else ""
             back = island_of(parent) or compute
             target: torch.dtype | None = island
-            plans.append(UnitPlan(
-                name, "island", sum(p.numel() for p in own), island if own else None, island, island,
-                _widest(island, reduce), back if back != island else None, island, reason,
-                saturate=policy.cast_back == "saturate" and back == torch.float16 and island != torch.float16,
-            ))
+            plans.append(
+                UnitPlan(
+                    name,
+                    "island",
+                    sum(p.numel() for p in own),
+                    island if own else None,
+                    island,
+                    island,
+                    _widest(island, reduce),
+                    back if back != island else None,
+                    island,
+                    reason,
+                    saturate=policy.cast_back == "saturate" and back == torch.float16 and island != torch.float16,
+                )
+            )
         else:
             target = None if policy.is_mixed else stored_default
             dtypes = {p.dtype for p in own}
-            stored = target or (max(dtypes, key=lambda d: sum(p.numel() for p in own if p.dtype == d))
-                                if dtypes else None)
+            stored = target or (
+                max(dtypes, key=lambda d: sum(p.numel() for p in own if p.dtype == d)) if dtypes else None
+            )
             if name:
-                plans.append(UnitPlan(name, kind, sum(p.numel() for p in own), stored, compute, compute, reduce,
-                                      None, None, reason))
+                plans.append(
+                    UnitPlan(
+                        name, kind, sum(p.numel() for p in own), stored, compute, compute, reduce, None, None, reason
+                    )
+                )
             else:
                 inputs = policy.input_dtype or (compute if policy.is_mixed else None)
                 output = policy.output_dtype if policy.output_dtype != compute else None
-                plans.append(UnitPlan("", "root", sum(p.numel() for p in own), stored, compute, compute, reduce,
-                                      output, inputs, reason))
+                plans.append(
+                    UnitPlan(
+                        "",
+                        "root",
+                        sum(p.numel() for p in own),
+                        stored,
+                        compute,
+                        compute,
+                        reduce,
+                        output,
+                        inputs,
+                        reason,
+                    )
+                )
         for full, p in owned:
             if target is not None and id(p) not in seen and p.dtype != target:
                 seen.add(id(p))
@@ -337,4 +374,3 @@ def make_plan(model: nn.Module, policy: Policy | str, units: Sequence[str] | Non
             buffers.append(BufferCast(bname, b.dtype, target_b))
     outs = tuple((n, d.output) for n, d in decisions.items() if d.output is not None)
     return Plan(type(model).__name__, policy, tuple(plans), tuple(buffers), tuple(param_casts), outs)
-

@@ -17,9 +17,20 @@ from collections.abc import Sequence
 from castwise.lint.model import ConfigFile, Setting, is_true
 from castwise.report import Finding
 
-FSDP1_STRATEGIES: frozenset[str] = frozenset({
-    "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "1", "2", "3", "4", "5",
-})
+FSDP1_STRATEGIES: frozenset[str] = frozenset(
+    {
+        "FULL_SHARD",
+        "SHARD_GRAD_OP",
+        "NO_SHARD",
+        "HYBRID_SHARD",
+        "HYBRID_SHARD_ZERO2",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+    }
+)
 
 
 def _said(settings: Sequence[Setting]) -> str:
@@ -28,8 +39,9 @@ def _said(settings: Sequence[Setting]) -> str:
 
 def _finding(code: str, settings: Sequence[Setting], message: str, fix: str) -> Finding:
     pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
-    return Finding(code=code, message=message, fix=fix, settings=tuple(p[0] for p in pairs),
-                   locations=tuple(p[1] for p in pairs))
+    return Finding(
+        code=code, message=message, fix=fix, settings=tuple(p[0] for p in pairs), locations=tuple(p[1] for p in pairs)
+    )
 
 
 def _cw210(cf: ConfigFile) -> list[Finding]:
@@ -40,21 +52,27 @@ def _cw210(cf: ConfigFile) -> list[Finding]:
     fsdp, ds = cf.get("fsdp_config.block"), cf.get("deepspeed_config.block")
     out = []
     if fsdp is not None and kind != "FSDP":
-        out.append(_finding(
-            "CW210", (dist, fsdp),
-            f"{_said((dist,))}, but the file also has an fsdp_config ({fsdp.location}): Accelerate builds "
-            "the FSDP plugin only for distributed_type FSDP, so the model is not sharded and FSDP's mixed "
-            "precision (weights gathered and gradients reduced in mixed_precision's dtype) never applies.",
-            f"Set {dist.name} to FSDP to use the fsdp_config, or delete fsdp_config.",
-        ))
+        out.append(
+            _finding(
+                "CW210",
+                (dist, fsdp),
+                f"{_said((dist,))}, but the file also has an fsdp_config ({fsdp.location}): Accelerate builds "
+                "the FSDP plugin only for distributed_type FSDP, so the model is not sharded and FSDP's mixed "
+                "precision (weights gathered and gradients reduced in mixed_precision's dtype) never applies.",
+                f"Set {dist.name} to FSDP to use the fsdp_config, or delete fsdp_config.",
+            )
+        )
     if ds is not None and kind == "FSDP":
-        out.append(_finding(
-            "CW210", (dist, ds),
-            f"{_said((dist,))}, but the file also has a deepspeed_config ({ds.location}): Accelerate builds "
-            "the DeepSpeed plugin only for distributed_type DEEPSPEED, so its fp16/bf16 settings (module "
-            "conversion, fp32 master weights, loss scaling) never apply.",
-            f"Set {dist.name} to DEEPSPEED to use the deepspeed_config, or delete deepspeed_config.",
-        ))
+        out.append(
+            _finding(
+                "CW210",
+                (dist, ds),
+                f"{_said((dist,))}, but the file also has a deepspeed_config ({ds.location}): Accelerate builds "
+                "the DeepSpeed plugin only for distributed_type DEEPSPEED, so its fp16/bf16 settings (module "
+                "conversion, fp32 master weights, loss scaling) never apply.",
+                f"Set {dist.name} to DEEPSPEED to use the deepspeed_config, or delete deepspeed_config.",
+            )
+        )
     return out
 
 
@@ -66,23 +84,32 @@ def _cw211(cf: ConfigFile) -> list[Finding]:
         return []
     out = []
     reshard = cf.get("fsdp_reshard_after_forward")
-    if reshard is not None and not isinstance(reshard.value, bool) \
-            and str(reshard.value).strip().upper() in FSDP1_STRATEGIES:
-        out.append(_finding(
-            "CW211", (version, reshard),
-            f"{_said((version, reshard))}: FSDP2 takes reshard_after_forward as true/false, and "
-            f"FullyShardedDataParallelPlugin refuses the FSDP1 strategy name {reshard.text} when the processes "
-            "start.",
-            f"Set {reshard.name} to true (FULL_SHARD) or false (SHARD_GRAD_OP), or set {version.name} to 1.",
-        ))
+    if (
+        reshard is not None
+        and not isinstance(reshard.value, bool)
+        and str(reshard.value).strip().upper() in FSDP1_STRATEGIES
+    ):
+        out.append(
+            _finding(
+                "CW211",
+                (version, reshard),
+                f"{_said((version, reshard))}: FSDP2 takes reshard_after_forward as true/false, and "
+                f"FullyShardedDataParallelPlugin refuses the FSDP1 strategy name {reshard.text} when the processes "
+                "start.",
+                f"Set {reshard.name} to true (FULL_SHARD) or false (SHARD_GRAD_OP), or set {version.name} to 1.",
+            )
+        )
     prefetch = cf.get("fsdp_forward_prefetch")
     if prefetch is not None and is_true(prefetch.value):
-        out.append(_finding(
-            "CW211", (version, prefetch),
-            f"{_said((version, prefetch))}: Accelerate raises 'forward_prefetch is not yet implemented in FSDP2' "
-            "when the processes start.",
-            f"Remove {prefetch.name} (or set it to false), or set {version.name} to 1.",
-        ))
+        out.append(
+            _finding(
+                "CW211",
+                (version, prefetch),
+                f"{_said((version, prefetch))}: Accelerate raises 'forward_prefetch is not yet implemented in FSDP2' "
+                "when the processes start.",
+                f"Remove {prefetch.name} (or set it to false), or set {version.name} to 1.",
+            )
+        )
     return out
 
 
