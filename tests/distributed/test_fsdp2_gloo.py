@@ -104,5 +104,12 @@ def test_step_time_against_unsharded(sharded: dict[str, Any], references: dict[s
         for policy in (TRUE, MIXED):
             a = statistics.median(sharded[policy]["times"][1:])
             b = statistics.median(references[policy]["times"][1:])
-            print(f"\n[fsdp2 gloo 2 ranks] {policy}: step {a * 1e3:.1f} ms sharded vs {b * 1e3:.1f} ms unsharded")
+            gap = max(
+                abs(x - y) / abs(y)
+                for x, y in zip(sharded[policy]["losses"], references[policy]["losses"], strict=True)
+            )
+            print(
+                f"\n[fsdp2 gloo 2 ranks] {policy}: step {a * 1e3:.1f} ms sharded vs {b * 1e3:.1f} ms unsharded; "
+                f"loss within {gap:.1e} (relative) of the single-process run"
+            )
     assert all(t > 0 for p in (TRUE, MIXED) for t in sharded[p]["times"])
