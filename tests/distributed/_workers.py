@@ -56,6 +56,7 @@ def _record(seen: dict[str, set[str]], kind: str) -> Any:
 def run_scenario(policy: str, steps: int, rank: int, world: int) -> dict[str, Any]:
     import torch.distributed as dist
 
+    import castwise
     import castwise.fsdp2
 
     model = tiny_llama()
@@ -103,6 +104,10 @@ def run_scenario(policy: str, steps: int, rank: int, world: int) -> dict[str, An
     finally:
         dist.reduce_scatter_single = original
     grads_dtype = sorted({_dtype(p.to_local()) for p in model.parameters()})  # type: ignore[operator]
+    audit: dict[str, Any] = {}
+    if rank == 0:  # the distributed audit on a really sharded model (gloo, real DTensors), after training
+        report = castwise.audit(model, ids, mode="train")
+        audit = {"ok": report.ok, "units": report.to_dict()["units"], "title": report.title}
     return {
         "policy": policy,
         "losses": losses,
@@ -111,6 +116,7 @@ def run_scenario(policy: str, steps: int, rank: int, world: int) -> dict[str, An
         "seen": {k: sorted(v) for k, v in seen.items()},
         "param_dtypes": grads_dtype,
         "plan": plan.to_dict(),
+        "audit": audit,
     }
 
 

@@ -87,6 +87,16 @@ def test_gradients_reduce_in_the_declared_dtype(sharded: dict[str, Any]) -> None
     assert units["model.layers.0.input_layernorm"]["reduce"] == "f32"
 
 
+def test_the_audit_of_the_really_sharded_model_reports_its_units(sharded: dict[str, Any]) -> None:
+    for policy in (TRUE, MIXED):
+        audit = sharded[policy]["audit"]
+        assert audit["ok"] and "FSDP2 over 2 ranks" in audit["title"], policy
+        units = {u["unit"]: u for u in audit["units"]}
+        assert {k: units["model.layers.0"][k] for k in ("gather", "compute")} == {"gather": "bf16", "compute": "bf16"}
+        assert units["model.norm"]["gather"] == "f32" and units["model.norm"]["kind"] == "island"
+        assert units["model.layers.0"]["reduce"] == ("f32" if policy == TRUE else "bf16")
+
+
 def test_loss_matches_a_single_process_run_under_the_same_policy(
     sharded: dict[str, Any], references: dict[str, Any]
 ) -> None:
