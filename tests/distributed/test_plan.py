@@ -96,3 +96,13 @@ def test_importing_castwise_stays_light_and_reaches_the_new_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
+
+
+def test_blocks_inside_an_island_gather_in_the_islands_dtype() -> None:
+    p = plan(tiny_llama(), "bf16-mixed,keep[model.layers.1]=f32")
+    inner = p.unit("model.layers.1")  # the island is the block itself: one unit, gathered in f32
+    assert (inner.kind, inner.gather, inner.output) == ("island", F32, BF16)
+    q = plan(tiny_llama(), "bf16-true,keep[model]=f32")
+    block = q.unit("model.layers.0")
+    assert (block.kind, block.stored, block.gather, block.compute, block.reduce) == ("block", F32, F32, F32, F32)
+    assert q.unit("model").gather == F32 and q.unit("").gather == BF16

@@ -118,7 +118,7 @@ class BufferCast:
         return f"{self.name} {_short(self.before)} -> {_short(self.after)}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Plan:
     """Every unit of a model under a policy, innermost first (the order ``fully_shard`` needs),
     the root last; plus what castwise does that FSDP2 does not (buffers, output rules)."""
@@ -138,6 +138,10 @@ class Plan:
 
     def to_dict(self) -> list[dict[str, Any]]:
         return [u.to_dict() for u in self.units]
+
+    def __repr__(self) -> str:
+        # `castwise.fsdp2.plan(model, policy)` at a prompt or in a notebook shows the table
+        return str(self)
 
     def __str__(self) -> str:
         p = self.policy
@@ -331,15 +335,26 @@ def make_plan(model: nn.Module, policy: Policy | str, units: Sequence[str] | Non
                 )
             )
         else:
-            target = None if policy.is_mixed else stored_default
+            enclosing = island_of(name) if name else None  # a block inside an island runs in the island's dtype
+            target = enclosing or (None if policy.is_mixed else stored_default)
             dtypes = {p.dtype for p in own}
             stored = target or (
                 max(dtypes, key=lambda d: sum(p.numel() for p in own if p.dtype == d)) if dtypes else None
             )
             if name:
+                runs = enclosing or compute
                 plans.append(
                     UnitPlan(
-                        name, kind, sum(p.numel() for p in own), stored, compute, compute, reduce, None, None, reason
+                        name,
+                        kind,
+                        sum(p.numel() for p in own),
+                        stored,
+                        runs,
+                        runs,
+                        _widest(runs, reduce) if enclosing else reduce,
+                        None,
+                        None,
+                        reason,
                     )
                 )
             else:
