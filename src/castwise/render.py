@@ -54,7 +54,8 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         lines.append("")
         lines += textwrap.wrap(
             f"suggested policy: {report.suggested_policy}  (a re-audit under it finds no error; "
-            "apply it with castwise.apply(model, castwise.Policy.parse(...)))",
+            + ("shard with castwise.fsdp2.fully_shard(model, ...))" if report.extra.get("units") else
+               "apply it with castwise.apply(model, castwise.Policy.parse(...)))"),
             width=width, subsequent_indent="  ", break_on_hyphens=False,
         )
     units = report.extra.get("units")

@@ -104,7 +104,41 @@ def test_findings_are_those_of_the_unsharded_model_under_the_same_policy() -> No
     key = sorted((f.code, f.module, f.modes) for f in unsharded.findings)
     assert sorted((f.code, f.module, f.modes) for f in sharded.findings) == key
     assert any(f.code == "CW106" and f.module == "blocks.0.mix" for f in sharded.findings)
-    assert sharded.suggested_policy is None  # a fix for a sharded model means a re-shard: the findings say it
+    assert unsharded.suggested_policy is None and sharded.suggested_policy is None  # CW106 is a code fix
+
+
+class Up(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * 2  # an f32 result nobody casts back
+
+
+class UpBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.up = Up()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.proj(x))
+
+
+class UpNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([UpBlock(), UpBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](x))
+
+
+def test_the_suggestion_is_a_sharding_policy_verified_by_a_re_audit() -> None:
+    model = UpNet()
+    unsharded = castwise.audit(model, torch.randn(2, 8), policy="bf16-true")
+    castwise.fsdp2.fully_shard(model, "bf16-true")
+    sharded = castwise.audit(model, torch.randn(2, 8))
+    assert [(f.code, f.module) for f in sharded.findings] == [(f.code, f.module) for f in unsharded.findings]
+    fix = sharded.suggested_policy  # for castwise.fsdp2.fully_shard: the sharding policy plus a rule
+    assert fix is not None and str(fix) == "bf16-true,out[blocks.*.up]=bf16"
 
 
 def test_the_audit_leaves_the_sharded_model_as_it_was() -> None:

@@ -249,6 +249,7 @@ def audit_sharded(
     fake: bool = True,
     world_size: int | None = None,
     units: list[str] | None = None,
+    verify: bool = True,
 ) -> Report:
     """Audit a distributed setup on fake tensors: ``model`` sharded by FSDP2 (its units are read
     from its FSDP states; ``policy`` must be None or the policy it was sharded with), or an
@@ -258,6 +259,8 @@ def audit_sharded(
 
     Returns a ``Report`` with the findings of the computation the units do and
     ``to_dict()["units"]``: per unit the dtypes it stores, gathers, computes, reduces and outputs in.
+    Its ``suggested_policy``, when there is one, is for ``castwise.fsdp2.fully_shard`` (a re-audit of
+    its plan finds no error); ``verify=False`` skips looking for one.
     """
     from castwise.auditor import audit
 
@@ -307,9 +310,30 @@ def audit_sharded(
     shown = str(plan.policy) if plan is not None else "torch fully_shard"
     report.title = report.title.replace("policy none", f"{what}, policy {shown}")
     report.runs = [replace(r, policy=f"fsdp2:{shown}") for r in report.runs]
-    report.suggested_policy = None  # a suggestion is for castwise.apply; a sharded model needs a re-shard
+    found = report.suggested_policy
+    report.suggested_policy = None
+    if found is not None and plan is not None and verify:
+        report.suggested_policy = _sharded_suggestion(
+            view, inputs, plan.policy, found, device or _device_of(model), mode
+        )
     report.extra["units"] = [_unit_dict(u, world) for u in records]
     return report
+
+
+def _sharded_suggestion(
+    view: nn.Module, inputs: Any, policy: Policy, found: Policy, device: str, mode: str
+) -> Policy | None:
+    """The sharding policy with the rules the audit of the view points at (the view's own
+    suggestion is for castwise.apply on a model already in the gathered dtypes), kept only when a
+    re-audit of its plan finds no error: a policy for ``castwise.fsdp2.fully_shard``."""
+    extra = [r for r in found.rules if r not in policy.rules]
+    candidate = policy.with_rules(*extra) if extra else policy
+    if not found.fastpath:
+        candidate = candidate.replace(fastpath=False)
+    if candidate == policy:
+        return None
+    again = audit_sharded(view, inputs, policy=candidate, device=device, mode=mode, verify=False)
+    return candidate if again.ok else None
 
 
 def _unit_dict(u: UnitPlan, world: int) -> dict[str, Any]:
