@@ -202,3 +202,14 @@ def test_a_70b_shaped_slice_over_64_ranks_audits_in_little_memory() -> None:
     embed = config.vocab_size * config.hidden_size
     assert units["(root)"]["bytes_per_rank"] == -(-(2 * embed) // WORLD) * 2  # embeddings + head, bf16
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: far from 1.9B real weights
+
+
+def test_an_island_without_parameters_is_cast_by_castwise_not_gathered() -> None:
+    model = tiny_llama()
+    castwise.fsdp2.fully_shard(model, "bf16-true,keep[**.act_fn]=f32")
+    act = model.model.layers[0].mlp.act_fn
+    assert not isinstance(act, FSDPModule) and getattr(act.forward, "__castwise_fsdp2__", False)
+    report = castwise.audit(model, _ids(), mode="train")
+    units = _units(report)
+    assert report.ok and units["model.layers.0.mlp.act_fn"]["kind"] == "island"
+    assert (units["model.layers.0.mlp.act_fn"]["params"], units["model.layers.0.mlp.act_fn"]["inputs"]) == (0, "f32")

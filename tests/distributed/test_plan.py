@@ -106,3 +106,11 @@ def test_blocks_inside_an_island_gather_in_the_islands_dtype() -> None:
     block = q.unit("model.layers.0")
     assert (block.kind, block.stored, block.gather, block.compute, block.reduce) == ("block", F32, F32, F32, F32)
     assert q.unit("model").gather == F32 and q.unit("").gather == BF16
+
+
+def test_an_island_returning_to_f16_is_clamped_before_the_cast() -> None:
+    from castwise.fsdp2 import _cast_out
+
+    forward = _cast_out(F16, True)(lambda x: (x * 1e6, x.long()))
+    big, ints = forward(torch.ones(2))
+    assert big.dtype == F16 and torch.isfinite(big).all() and ints.dtype == torch.int64
