@@ -193,12 +193,70 @@ def _boundary(inputs: torch.dtype | None, output: torch.dtype | None, saturate: 
         if inputs is not None:
             args, kwargs = cast_floating((args, kwargs), inputs)
         out = type(module).forward(module, *args, **kwargs)
+        first = _first_float(out)
+        if first is not None:
+            module.__dict__["_castwise_computed"] = first.dtype  # before the cast: what the unit computed in
         if saturate:
             out = cast_floating(out, torch.float32)
             out = _clamp(out)
         return cast_floating(out, output) if output is not None else out
 
     return forward
+
+
+def _first_float(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.is_floating_point() else None
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    for item in items:
+        found = _first_float(item)
+        if found is not None:
+            return found
+    return None
+
+
+def observed_compute(view: nn.Module, inputs: Any, device: str, units: list[str]) -> dict[str, torch.dtype]:
+    """Per unit, the dtype its own parametrised modules compute in, seen in one fake forward of the
+    view (no_grad, eval): the dtype most of their outputs have (before the unit's output cast).
+    A unit whose forward does not run, or that the forward fails before, is left out."""
+    from collections import Counter
+
+    from castwise.auditor import preserved_state
+    from castwise.trace import fake as fake_mod
+
+    seen: dict[str, Counter[torch.dtype]] = {}
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: Any, out: Any) -> None:
+            dtype = module.__dict__.get("_castwise_computed")
+            first = _first_float(out)
+            dtype = dtype or (first.dtype if first is not None else None)
+            if dtype is not None:
+                seen.setdefault(_unit_of(name, units), Counter())[dtype] += 1
+
+        return record
+
+    with preserved_state():
+        fmode = fake_mod.new_mode()
+        copy = fake_mod.fake_model(view, fmode, device)
+        memo: dict[int, torch.Tensor] = {}
+        args, kwargs = (
+            (inputs, {}) if isinstance(inputs, tuple) else ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
+        )
+        args, kwargs = (
+            fake_mod.fake_inputs(args, fmode, device, memo),
+            fake_mod.fake_inputs(kwargs, fmode, device, memo),
+        )
+        for name, module in copy.named_modules():
+            if any(p.is_floating_point() for p in module.parameters(recurse=False)) or name in units:
+                module.register_forward_hook(hook(name))
+        copy.eval()
+        try:
+            with fmode, torch.no_grad():
+                copy(*args, **kwargs)
+        except Exception:  # the audit itself reports why the forward fails
+            pass
+    return {unit: counts.most_common(1)[0][0] for unit, counts in seen.items()}
 
 
 def _clamp(obj: Any) -> Any:
@@ -307,6 +365,8 @@ def audit_sharded(
         what = f"FSDP2 plan over {world} ranks"
     view = build_view(model, records, gather, out_rules)
     report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
+    computed = observed_compute(view, inputs, device or _device_of(model), [u.name for u in records])
+    records = [replace(u, compute=computed.get(u.name, u.compute)) for u in records]
     shown = str(plan.policy) if plan is not None else "torch fully_shard"
     report.title = report.title.replace("policy none", f"{what}, policy {shown}")
     report.runs = [replace(r, policy=f"fsdp2:{shown}") for r in report.runs]
