@@ -139,18 +139,22 @@ def reference(policy: str, steps: int, world: int = 2) -> dict[str, Any]:
     """The same training on one process, unsharded, under ``castwise.apply`` of the same policy."""
     import castwise
 
-    torch.set_num_threads(1)
-    model = tiny_llama()
-    ids = batch(world)
-    optim = torch.optim.SGD(model.parameters(), lr=0.5)
-    losses, times = [], []
-    with castwise.apply(model, policy):
-        for _ in range(steps):
-            start = time.perf_counter()
-            out = model(input_ids=ids, labels=ids)
-            out.loss.backward()
-            optim.step()
-            optim.zero_grad()
-            times.append(time.perf_counter() - start)
-            losses.append(out.loss.item())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs (this is the test process: restored below)
+    try:
+        model = tiny_llama()
+        ids = batch(world)
+        optim = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses, times = [], []
+        with castwise.apply(model, policy):
+            for _ in range(steps):
+                start = time.perf_counter()
+                out = model(input_ids=ids, labels=ids)
+                out.loss.backward()
+                optim.step()
+                optim.zero_grad()
+                times.append(time.perf_counter() - start)
+                losses.append(out.loss.item())
+    finally:
+        torch.set_num_threads(threads)
     return {"losses": losses, "times": times}
