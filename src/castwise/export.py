@@ -2,7 +2,7 @@
 
 >>> castwise.export.deepspeed("bf16-mixed")
 {'fp16': {'enabled': False}, 'bf16': {'enabled': True}, 'communication_data_type': 'fp32'}
->>> castwise.export.accelerate("bf16-mixed", fsdp=True)["fsdp_config"]["fsdp_version"]
+>>> castwise.export.accelerate("bf16-mixed,reduce=bf16")["fsdp_config"]["fsdp_version"]
 2
 >>> castwise.export.lightning("bf16-mixed")
 {'precision': 'bf16-mixed'}
@@ -121,13 +121,14 @@ def deepspeed(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
     return out
 
 
-def accelerate(policy: Policy | str, *, fsdp: bool = False, strict: bool = False) -> dict[str, Any]:
+def accelerate(policy: Policy | str, *, fsdp: bool = True, strict: bool = False) -> dict[str, Any]:
     """Keys of Accelerate's config file (default_config.yaml) for ``policy``.
 
     ``mixed_precision`` is the policy's compute dtype under autocast (``no`` for f32, and for
     ``*-true`` policies: their weights are loaded in the low dtype by the script, and autocast
-    would add nothing). ``fsdp=True`` adds ``distributed_type: FSDP`` and an FSDP2
-    ``fsdp_config`` (transformer-block wrapping, reshard after forward, sharded state dicts).
+    would add nothing). With ``fsdp=True`` (the default) ``distributed_type: FSDP`` and the FSDP
+    plugin's ``fsdp_config`` for FSDP2 (transformer-block wrapping, reshard after forward, sharded
+    state dicts); ``fsdp=False``: ``MULTI_GPU`` (DDP, gradients all-reduced in the weights' dtype).
     Accelerate's FSDP plugin gathers and reduces in ``mixed_precision``'s dtype: a policy whose
     ``reduce`` dtype differs is left to the script (``FullyShardedDataParallelPlugin(
     mixed_precision_policy=...)`` or ``castwise.fsdp2.fully_shard``).

@@ -75,7 +75,7 @@ def test_accelerate_fsdp2_config_lints_clean_and_accelerate_builds_the_plugin(
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     policy = castwise.Policy.parse(text)
-    config = accelerate(policy, fsdp=True)  # no warning: everything this policy says fits the file
+    config = accelerate(policy)  # FSDP2 by default; no warning: everything this policy says fits the file
     path = tmp_path / "default_config.yaml"
     path.write_text(yaml.safe_dump(config))
     _lints_clean(path)
@@ -95,7 +95,7 @@ def test_accelerate_fsdp2_config_lints_clean_and_accelerate_builds_the_plugin(
 
 @pytest.mark.parametrize("text", ["32-true", "bf16-mixed", "16-mixed"])
 def test_accelerate_ddp_config_lints_clean_and_the_launcher_reads_it(text: str, tmp_path: Path) -> None:
-    config = accelerate(text)
+    config = accelerate(text, fsdp=False)
     path = tmp_path / "default_config.yaml"
     path.write_text(yaml.safe_dump(config))
     _lints_clean(path)
@@ -106,7 +106,7 @@ def test_accelerate_ddp_config_lints_clean_and_the_launcher_reads_it(text: str, 
 
 def test_what_accelerate_cannot_say_is_a_warning_or_with_strict_an_error() -> None:
     with pytest.warns(ExportWarning, match=r"reduce=f32 \(Accelerate's FSDP reduces in bf16\)"):
-        accelerate("bf16-mixed", fsdp=True)
+        accelerate("bf16-mixed")  # the default reduce=f32 does not fit Accelerate's FSDP plugin
     with pytest.raises(ExportError, match=r"castwise\.fsdp2\.fully_shard"):
         accelerate("bf16-mixed,keep[*.norm]=f32", strict=True)
     with pytest.raises(ExportError, match="valid compute dtypes: bf16, f16, f32"):
