@@ -172,8 +172,10 @@ def accelerate(policy: Policy | str, *, fsdp: bool = True, strict: bool = False)
 
 
 def lightning(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
-    """Lightning ``Trainer`` arguments (``precision``, and ``plugins`` where a plugin is needed)
-    for ``policy``; under LightningCLI they go in the ``trainer:`` section.
+    """Lightning ``Trainer`` arguments for ``policy``; under LightningCLI they go in the ``trainer:``
+    section. The ``precision`` string says everything Lightning's precision plugins can: no policy
+    needs a ``plugins`` entry (a plugin with ``precision`` would be refused: CW205). A static loss
+    scale has no Lightning plugin (its GradScaler always grows and backs off): left to the script.
 
     ``*-mixed`` policies are Lightning's MixedPrecision; f32 and f64 its ``32-true``/``64-true``;
     castwise's ``pure_bf16``/``pure_fp16`` are Lightning's ``bf16-true``/``16-true`` (the whole module
