@@ -137,6 +137,8 @@ def test_the_suggestion_is_a_sharding_policy_verified_by_a_re_audit() -> None:
     castwise.fsdp2.fully_shard(model, "bf16-true")
     sharded = castwise.audit(model, torch.randn(2, 8))
     assert [(f.code, f.module) for f in sharded.findings] == [(f.code, f.module) for f in unsharded.findings]
+    block = _units(sharded)["blocks.0"]  # compute is observed: the block's output comes out f32
+    assert (block["gather"], block["compute"]) == ("bf16", "f32")
     fix = sharded.suggested_policy  # for castwise.fsdp2.fully_shard: the sharding policy plus a rule
     assert fix is not None and str(fix) == "bf16-true,out[blocks.*.up]=bf16"
 

@@ -19,8 +19,10 @@ output dtype); one sharded by torch's ``fully_shard`` is read from its FSDP stat
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import types
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -183,19 +185,29 @@ def _view_module(
     return new
 
 
-def _boundary(inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool) -> Callable[..., Any]:
+# unit name -> dtypes of its outputs before its output cast, while a distributed audit runs
+_COMPUTED: contextvars.ContextVar[dict[str, Counter[torch.dtype]] | None] = contextvars.ContextVar(
+    "castwise_fsdp2_computed", default=None
+)
+
+
+def _boundary(
+    unit: str | None, inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool
+) -> Callable[..., Any]:
     """A forward doing what FSDP2 does at a unit's boundary: floating inputs cast to the gather
     dtype (``cast_forward_inputs``), outputs to ``output_dtype`` (clamped first where castwise
-    saturates an island's return to f16). Bound to the view's module, so deep copies rebind."""
+    saturates an island's return to f16). It records what the unit computed, its output's dtype
+    before the cast, for the unit's record. Bound to the view's module, so deep copies rebind."""
     from castwise.applied import cast_floating
 
     def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if inputs is not None:
             args, kwargs = cast_floating((args, kwargs), inputs)
         out = type(module).forward(module, *args, **kwargs)
-        first = _first_float(out)
-        if first is not None:
-            module.__dict__["_castwise_computed"] = first.dtype  # before the cast: what the unit computed in
+        seen = _COMPUTED.get()
+        first = _first_float(out) if seen is not None and unit is not None else None
+        if first is not None and seen is not None and unit is not None:
+            seen.setdefault(unit, Counter())[first.dtype] += 1
         if saturate:
             out = cast_floating(out, torch.float32)
             out = _clamp(out)
@@ -215,50 +227,6 @@ def _first_float(obj: Any) -> torch.Tensor | None:
     return None
 
 
-def observed_compute(view: nn.Module, inputs: Any, device: str, units: list[str]) -> dict[str, torch.dtype]:
-    """Per unit, the dtype its own parametrised modules compute in, seen in one fake forward of the
-    view (no_grad, eval): the dtype most of their outputs have (before the unit's output cast).
-    A unit whose forward does not run, or that the forward fails before, is left out."""
-    from collections import Counter
-
-    from castwise.auditor import preserved_state
-    from castwise.trace import fake as fake_mod
-
-    seen: dict[str, Counter[torch.dtype]] = {}
-
-    def hook(name: str) -> Callable[..., None]:
-        def record(module: nn.Module, args: Any, out: Any) -> None:
-            dtype = module.__dict__.get("_castwise_computed")
-            first = _first_float(out)
-            dtype = dtype or (first.dtype if first is not None else None)
-            if dtype is not None:
-                seen.setdefault(_unit_of(name, units), Counter())[dtype] += 1
-
-        return record
-
-    with preserved_state():
-        fmode = fake_mod.new_mode()
-        copy = fake_mod.fake_model(view, fmode, device)
-        memo: dict[int, torch.Tensor] = {}
-        args, kwargs = (
-            (inputs, {}) if isinstance(inputs, tuple) else ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
-        )
-        args, kwargs = (
-            fake_mod.fake_inputs(args, fmode, device, memo),
-            fake_mod.fake_inputs(kwargs, fmode, device, memo),
-        )
-        for name, module in copy.named_modules():
-            if any(p.is_floating_point() for p in module.parameters(recurse=False)) or name in units:
-                module.register_forward_hook(hook(name))
-        copy.eval()
-        try:
-            with fmode, torch.no_grad():
-                copy(*args, **kwargs)
-        except Exception:  # the audit itself reports why the forward fails
-            pass
-    return {unit: counts.most_common(1)[0][0] for unit, counts in seen.items()}
-
-
 def _clamp(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.clamp(-_F16_MAX, _F16_MAX) if obj.is_floating_point() and obj.dtype != torch.float16 else obj
@@ -275,14 +243,13 @@ def build_view(
 ) -> nn.Module:
     """The unsharded model computing in the units' dtypes (see the module docstring)."""
     view = _view_module(model, gather, {}, "")
-    for u in records:
+    for u in records:  # every unit gets one: it also records what the unit computed
         module = view.get_submodule(u.name) if u.name else view
-        if u.inputs is not None or u.output is not None or u.saturate:
-            module.forward = types.MethodType(_boundary(u.inputs, u.output, u.saturate), module)  # type: ignore[method-assign]
+        module.forward = types.MethodType(_boundary(u.name, u.inputs, u.output, u.saturate), module)  # type: ignore[method-assign]
     for name, dtype in output_rules:
         module = view.get_submodule(name) if name else view
         if "forward" not in module.__dict__:
-            module.forward = types.MethodType(_boundary(None, dtype, False), module)  # type: ignore[method-assign]
+            module.forward = types.MethodType(_boundary(None, None, dtype, False), module)  # type: ignore[method-assign]
     return view
 
 
@@ -364,9 +331,14 @@ def audit_sharded(
         out_rules = plan.output_rules
         what = f"FSDP2 plan over {world} ranks"
     view = build_view(model, records, gather, out_rules)
-    report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
-    computed = observed_compute(view, inputs, device or _device_of(model), [u.name for u in records])
-    records = [replace(u, compute=computed.get(u.name, u.compute)) for u in records]
+    token = _COMPUTED.set({})
+    try:
+        report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
+        computed = _COMPUTED.get() or {}
+    finally:
+        _COMPUTED.reset(token)
+    # what each unit computed in, as the audit's runs saw it (a unit the run never reached: as planned)
+    records = [replace(u, compute=computed[u.name].most_common(1)[0][0]) if u.name in computed else u for u in records]
     shown = str(plan.policy) if plan is not None else "torch fully_shard"
     report.title = report.title.replace("policy none", f"{what}, policy {shown}")
     report.runs = [replace(r, policy=f"fsdp2:{shown}") for r in report.runs]
