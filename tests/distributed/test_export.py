@@ -4,6 +4,7 @@ plugin, Lightning's Trainer)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import warnings
@@ -35,14 +36,15 @@ def _lints_clean(path: Path) -> None:
 
 @pytest.mark.parametrize("text", POLICIES)
 def test_deepspeed_section_lints_clean_and_deepspeed_reads_it(text: str, tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed")
-    from deepspeed.runtime.config import DeepSpeedConfig
-
     policy = castwise.Policy.parse(text)
     section = _quiet(deepspeed, policy)
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({**section, "train_micro_batch_size_per_gpu": 1}))
     _lints_clean(path)
+    if importlib.util.find_spec("deepspeed") is None:  # not a test dependency: it installs where it can
+        pytest.skip("deepspeed is not installed: the section lints clean; DeepSpeed's own parsing not run")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
     config = DeepSpeedConfig({**section, "train_batch_size": 2})
     assert config.bfloat16_config.enabled == (policy.compute_dtype == torch.bfloat16)
     assert config.float16_config.enabled == (policy.compute_dtype == torch.float16)
