@@ -200,7 +200,7 @@ PRESETS_SORTED = (
 )
 CLAUSES_SORTED = (
     "buffers, cast_back, compute, fastpath, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
-    "master_weights, norms, out[SELECTOR], output, params"
+    "master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
 
@@ -392,6 +392,7 @@ def policies(draw: st.DrawFn) -> Policy:
         cast_back=draw(st.sampled_from(["saturate", "plain"])),
         fastpath=draw(st.booleans()),
         rules=tuple(draw(st.lists(_RULE, max_size=4))),
+        reduce_dtype=draw(st.sampled_from(DTYPES)),
     )
 
 

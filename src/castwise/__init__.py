@@ -85,6 +85,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("export", "fsdp2"):  # castwise.fsdp2.fully_shard(...) with only `import castwise`
+        return importlib.import_module(f"castwise.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'castwise' has no attribute {name!r}")

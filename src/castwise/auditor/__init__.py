@@ -36,6 +36,12 @@ def audit(model: nn.Module, inputs: Any, *, policy: Policy | str | None = None, 
     machine. The user's model and every global setting are left as they were, also when the
     model raises.
     """
+    from castwise.distributed.audit import is_sharded
+
+    if is_sharded(model):  # FSDP2 (DTensor parameters): per-unit dtypes, findings of what the units compute
+        from castwise.distributed.audit import audit_sharded
+
+        return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)
     pol, dev = check_args(model, policy, device, mode, fake)
     report, runs = run_audit(model, inputs, pol, dev, mode, fake)
     if not report.ok:

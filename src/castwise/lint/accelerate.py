@@ -37,6 +37,9 @@ KEYS: dict[str, Path_] = {
     "zero_stage": ("deepspeed_config", "zero_stage"),
     "fsdp_sharding_strategy": ("fsdp_config", "fsdp_sharding_strategy"),
     "fsdp_offload_params": ("fsdp_config", "fsdp_offload_params"),
+    "fsdp_version": ("fsdp_config", "fsdp_version"),
+    "fsdp_reshard_after_forward": ("fsdp_config", "fsdp_reshard_after_forward"),
+    "fsdp_forward_prefetch": ("fsdp_config", "fsdp_forward_prefetch"),
 }
 MARKERS: frozenset[str] = frozenset({
     "compute_environment", "distributed_type", "deepspeed_config", "fsdp_config", "machine_rank",
@@ -69,6 +72,10 @@ def read(doc: Document, shown: str, base: Path,
             settings[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
         elif node is not None and key in ("mixed_precision", "use_cpu"):
             rejected[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
+    for block in ("fsdp_config", "deepspeed_config"):
+        # a non-empty engine section: lint_fsdp checks it is for the engine distributed_type picks
+        if isinstance(doc.data.get(block), dict) and doc.data[block]:
+            settings[f"{block}.block"] = Setting(block, "{...}", shown, doc.line((block,)))
     links: tuple[ConfigFile, ...] = ()
     ds = settings.get("deepspeed_config_file")
     if ds is not None and isinstance(ds.value, str) and ds.value.strip() and ds.value.strip().lower() != "none":

@@ -62,6 +62,8 @@ jmp-style and castwise clauses (every one optional; defaults derive from params/
   and bfloat16 compute
 - ``cast_back=saturate|plain`` how an island's output returns to float16: clamped to float16's
   finite range first (default), or plainly cast
+- ``reduce=DT`` dtype gradients are reduced in across ranks (FSDP2's ``reduce_dtype``, DeepSpeed's
+  ``communication_data_type``; default float32: a sum over many ranks loses bits in bf16/f16)
 - ``fastpath=on|off`` allow fused TransformerEncoderLayer/MultiheadAttention fast paths while the
   model runs (default on, torch's default)
 - ``keep[SELECTOR]=DT`` run matching modules as islands in DT: parameters and buffers stored in

@@ -51,6 +51,7 @@ class Policy:
     keep_in_fp32: bool = True
     cast_back: Literal["saturate", "plain"] = "saturate"
     fastpath: bool = True
+    reduce_dtype: torch.dtype = F32  # gradient reduction across ranks (castwise.fsdp2, castwise.export)
     rules: tuple[ModuleRule, ...] = ()
 
     def __post_init__(self) -> None:

@@ -170,6 +170,9 @@ FIELDS: tuple[Field, ...] = (
     Field("keep_in_fp32", "keep_in_fp32", "bool", lambda b: True),
     Field("cast_back", "cast_back", "choice", lambda b: "saturate", choices=("saturate", "plain")),
     Field("fastpath", "fastpath", "bool", lambda b: True),
+    # gradients reduced across ranks (castwise.fsdp2, castwise.export): float32 by default, since a
+    # sum over many ranks loses bits in bf16/f16
+    Field("reduce_dtype", "reduce", "dtype", lambda b: _f32()),
 )
 
 # every clause key the grammar knows, sorted as error messages list them

@@ -107,6 +107,7 @@ class Report:
     runs: list[Run] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     title: str = "castwise report"
+    extra: dict[str, Any] = field(default_factory=dict)  # more top-level JSON keys, e.g. "units"
 
     @property
     def ok(self) -> bool:
@@ -126,6 +127,7 @@ class Report:
             "suggested_policy": None if self.suggested_policy is None else str(self.suggested_policy),
             "runs": [r.to_dict() for r in self.runs],
             "summary": self.summary,
+            **self.extra,
         }
 
     def to_json(self) -> str:

@@ -67,11 +67,20 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         lines.append("")
         lines += textwrap.wrap(
             f"suggested policy: {report.suggested_policy}  (a re-audit under it finds no error; "
-            "apply it with castwise.apply(model, castwise.Policy.parse(...)))",
+            + (
+                "shard with castwise.fsdp2.fully_shard(model, ...))"
+                if report.extra.get("units")
+                else "apply it with castwise.apply(model, castwise.Policy.parse(...)))"
+            ),
             width=width,
             subsequent_indent="  ",
             break_on_hyphens=False,
         )
+    units = report.extra.get("units")
+    if units:  # a distributed audit: what each FSDP2 unit gathers, computes and reduces in
+        lines += ["", "units (stored / gather / compute / reduce / output):"]
+        lines += [f"  {u['unit']}: {u['stored'] or '-'} / {u['gather']} / {u['compute']} / {u['reduce']} / "
+                  f"{u['output'] or '-'}  ({u['kind']})" for u in units]
     act = report.summary.get("activation_bytes_by_dtype")
     if act:
         total = sum(act.values()) or 1

@@ -1,0 +1,390 @@
+"""``castwise.audit`` of a distributed setup: a model sharded by FSDP2, or a plan for one.
+
+Each FSDP2 unit all-gathers its parameters in its ``MixedPrecisionPolicy.param_dtype``, runs,
+casts its output to ``output_dtype`` and reduce-scatters gradients in ``reduce_dtype``; its
+inputs are cast to ``param_dtype`` when ``cast_forward_inputs``. What the model computes is
+therefore the unsharded model with every parameter in its unit's gather dtype and those casts at
+the units' boundaries. The audit builds exactly that, as a *view*: the model's own module
+objects' classes and attributes, no FSDP hooks, parameters as meta tensors of their global
+shape in the gather dtype (no weight memory, whatever the model's size or world size), and
+castwise forwards doing FSDP2's input and output casts. The view is audited by the ordinary
+``castwise.audit`` (fake tensors, forward and backward), so a sharded model gets the same
+findings as an unsharded one running the same dtypes, plus one record per unit under
+``report.to_dict()["units"]``: the dtypes it stores, gathers, computes, reduces and outputs in,
+and its parameter bytes per rank.
+
+A model sharded by ``castwise.fsdp2.fully_shard`` carries its plan (islands, blocks, the root's
+output dtype); one sharded by torch's ``fully_shard`` is read from its FSDP states.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+import types
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from castwise.distributed.plan import Plan, UnitPlan, make_plan
+from castwise.errors import AuditError
+from castwise.policy import Policy
+from castwise.report import Report
+
+if TYPE_CHECKING:
+    from torch import nn
+
+_F16_MAX = torch.finfo(torch.float16).max
+_BYTES = {torch.float64: 8, torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+_STATE_KEY = "__composable_api_state_key"
+
+
+def is_sharded(model: Any) -> bool:
+    """Whether ``model`` (or a module in it) is sharded by FSDP2. Cheap when torch.distributed's
+    FSDP was never imported: nothing can be sharded then."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+# -- reading the FSDP2 states --------------------------------------------------------------------
+
+
+def _states(model: nn.Module) -> Iterator[tuple[str, Any, Any]]:  # (name, FSDPModule, FSDPState)
+    from torch.distributed.fsdp import FSDPModule
+
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            yield name, module, module._get_fsdp_state()
+
+
+def _fsdp_params(state: Any) -> list[Any]:
+    group = getattr(state, "_fsdp_param_group", None)
+    groups = [group] if group is not None else list(getattr(state, "_fsdp_param_groups", None) or [])
+    return [fp for g in groups for fp in g.fsdp_params]
+
+
+def _global_numel(p: torch.Tensor) -> int:
+    return int(torch.Size(p.shape).numel())
+
+
+def records_of(model: nn.Module) -> tuple[list[UnitPlan], dict[int, torch.dtype]]:
+    """One record per FSDP2 unit of a sharded model (innermost first, the root last), and the
+    dtype each sharded parameter is gathered in (by ``id`` of the registered parameter)."""
+    from castwise import fsdp2
+
+    plan = fsdp2.plan_of(model)
+    planned = {u.name: u for u in plan.units} if plan is not None else {}
+    records: list[UnitPlan] = []
+    gather_of: dict[int, torch.dtype] = {}
+    states = list(_states(model))  # in named_modules() order
+    order = {s[0]: i for i, s in enumerate(states)}
+    for name, _module, state in sorted(states, key=lambda s: (-s[0].count(".") if s[0] else 1, order[s[0]])):
+        mp = state._mp_policy
+        params = [fp.sharded_param for fp in _fsdp_params(state)]
+        dtypes = {p.dtype for p in params}
+        stored = max(dtypes, key=lambda d: sum(_global_numel(p) for p in params if p.dtype == d)) if dtypes else None
+        gather = mp.param_dtype or stored or torch.float32
+        for p in params:
+            gather_of[id(p)] = mp.param_dtype or p.dtype
+        mine = planned.get(name)
+        kind = mine.kind if mine is not None else ("root" if not name else "unit")
+        records.append(
+            UnitPlan(
+                name=name,
+                kind=kind,
+                params=sum(_global_numel(p) for p in params),
+                stored=stored,
+                gather=gather,
+                compute=gather,
+                reduce=mp.reduce_dtype or gather,
+                output=mp.output_dtype,
+                inputs=mine.inputs
+                if mine is not None
+                else (mp.param_dtype if (mp.cast_forward_inputs and mp.param_dtype is not None) else None),
+                reason=mine.reason if mine is not None else "torch fully_shard",
+                saturate=mine.saturate if mine is not None else False,
+            )
+        )
+    # castwise's plan also holds units that needed no FSDP2 state (islands owning no parameter)
+    have = {r.name for r in records}
+    records[:-1] = records[:-1] + [u for u in (plan.units if plan else ()) if u.name not in have and u.name]
+    return records, gather_of
+
+
+# -- the view ----------------------------------------------------------------------------------
+
+
+def _plain_class(module: nn.Module) -> type:
+    """The module's class before FSDP2 swapped in its ``FSDP<Class>`` subclass."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        return next(b for b in cls.__bases__ if not issubclass(b, FSDPModule))
+    return cls
+
+
+def _foreign_hook(fn: Any) -> bool:
+    """Hooks torch.distributed put on a module (FSDP2's pre/post-forward), not the user's."""
+    fn = getattr(fn, "__func__", fn)
+    return str(getattr(fn, "__module__", "") or "").startswith("torch.distributed")
+
+
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+
+
+def _view_module(
+    module: nn.Module, gather: Callable[[torch.Tensor, str], torch.dtype], memo: dict[int, torch.Tensor], prefix: str
+) -> nn.Module:
+    from torch import nn
+
+    cls = _plain_class(module) if "torch.distributed.fsdp" in sys.modules else type(module)
+    new: nn.Module = object.__new__(cls)
+    state = {k: v for k, v in module.__dict__.items() if not k.startswith(_STATE_KEY)}
+    state.pop("_is_fsdp_managed_module", None)
+    state.pop("_fsdp_use_orig_params", None)
+    if getattr(state.get("forward"), "__castwise_fsdp2__", False):
+        state.pop("forward")  # castwise.fsdp2's boundary casts: the view adds its own
+    for key in _HOOK_DICTS:
+        hooks = state.get(key)
+        if isinstance(hooks, dict):
+            state[key] = type(hooks)((k, v) for k, v in hooks.items() if not _foreign_hook(v))
+    params: dict[str, nn.Parameter | None] = {}
+    for pname, p in module._parameters.items():
+        if p is None:
+            params[pname] = None
+            continue
+        if id(p) not in memo:
+            dtype = gather(p, prefix + pname) if p.is_floating_point() else p.dtype
+            memo[id(p)] = nn.Parameter(
+                torch.empty(tuple(p.shape), dtype=dtype, device="meta"), requires_grad=p.requires_grad
+            )
+        params[pname] = memo[id(p)]  # type: ignore[assignment]
+    state["_parameters"] = type(module._parameters)(params)
+    state["_buffers"] = type(module._buffers)(module._buffers)
+    state["_modules"] = type(module._modules)(
+        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.")) for n, c in module._modules.items()
+    )
+    new.__dict__.update(state)
+    return new
+
+
+# unit name -> dtypes of its outputs before its output cast, while a distributed audit runs
+_COMPUTED: contextvars.ContextVar[dict[str, Counter[torch.dtype]] | None] = contextvars.ContextVar(
+    "castwise_fsdp2_computed", default=None
+)
+
+
+def _boundary(
+    unit: str | None, inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool
+) -> Callable[..., Any]:
+    """A forward doing what FSDP2 does at a unit's boundary: floating inputs cast to the gather
+    dtype (``cast_forward_inputs``), outputs to ``output_dtype`` (clamped first where castwise
+    saturates an island's return to f16). It records what the unit computed, its output's dtype
+    before the cast, for the unit's record. Bound to the view's module, so deep copies rebind."""
+    from castwise.applied import cast_floating
+
+    def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if inputs is not None:
+            args, kwargs = cast_floating((args, kwargs), inputs)
+        out = type(module).forward(module, *args, **kwargs)
+        seen = _COMPUTED.get()
+        first = _first_float(out) if seen is not None and unit is not None else None
+        if first is not None and seen is not None and unit is not None:
+            seen.setdefault(unit, Counter())[first.dtype] += 1
+        if saturate:
+            out = cast_floating(out, torch.float32)
+            out = _clamp(out)
+        return cast_floating(out, output) if output is not None else out
+
+    return forward
+
+
+def _first_float(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.is_floating_point() else None
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    for item in items:
+        found = _first_float(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _clamp(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.clamp(-_F16_MAX, _F16_MAX) if obj.is_floating_point() and obj.dtype != torch.float16 else obj
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_clamp(x) for x in obj)
+    return obj
+
+
+def build_view(
+    model: nn.Module,
+    records: list[UnitPlan],
+    gather: Callable[[torch.Tensor, str], torch.dtype],
+    output_rules: tuple[tuple[str, torch.dtype], ...] = (),
+) -> nn.Module:
+    """The unsharded model computing in the units' dtypes (see the module docstring)."""
+    view = _view_module(model, gather, {}, "")
+    for u in records:  # every unit gets one: it also records what the unit computed
+        module = view.get_submodule(u.name) if u.name else view
+        module.forward = types.MethodType(_boundary(u.name, u.inputs, u.output, u.saturate), module)  # type: ignore[method-assign]
+    for name, dtype in output_rules:
+        module = view.get_submodule(name) if name else view
+        if "forward" not in module.__dict__:
+            module.forward = types.MethodType(_boundary(None, None, dtype, False), module)  # type: ignore[method-assign]
+    return view
+
+
+def _unit_of(name: str, units: list[str]) -> str:
+    best = ""
+    for u in units:
+        if (not u or name == u or name.startswith(u + ".")) and len(u) >= len(best):
+            best = u
+    return best
+
+
+# -- the audit ---------------------------------------------------------------------------------
+
+
+def audit_sharded(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    policy: Policy | str | None = None,
+    device: str | None = None,
+    mode: str = "both",
+    fake: bool = True,
+    world_size: int | None = None,
+    units: list[str] | None = None,
+    verify: bool = True,
+) -> Report:
+    """Audit a distributed setup on fake tensors: ``model`` sharded by FSDP2 (its units are read
+    from its FSDP states; ``policy`` must be None or the policy it was sharded with), or an
+    unsharded ``model`` with the ``policy`` that ``castwise.fsdp2.fully_shard`` would apply
+    (its plan, ``units`` as there). ``world_size``: ranks the parameters are sharded over, for
+    the per-rank bytes (default: the sharded model's mesh size, else 1).
+
+    Returns a ``Report`` with the findings of the computation the units do and
+    ``to_dict()["units"]``: per unit the dtypes it stores, gathers, computes, reduces and outputs in.
+    Its ``suggested_policy``, when there is one, is for ``castwise.fsdp2.fully_shard`` (a re-audit of
+    its plan finds no error); ``verify=False`` skips looking for one.
+    """
+    from castwise import audit  # the public entry point (the engine's modules may move)
+
+    if not fake:
+        raise AuditError(
+            "a distributed audit runs on fake tensors (the sharded weights are on other ranks); "
+            "pass fake=True (the default)"
+        )
+    plan: Plan | None
+    if is_sharded(model):
+        from castwise import fsdp2
+
+        plan = fsdp2.plan_of(model)
+        if policy is not None and (plan is None or Policy.parse(policy) != plan.policy):
+            sharded_with = f"castwise policy {plan.policy}" if plan is not None else "torch's fully_shard"
+            raise AuditError(
+                f"{type(model).__name__} is sharded by FSDP2 ({sharded_with}): its units' MixedPrecisionPolicy decide "
+                "the dtypes; audit it with policy=None, or audit the unsharded model with the policy"
+            )
+        records, gathered = records_of(model)
+
+        def gather(p: torch.Tensor, name: str) -> torch.dtype:
+            return gathered.get(id(p), p.dtype)
+
+        world = world_size or _mesh_size(model)
+        out_rules = plan.output_rules if plan is not None else ()
+        what = f"FSDP2 over {world} ranks"
+    else:
+        if policy is None:
+            raise AuditError(
+                f"{type(model).__name__} is not sharded by FSDP2; pass the policy castwise.fsdp2 would "
+                "shard it with (policy='bf16-mixed', ...), or audit it with castwise.audit"
+            )
+        plan = make_plan(model, policy, units)
+        records = list(plan.units)
+        names = [u.name for u in records]
+        by_unit = {u.name: u for u in records}
+
+        def gather(p: torch.Tensor, name: str) -> torch.dtype:
+            return by_unit[_unit_of(name, names)].gather
+
+        world = world_size or 1
+        out_rules = plan.output_rules
+        what = f"FSDP2 plan over {world} ranks"
+    view = build_view(model, records, gather, out_rules)
+    token = _COMPUTED.set({})
+    try:
+        report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
+        computed = _COMPUTED.get() or {}
+    finally:
+        _COMPUTED.reset(token)
+    # what each unit computed in, as the audit's runs saw it (a unit the run never reached: as planned)
+    records = [replace(u, compute=computed[u.name].most_common(1)[0][0]) if u.name in computed else u for u in records]
+    shown = str(plan.policy) if plan is not None else "torch fully_shard"
+    report.title = report.title.replace("policy none", f"{what}, policy {shown}")
+    report.runs = [replace(r, policy=f"fsdp2:{shown}") for r in report.runs]
+    found = report.suggested_policy
+    report.suggested_policy = None
+    if found is not None and plan is not None and verify:
+        report.suggested_policy = _sharded_suggestion(
+            view, inputs, plan.policy, found, device or _device_of(model), mode
+        )
+    report.extra["units"] = [_unit_dict(u, world) for u in records]
+    return report
+
+
+def _sharded_suggestion(
+    view: nn.Module, inputs: Any, policy: Policy, found: Policy, device: str, mode: str
+) -> Policy | None:
+    """The sharding policy with the rules the audit of the view points at (the view's own
+    suggestion is for castwise.apply on a model already in the gathered dtypes), kept only when a
+    re-audit of its plan finds no error: a policy for ``castwise.fsdp2.fully_shard``."""
+    extra = [r for r in found.rules if r not in policy.rules]
+    candidate = policy.with_rules(*extra) if extra else policy
+    if not found.fastpath:
+        candidate = candidate.replace(fastpath=False)
+    if candidate == policy:
+        return None
+    again = audit_sharded(view, inputs, policy=candidate, device=device, mode=mode, verify=False)
+    return candidate if again.ok else None
+
+
+def _unit_dict(u: UnitPlan, world: int) -> dict[str, Any]:
+    out = u.to_dict()
+    stored = _BYTES.get(u.stored, 4) if u.stored is not None else 0
+    out["bytes_per_rank"] = -(-u.params // world) * stored
+    out["gather_bytes"] = u.params * _BYTES.get(u.gather, 4)
+    return out
+
+
+def _mesh_size(model: nn.Module) -> int:
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            return int(mesh.size())
+    return 1
+
+
+def _device_of(model: nn.Module) -> str:
+    for p in model.parameters():
+        return "cpu" if p.device.type == "meta" else p.device.type
+    return "cpu"

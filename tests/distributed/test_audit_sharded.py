@@ -1,0 +1,217 @@
+"""castwise.audit on FSDP2-sharded models, in this process: torch.distributed's fake process
+group (rank 0 of N, collectives do nothing) and fake tensors, so any world size and model size."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from torch.distributed.fsdp import fully_shard as torch_fully_shard
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import castwise
+import castwise.fsdp2
+from castwise.distributed.audit import audit_sharded
+from castwise.errors import AuditError
+from tests.distributed._workers import tiny_llama
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_group() -> Iterator[None]:
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _units(report: castwise.Report) -> dict[str, dict[str, Any]]:
+    return {u["unit"]: u for u in report.to_dict()["units"]}
+
+
+class Mix(nn.Module):
+    """Makes a float32 tensor in forward (the default dtype) and multiplies bf16 activations by it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ torch.ones(x.shape[-1], x.shape[-1])
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.mix = Mix()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mix(self.norm(self.proj(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_a_sharded_llama_reports_per_unit_gather_compute_and_reduce_dtypes() -> None:
+    model = tiny_llama()
+    castwise.fsdp2.fully_shard(model, "bf16-true")
+    report = castwise.audit(model, _ids())
+    units = _units(report)
+    assert report.ok and [r.status for r in report.runs] == ["ok", "ok"]
+    assert "FSDP2 over 4 ranks" in report.title
+    island = units["model.layers.0.input_layernorm"]
+    assert (island["kind"], island["gather"], island["compute"], island["reduce"], island["output"]) == (
+        "island",
+        "f32",
+        "f32",
+        "f32",
+        "bf16",
+    )
+    block = units["model.layers.0"]
+    assert (block["kind"], block["stored"], block["gather"], block["reduce"]) == ("block", "bf16", "bf16", "f32")
+    assert list(units)[-1] == "(root)"
+    assert "units (stored / gather / compute / reduce / output):" in str(report)
+
+
+def test_findings_are_those_of_the_unsharded_model_under_the_same_policy() -> None:
+    policy = "bf16-true"
+    unsharded = castwise.audit(Net(), torch.randn(2, 8), policy=policy)
+    model = Net()
+    castwise.fsdp2.fully_shard(model, policy)
+    sharded = castwise.audit(model, torch.randn(2, 8))
+    assert not unsharded.ok
+    key = sorted((f.code, f.module, f.modes) for f in unsharded.findings)
+    assert sorted((f.code, f.module, f.modes) for f in sharded.findings) == key
+    assert any(f.code == "CW106" and f.module == "blocks.0.mix" for f in sharded.findings)
+    assert unsharded.suggested_policy is None and sharded.suggested_policy is None  # CW106 is a code fix
+
+
+class Up(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * 2  # an f32 result nobody casts back
+
+
+class UpBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.up = Up()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.proj(x))
+
+
+class UpNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([UpBlock(), UpBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](x))
+
+
+def test_the_suggestion_is_a_sharding_policy_verified_by_a_re_audit() -> None:
+    model = UpNet()
+    unsharded = castwise.audit(model, torch.randn(2, 8), policy="bf16-true")
+    castwise.fsdp2.fully_shard(model, "bf16-true")
+    sharded = castwise.audit(model, torch.randn(2, 8))
+    assert [(f.code, f.module) for f in sharded.findings] == [(f.code, f.module) for f in unsharded.findings]
+    block = _units(sharded)["blocks.0"]  # compute is observed: the block's output comes out f32
+    assert (block["gather"], block["compute"]) == ("bf16", "f32")
+    fix = sharded.suggested_policy  # for castwise.fsdp2.fully_shard: the sharding policy plus a rule
+    assert fix is not None and str(fix) == "bf16-true,out[blocks.*.up]=bf16"
+
+
+def test_the_audit_leaves_the_sharded_model_as_it_was() -> None:
+    model = tiny_llama()
+    castwise.fsdp2.fully_shard(model, "bf16-mixed")
+    before = {n: (type(p), p.dtype, p.to_local().data_ptr()) for n, p in model.named_parameters()}
+    hooks = {n: (len(m._forward_pre_hooks), len(m._forward_hooks)) for n, m in model.named_modules()}
+    castwise.audit(model, _ids(), device="cuda", mode="train")
+    assert {n: (type(p), p.dtype, p.to_local().data_ptr()) for n, p in model.named_parameters()} == before
+    assert {n: (len(m._forward_pre_hooks), len(m._forward_hooks)) for n, m in model.named_modules()} == hooks
+    assert all(isinstance(p, DTensor) for p in model.parameters()) and isinstance(model, FSDPModule)
+
+
+def test_a_model_sharded_by_torch_is_read_from_its_fsdp_states() -> None:
+    model = tiny_llama()
+    low = MixedPrecisionPolicy(param_dtype=torch.bfloat16)  # reduce_dtype None: reduces in bf16
+    for layer in model.model.layers:
+        torch_fully_shard(layer, mp_policy=low)
+    torch_fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, output_dtype=torch.float32))
+    report = castwise.audit(model, _ids(), mode="train")
+    units = _units(report)
+    assert set(units) == {"model.layers.0", "model.layers.1", "(root)"}
+    assert (units["model.layers.0"]["gather"], units["model.layers.0"]["reduce"]) == ("bf16", "bf16")
+    assert units["(root)"]["output"] == "f32" and units["(root)"]["kind"] == "root"
+    with pytest.raises(AuditError, match="policy=None"):
+        castwise.audit(model, _ids(), policy="bf16-mixed")
+
+
+def test_a_plan_audits_before_anything_is_sharded() -> None:
+    report = audit_sharded(tiny_llama(), _ids(), policy="bf16-mixed,keep[class:LlamaRMSNorm]=f32", world_size=64)
+    units = _units(report)
+    assert report.ok and "FSDP2 plan over 64 ranks" in report.title
+    assert units["model.norm"]["gather"] == "f32" and units["model.layers.1"]["gather"] == "bf16"
+    assert units["(root)"]["bytes_per_rank"] * 64 >= units["(root)"]["params"] * 4
+    with pytest.raises(AuditError, match="not sharded by FSDP2"):
+        audit_sharded(tiny_llama(), _ids())
+
+
+def test_a_70b_shaped_slice_over_64_ranks_audits_in_little_memory() -> None:
+    """The benchmark (benchmarks/bench_fsdp2_70b.py: 80 layers, 64 ranks) at 2 layers over a mesh of its own."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=2,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    group = dist.new_group(list(range(WORLD)))  # the fake backend answers for any rank list
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    castwise.fsdp2.fully_shard(model, "bf16-true", mesh=mesh)
+    report = castwise.audit(model, torch.randint(0, 128256, (1, 8)), device="cuda", mode="train")
+    units = _units(report)
+    assert report.ok and len(units) == 2 * 3 + 1 + 1
+    embed = config.vocab_size * config.hidden_size
+    assert units["(root)"]["bytes_per_rank"] == -(-(2 * embed) // WORLD) * 2  # embeddings + head, bf16
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20  # KiB: far from 1.9B real weights
+
+
+def test_an_island_without_parameters_is_cast_by_castwise_not_gathered() -> None:
+    model = tiny_llama()
+    castwise.fsdp2.fully_shard(model, "bf16-true,keep[**.act_fn]=f32")
+    act = model.model.layers[0].mlp.act_fn
+    assert not isinstance(act, FSDPModule) and getattr(act.forward, "__castwise_fsdp2__", False)
+    report = castwise.audit(model, _ids(), mode="train")
+    units = _units(report)
+    assert report.ok and units["model.layers.0.mlp.act_fn"]["kind"] == "island"
+    assert (units["model.layers.0.mlp.act_fn"]["params"], units["model.layers.0.mlp.act_fn"]["inputs"]) == (0, "f32")

@@ -1,0 +1,147 @@
+"""castwise.export: each output lints clean with castwise lint-config and is accepted by the
+library's own config parsing (DeepSpeed's DeepSpeedConfig, Accelerate's launcher and FSDP
+plugin, Lightning's Trainer)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+import castwise
+from castwise.export import ExportError, ExportWarning, accelerate, deepspeed, lightning
+from castwise.lint import build_model, read_config
+
+POLICIES = ["32-true", "bf16-mixed", "16-mixed", "bf16-true", "pure_bf16", "bf16-mixed,reduce=bf16"]
+DS_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _quiet(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExportWarning)
+        return fn(*args, **kwargs)
+
+
+def _lints_clean(path: Path) -> None:
+    report = castwise.lint_config(path)
+    assert report.findings == [], [f.to_dict() for f in report.findings]
+
+
+@pytest.mark.parametrize("text", POLICIES)
+def test_deepspeed_section_lints_clean_and_deepspeed_reads_it(text: str, tmp_path: Path) -> None:
+    policy = castwise.Policy.parse(text)
+    section = _quiet(deepspeed, policy)
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({**section, "train_micro_batch_size_per_gpu": 1}))
+    _lints_clean(path)
+    if importlib.util.find_spec("deepspeed") is None:  # not a test dependency: it installs where it can
+        pytest.skip("deepspeed is not installed: the section lints clean; DeepSpeed's own parsing not run")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = DeepSpeedConfig({**section, "train_batch_size": 2})
+    assert config.bfloat16_config.enabled == (policy.compute_dtype == torch.bfloat16)
+    assert config.float16_config.enabled == (policy.compute_dtype == torch.float16)
+    assert config.communication_data_type == policy.reduce_dtype
+    if policy.compute_dtype != torch.float32:  # lint-config's model of the run reduces in communication_data_type
+        model = build_model(read_config(path))
+        assert model.reduce is not None and model.reduce.value == str(policy.reduce_dtype).removeprefix("torch.")
+
+
+def test_deepspeed_fp16_scales_dynamically_unless_the_policy_fixes_a_scale() -> None:
+    assert deepspeed("16-mixed")["fp16"]["loss_scale"] == 0
+    assert deepspeed("16-mixed,loss_scale=128")["fp16"]["loss_scale"] == 128.0
+
+
+def _accelerate_launch(path: Path) -> tuple[Any, dict[str, str]]:
+    """Accelerate's own path from a config file to the FSDP plugin: the launcher's parsing, the
+    environment it gives the processes, the plugin built from it."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "--num_processes", "2", "train.py"])
+    args, _defaults, _mp = _validate_launch_command(args)
+    return args, prepare_multi_gpu_env(args)
+
+
+@pytest.mark.parametrize("text", ["32-true", "bf16-mixed,reduce=bf16", "16-mixed,reduce=f16"])
+def test_accelerate_fsdp2_config_lints_clean_and_accelerate_builds_the_plugin(
+    text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    policy = castwise.Policy.parse(text)
+    config = accelerate(policy)  # FSDP2 by default; no warning: everything this policy says fits the file
+    path = tmp_path / "default_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    _lints_clean(path)
+    args, env = _accelerate_launch(path)
+    assert args.use_fsdp and env["FSDP_VERSION"] == "2"
+    for key, value in env.items():
+        monkeypatch.setitem(os.environ, key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    if args.mixed_precision != "no":
+        plugin.set_mixed_precision(args.mixed_precision)  # what Accelerator() does with mixed_precision
+        mp = plugin.mixed_precision_policy
+        assert (mp.param_dtype, mp.reduce_dtype) == (policy.compute_dtype, policy.reduce_dtype)
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    model = build_model(read_config(path))
+    assert model.compute is not None and model.compute.value == str(policy.compute_dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("text", ["32-true", "bf16-mixed", "16-mixed"])
+def test_accelerate_ddp_config_lints_clean_and_the_launcher_reads_it(text: str, tmp_path: Path) -> None:
+    config = accelerate(text, fsdp=False)
+    path = tmp_path / "default_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    _lints_clean(path)
+    args, env = _accelerate_launch(path)
+    assert args.mixed_precision == {"32-true": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}[text]
+    assert env["ACCELERATE_MIXED_PRECISION"] == args.mixed_precision and not args.use_fsdp
+
+
+def test_what_accelerate_cannot_say_is_a_warning_or_with_strict_an_error() -> None:
+    with pytest.warns(ExportWarning, match=r"reduce=f32 \(Accelerate's FSDP reduces in bf16\)"):
+        accelerate("bf16-mixed")  # the default reduce=f32 does not fit Accelerate's FSDP plugin
+    with pytest.raises(ExportError, match=r"castwise\.fsdp2\.fully_shard"):
+        accelerate("bf16-mixed,keep[*.norm]=f32", strict=True)
+    with pytest.raises(ExportError, match="valid compute dtypes: bf16, f16, f32"):
+        deepspeed("64-true")
+
+
+@pytest.mark.parametrize("text", POLICIES)
+def test_lightning_arguments_lint_clean_and_the_trainer_takes_them(text: str, tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    policy = castwise.Policy.parse(text)
+    arguments = _quiet(lightning, policy)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"trainer": arguments}))
+    _lints_clean(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 16-mixed on CPU: Lightning says it runs bf16-mixed instead
+        trainer = pl.Trainer(
+            **arguments,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+    plugin = trainer.strategy.precision_plugin
+    want = arguments["precision"] if arguments["precision"] != "16-mixed" else "bf16-mixed"
+    assert plugin.precision == want
+
+
+def test_lightning_reads_castwise_presets_as_lightning_means_them() -> None:
+    assert lightning("pure_bf16") == {"precision": "bf16-true"}
+    with pytest.warns(ExportWarning, match=r"norms=f32"):
+        assert lightning("bf16-true") == {"precision": "bf16-true"}  # castwise's adds f32 norm islands
+    assert lightning("bf16-mixed") == {"precision": "bf16-mixed"}
