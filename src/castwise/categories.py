@@ -1,4 +1,4 @@
-"""The 19 root causes of mixed-precision dtype failures (torch-free).
+"""The root causes of mixed-precision dtype failures (torch-free).
 
 Drawn from maintainers' diagnoses of real reports in public issue trackers. Every diagnostic
 rule, audit finding and explanation names one of these.
@@ -100,6 +100,18 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
      "no kernel for this dtype on this device",
      "fp16 kernels missing on old CPU builds, bf16 on pre-Ampere GPUs, autocast dtype limits, "
      "complex bf16, flash-attn given float32."),
+    # silent problems: no exception, only wrong numbers (a loss that stalls, gradients that vanish,
+    # outputs that drift from fp32). Overflow to inf/NaN stays FP16_RANGE_OVERFLOW.
+    ("LOSS_SCALE_OR_UNDERFLOW",
+     "fp16 gradients underflow or the loss scale collapses",
+     "Silent: small values flush to zero in fp16 (gradients, Adam's eps) or the loss scale keeps shrinking (\"Gradient overflow. Skipping step\" "
+     "on every step, \"Current loss scale already at minimum\"), or small gradients flush to zero "
+     "in fp16: training stalls or the loss stops moving without any error."),
+    ("LOWPREC_ROUNDING",
+     "bf16/fp16 rounding loses precision the computation needs",
+     "Silent: values are representable but too coarse in bf16/fp16 (accumulations, positions in "
+     "RoPE, small weight updates, softmax/logits, eval in half): results drift from fp32, the "
+     "loss plateaus or outputs differ between precisions, with no error raised."),
 )
 
 CATEGORIES: dict[str, Category] = {row[0]: Category(*row) for row in _ROWS}
