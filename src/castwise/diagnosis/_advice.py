@@ -68,6 +68,14 @@ CAUSES: dict[str, str] = {
     "DTYPE_UNSUPPORTED_ON_DEVICE":
         "This device (or this torch build) has no kernel for the op in this dtype: bf16 on pre-Ampere "
         "GPUs, fp16 on old CPU builds, CPU autocast dtype limits, complex bf16.",
+    "LOSS_SCALE_OR_UNDERFLOW":
+        "A silent fp16 problem: values too small for float16 flush to zero (gradients, Adam's eps in fp16 "
+        "parameters), or the gradients overflow on every step so the dynamic loss scaler keeps skipping "
+        "steps and shrinking the scale until nothing trains.",
+    "LOWPREC_ROUNDING":
+        "A silent precision problem: the values fit bf16/fp16 but their 8 (bf16) or 11 (fp16) mantissa "
+        "bits are too coarse for what is computed in them - RoPE positions, accumulated losses or metrics, "
+        "small weight or EMA updates, eval in half - so results drift from fp32 without any error.",
 }
 
 FIXES: dict[str, tuple[str, ...]] = {
@@ -160,5 +168,16 @@ FIXES: dict[str, tuple[str, ...]] = {
         "Use a dtype the device supports (float16 on pre-Ampere GPUs, bfloat16 for CPU autocast), or run "
         "that op in float32 (an fp32 island).",
         "Upgrade torch if the kernel was added later.",
+    ),
+    "LOSS_SCALE_OR_UNDERFLOW": (
+        "Keep trainable parameters in float32 (master weights) with fp16 autocast, or switch to bfloat16, "
+        "which has float32's range and needs no loss scaling.",
+        "If the scale collapses, find the first inf/NaN (`torch.autograd.detect_anomaly()`), lower the "
+        "learning rate or raise Adam's eps; a fixed loss scale hides the problem, it does not fix it.",
+    ),
+    "LOWPREC_ROUNDING": (
+        "Compute the sensitive part in float32: RoPE tables and phases, loss and metric accumulation, "
+        "EMA/master weights and optimizer state (`.float()` or `torch.autocast(..., enabled=False)`).",
+        "Keep bf16 for the matmuls only (autocast), not as the storage dtype of everything.",
     ),
 }

@@ -1,4 +1,4 @@
-"""The weights of evidence: what each kind of clue says about the 19 root causes (torch-free).
+"""The prior weights of evidence: what each kind of clue says about the root causes (torch-free).
 
 Three channels, strongest first:
 - the message's wording (a :class:`~castwise.diagnosis._patterns.Signal`): which op refused
@@ -37,6 +37,8 @@ DIST = "DISTRIBUTED_PRECISION_CONFIG"
 OVF = "FP16_RANGE_OVERFLOW"
 LOSS = "UNSAFE_OR_LOWPREC_LOSS"
 DEV = "DTYPE_UNSUPPORTED_ON_DEVICE"
+SCALE = "LOSS_SCALE_OR_UNDERFLOW"
+ROUND = "LOWPREC_ROUNDING"
 
 Weights = dict[str, float]
 
@@ -86,6 +88,12 @@ FAMILY_WEIGHTS: dict[str, Weights] = {
     "expected-got": {OPT: 4.5, EXT: 1.0, INP: 0.5},
     "triton-dtype": {EXT: 6.0, ISL: 2.0, COMP: 2.0},
     "onednn-primitive": {DEV: 4.0, INP: 1.5, UNC: 1.0},
+    "norm-stats-dtype": {NORM: 10.0, DIST: 1.0},
+    "rotary-dtype": {ISL: 8.0, DIST: 1.5, UNC: 1.0},
+    "quant-dtype-unsupported": {QUANT: 10.0, DEV: 2.0},
+    "flat-param-dtype": {DIST: 8.0, ADA: 2.0},
+    "collective-dtype": {DIST: 8.0},
+    "loss-scale-collapse": {SCALE: 10.0, OVF: 2.0},
 }
 
 

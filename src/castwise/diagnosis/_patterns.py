@@ -210,7 +210,7 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("fp16-overflow", r"value cannot be converted to type (?:at::|c10::)?(\w+) without overflow",
        lambda m: {"first": dtype_name(m.group(1)), "op": "fill"}),
     # overflow that shows as NaN/inf or as a loss scaler giving up: precision, but no dtype clash
-    _p("nan-or-overflow", r"returned nan values|loss scale already at minimum|OVERFLOW! Rank \d+ Skipping step|"
+    _p("nan-or-overflow", r"returned nan values|"
                           r"\bloss (?:is|became|=) nan\b|\bnan loss\b", _const("loss scaling"), dtype_error=False),
     # -- device / dtype support ----------------------------------------------------------------
     _p("autocast-dtype-unsupported",
@@ -353,12 +353,38 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("expected-got", r"\bExpected (\w+), got (\w+)\b", _expected_got, flags=0),
     _p("triton-dtype", r"Both operands must be same dtype\. Got (\w+) and (\w+)",
        _two(1, 2, ("lhs", "rhs"), "triton dot")),
+    _p("triton-dtype", r"First input \((\w+)\) and second input \((\w+)\) must have the same dtype",
+       _two(1, 2, ("lhs", "rhs"), "triton dot")),
+    # SyncBatchNorm's statistics kernel: running stats and counts must share a dtype
+    _p("norm-stats-dtype", r"Expected (counts|running_mean|running_var|mean|invstd) to have type (\w+) but got (\w+)",
+       lambda m: {"first": dtype_name(m.group(2)), "second": dtype_name(m.group(3)),
+                  "roles": ("expected", m.group(1)), "op": "batch_norm_stats"}),
+    # flash-attn's rotary kernel (and its Triton port): the input against the cos/sin tables
+    _p("rotary-dtype", r"Input and cos/sin must have the same dtype, got (" + _DT + r") and (" + _DT + r")",
+       _two(1, 2, ("input", "cos/sin"), "apply_rotary_emb")),
+    # quantisation kernels that compute in one dtype only (AWQ/GPTQ: fp16)
+    _p("quant-dtype-unsupported", r"(" + _DT + r") is not supported for quantization method (\w+)",
+       lambda m: {"first": dtype_name(m.group(1)), "op": m.group(2)}),
+    # FSDP flattens a wrapped module's parameters into one tensor: one dtype only
+    _p("flat-param-dtype", r"FlatParameter`? requires uniform dtype but got (" + _DT + r") and (" + _DT + r")",
+       _two(1, 2, ("", ""), "FSDP flatten")),
+    # collectives (all_gather, reduce_scatter) between buffers of two dtypes
+    _p("collective-dtype", r"output tensor must have the same type as input tensor", _const("collective")),
+    # the dynamic loss scaler shrinking on every step: fp16 gradients overflow (or the scale collapses)
+    _p("loss-scale-collapse", r"loss scale already at minimum|Gradient overflow\.\s+Skipping step|"
+                              r"reducing loss scale to|OVERFLOW! Rank \d+ Skipping step",
+       _const("loss scaling"), dtype_error=False),
+    # bf16 on hardware or builds without it, in the wordings of ptxas, Triton, vLLM and MPS
+    _p("autocast-dtype-unsupported", r"'\.bf16' requires \.target sm_80|doesn'?t support bf16|"
+                                     r"Bfloat16 is only supported on|Trying to convert BFloat16 to the MPS backend|"
+                                     r"BFloat16 is only supported on MacOS|does not support bfloat16",
+       _const("bfloat16")),
 )
 
 
 # every wording above contains one of these words; lines without any are skipped
 _MAYBE = re.compile(r"type|dtype|half|float|bf16|fp16|fp32|implemented|unscale|overflow|autocast|support|nan\b|"
-                    r"same|cublas|operator|got|found|mat2|scalar|mixed|primitive|precision", re.I)
+                    r"same|cublas|operator|got|found|mat2|scalar|mixed|primitive|precision|loss scale|requires", re.I)
 _PAIR_FAMILIES = ("conv-dtype", "matmul-dtype", "scalar-type", "scalar-type-arg", "rnn-dtype", "norm-arg-type",
                   "grad-output-type")
 

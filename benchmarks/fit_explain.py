@@ -1,0 +1,233 @@
+"""Fit ``castwise explain``'s model from the train split of the report corpus.
+
+usage: python benchmarks/fit_explain.py [--check]
+
+Reads ``benchmarks/data/explain/reports.jsonl`` (train split only: the test split is never looked
+at here), reads every report through ``castwise.diagnosis.explain.read_evidence`` (the same code
+``explain`` runs), and fits a multinomial logistic regression over the named evidence:
+
+    score(category) = bias[category] + sum over features f of value(f) * W[f, category]
+
+by minimising the negative log-likelihood plus ``lam * |W - P|^2``, where ``P`` is the prior that
+the hand-written evidence tables give each feature (scaled by ``PRIOR_SCALE``; zero for the
+structural features). With no data the model is the tables; data moves the weights only where
+reports show them wrong. ``lam`` is picked by 5-fold cross-validation on the train split, and the
+softmax temperature is fitted on the out-of-fold scores, so the printed confidence is calibrated.
+
+Writes ``src/castwise/diagnosis/model.json``. Deterministic: same data, same file.
+``--check`` re-fits and exits 1 if the stored model differs (used by the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data" / "explain" / "reports.jsonl"
+OUT = ROOT / "src" / "castwise" / "diagnosis" / "model.json"
+sys.path.insert(0, str(ROOT / "src"))
+
+from castwise.categories import CATEGORIES  # noqa: E402
+from castwise.diagnosis._features import PRIOR_SCALE, static_priors  # noqa: E402
+from castwise.diagnosis.explain import read_evidence  # noqa: E402
+
+TEST_FRACTION = 0.35
+LAMBDAS = (0.3, 1.0, 3.0, 10.0)
+BIAS_L2 = 0.1
+STEPS = 1500
+LR = 0.05
+FOLDS = 5
+UNSURE_BELOW = 0.5
+TEMPERATURES = tuple(round(0.5 + 0.05 * i, 2) for i in range(51))  # 0.5 .. 3.0
+
+
+def split_of(report_id: str) -> str:
+    """The split, from a stable hash of the id: assigned once, before any fitting."""
+    h = int(hashlib.sha256(report_id.encode()).hexdigest()[:8], 16) / 2**32
+    return "test" if h < TEST_FRACTION else "train"
+
+
+def fold_of(report_id: str) -> int:
+    return int(hashlib.sha256(f"fold:{report_id}".encode()).hexdigest()[:8], 16) % FOLDS
+
+
+def load(split: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for r in rows:
+        if r["split"] != split_of(r["id"]):
+            raise SystemExit(f"{r['id']}: stored split {r['split']!r} differs from the hash split")
+    return [r for r in rows if r["split"] == split]
+
+
+def design(reports: list[dict[str, Any]], cats: list[str]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray,
+                                                                    dict[str, str]]:
+    """X (reports x features), y, the feature names, the prior P (features x categories) and a
+    description of each feature (for the settle hints)."""
+    priors: dict[str, dict[str, float]] = dict(static_priors())
+    rows: list[dict[str, float]] = []
+    whys: dict[str, str] = {}
+    for r in reports:
+        evidence = read_evidence(r["text"])
+        for f in evidence.features:
+            priors.setdefault(f.name, f.prior)
+            whys.setdefault(f.name, f.why)
+        rows.append(evidence.vector())
+    names = sorted(priors)
+    index = {n: i for i, n in enumerate(names)}
+    x = np.zeros((len(reports), len(names)))
+    for i, row in enumerate(rows):
+        for n, v in row.items():
+            x[i, index[n]] = v
+    y = np.array([cats.index(r["category"]) for r in reports])
+    p = np.zeros((len(names), len(cats)))
+    for n, w in priors.items():
+        for c, v in w.items():
+            p[index[n], cats.index(c)] = PRIOR_SCALE * v
+    return x, y, names, p, {n: _describe(n) for n in names}
+
+
+def _describe(name: str) -> str:
+    kind, _, what = name.partition(":")
+    return {
+        "frame": f"a traceback frame in {what}",
+        "lib": f"a traceback going through {what}",
+        "text": f"{what} named in the code or text",
+        "clue": f"{what} in the report",
+        "msg": f"the message wording `{what}`",
+    }.get(kind, "")
+
+
+def fit(x: np.ndarray, y: np.ndarray, p: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Adam on the penalised negative log-likelihood, from the prior; fixed steps: deterministic."""
+    n, c = x.shape[0], p.shape[1]
+    w = p.copy()
+    b = np.zeros(c)
+    onehot = np.eye(c)[y]
+    mw, vw, mb, vb = np.zeros_like(w), np.zeros_like(w), np.zeros_like(b), np.zeros_like(b)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for t in range(1, STEPS + 1):
+        z = x @ w + b
+        z -= z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        prob = e / e.sum(axis=1, keepdims=True)
+        g = prob - onehot
+        gw = x.T @ g + 2 * lam * (w - p)
+        gb = g.sum(axis=0) + 2 * BIAS_L2 * b
+        mw = b1 * mw + (1 - b1) * gw
+        vw = b2 * vw + (1 - b2) * gw * gw
+        mb = b1 * mb + (1 - b1) * gb
+        vb = b2 * vb + (1 - b2) * gb * gb
+        w -= LR * (mw / (1 - b1**t)) / (np.sqrt(vw / (1 - b2**t)) + eps)
+        b -= LR * (mb / (1 - b1**t)) / (np.sqrt(vb / (1 - b2**t)) + eps)
+    _ = n
+    return w, b
+
+
+def _nll(z: np.ndarray, y: np.ndarray, temperature: float) -> float:
+    s = z / temperature
+    s = s - s.max(axis=1, keepdims=True)
+    logp = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(y)), y].mean())
+
+
+def build() -> dict[str, Any]:
+    cats = list(CATEGORIES)
+    train = load("train")
+    x, y, names, p, descriptions = design(train, cats)
+    folds = np.array([fold_of(r["id"]) for r in train])
+    best: tuple[float, float, float, np.ndarray] | None = None
+    cv: dict[str, dict[str, float]] = {}
+    for lam in LAMBDAS:
+        oof = np.zeros((len(train), len(cats)))
+        for k in range(FOLDS):
+            tr, te = folds != k, folds == k
+            w, b = fit(x[tr], y[tr], p, lam)
+            oof[te] = x[te] @ w + b
+        acc = float((oof.argmax(axis=1) == y).mean())
+        nll = _nll(oof, y, 1.0)
+        cv[str(lam)] = {"oof_top1": round(acc, 4), "oof_nll": round(nll, 4)}
+        if best is None or (acc, -nll) > (best[0], -best[1]):
+            best = (acc, nll, lam, oof)
+    assert best is not None
+    _, _, lam, oof = best
+    temperature = min(TEMPERATURES, key=lambda t: (_nll(oof, y, t), t))
+    w, b = fit(x, y, p, lam)
+    keep = [i for i in range(len(names)) if np.abs(w[i]).max() >= 1e-4]
+    return {
+        "format": 1,
+        "categories": cats,
+        "bias": [round(float(v), 4) for v in b],
+        "temperature": temperature,
+        "unsure_below": UNSURE_BELOW,
+        "weights": {names[i]: [round(float(v), 4) for v in w[i]] for i in keep},
+        "descriptions": {names[i]: descriptions[names[i]] for i in keep if descriptions[names[i]]},
+        "meta": {
+            "data_sha256": hashlib.sha256(DATA.read_bytes()).hexdigest(),
+            "train_reports": len(train),
+            "features": len(keep),
+            "lambda": lam,
+            "prior_scale": PRIOR_SCALE,
+            "cross_validation": cv,
+            "oof_top1_calibrated": round(float((oof.argmax(axis=1) == y).mean()), 4),
+        },
+    }
+
+
+def dump(model: dict[str, Any]) -> str:
+    """One feature per line: a re-fit shows up in a diff as the weights it moved."""
+    head = {k: v for k, v in model.items() if k not in ("weights", "descriptions")}
+    lines = ["{"]
+    for k, v in head.items():
+        lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
+    lines.append('  "weights": {')
+    items = list(model["weights"].items())
+    for i, (k, v) in enumerate(items):
+        lines.append(f"    {json.dumps(k, ensure_ascii=False)}: {json.dumps(v)}{',' if i < len(items) - 1 else ''}")
+    lines.append("  },")
+    lines.append('  "descriptions": {')
+    items = list(model["descriptions"].items())
+    for i, (k, v) in enumerate(items):
+        sep = "," if i < len(items) - 1 else ""
+        lines.append(f"    {json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}{sep}")
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def same(a: dict[str, Any], b: dict[str, Any], tol: float = 2e-3) -> bool:
+    """Equal up to float noise across machines (BLAS summation order)."""
+    if a.keys() != b.keys() or a["categories"] != b["categories"] or set(a["weights"]) != set(b["weights"]):
+        return False
+    if abs(a["temperature"] - b["temperature"]) > 0.051 or a["meta"]["lambda"] != b["meta"]["lambda"]:
+        return False
+    if max(abs(u - v) for u, v in zip(a["bias"], b["bias"], strict=True)) > tol:
+        return False
+    return all(abs(u - v) <= tol for k in a["weights"] for u, v in zip(a["weights"][k], b["weights"][k], strict=True))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="re-fit and compare with the stored model.json")
+    args = ap.parse_args()
+    model = build()
+    if args.check:
+        stored = json.loads(OUT.read_text(encoding="utf-8"))
+        ok = same(model, stored)
+        print("model.json matches a re-fit" if ok else "model.json differs from a re-fit: run fit_explain.py")
+        return 0 if ok else 1
+    OUT.write_text(dump(model), encoding="utf-8")
+    m = model["meta"]
+    print(f"wrote {OUT.relative_to(ROOT)}: {m['train_reports']} train reports, {m['features']} features, "
+          f"lambda {m['lambda']}, temperature {model['temperature']}, CV {m['cross_validation']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
