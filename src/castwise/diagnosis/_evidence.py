@@ -89,6 +89,7 @@ FAMILY_WEIGHTS: dict[str, Weights] = {
     "triton-dtype": {EXT: 6.0, ISL: 2.0, COMP: 2.0},
     "onednn-primitive": {DEV: 4.0, INP: 1.5, UNC: 1.0},
     "norm-stats-dtype": {NORM: 10.0, DIST: 1.0},
+    "cat-dtype": {STRICT: 3.0, UNC: 3.0, INP: 1.0},
     "rotary-dtype": {ISL: 8.0, DIST: 1.5, UNC: 1.0},
     "quant-dtype-unsupported": {QUANT: 10.0, DEV: 2.0},
     "flat-param-dtype": {DIST: 8.0, ADA: 2.0},
@@ -151,7 +152,7 @@ FRAME_CLUES: tuple[Clue, ...] = (
     _c("Triton kernel", r"triton/", {EXT: 4.0, COMP: 1.0}),
     _c("binary_cross_entropy", r"functional\.py binary_cross_entropy\b", {LOSS: 8.0}),
     _c("attention kernel call", r"scaled_dot_product_attention|sdpa_attention", {MASK: 2.0, ISL: 1.0}),
-    _c("timestep embedding", r"(get_timestep_embedding|timestep_embedding|Timesteps)", {UNC: 5.0}),
+    _c("timestep embedding", r"get_timestep_embedding|timestep_embedding|\bTimesteps\b", {UNC: 5.0}, flags=0),
     _c("RNN module", r"torch/nn/modules/rnn\.py", {INP: 2.0}),
     _c("generate()", r"generation/utils\.py|\bgenerate\b", {ADA: 1.0, LEAK: 1.0, INP: 0.5}),
 )
@@ -195,7 +196,8 @@ TEXT_CLUES: tuple[Clue, ...] = (
     _c("custom op/extension", r"custom_fwd|custom_bwd|autograd\.function|\bextension\b|cpp_extension|\bcuda kernel|"
                               r"\.cu\b|triton|\bfused_bias|custom (cuda|c\+\+|op|kernel)", {EXT: 3.0}),
     # ops that ship as compiled extensions in detection/vision code bases
-    _c("extension op", r"deform_?conv|\bdcn(v\d)?\b|roi_?align|roi_?pool|\bnms\b|\w_cuda\.\w+\(|\b_C\.\w+\(",
+    _c("extension op", r"deform(?:able)?[_ ]?(?:conv|pool|attn)|\bdcn(v\d)?\b|roi_?align|roi_?pool|\bnms\b|carafe|"
+                       r"ms_deform|spconv|\w_cuda\.\w+\(|\b_C\.\w+\(|\bext\.\w+\(",
        {EXT: 3.0}),
     _c("attention mask/bias", r"attn_mask|attention_mask|attn_bias|causal_mask|\bmask\b|additive bias|alibi|"
                               r"position_bias", {MASK: 3.0}),

@@ -82,7 +82,8 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
                              r"(?:decrease|converge))|never converges?|decreases? (?:much )?(?:more )?slowly|"
                              r"hasn'?t responded", {ev.SCALE: 1.5, ev.ROUND: 1.5}),
     ev._c("precision-loss words", r"precision (?:loss|issues?|errors?|problems?)|los(?:e|es|t|ing) precision|"
-                                  r"\brounded?\b|\brounding\b|mantissa|\bulp\b|stochastic rounding|"
+                                  r"\brounded?\b|\brounding\b|mantissa|\bulp\b|stochastic rounding|epsilon|"
+                                  r"numerically identical|(?:can ?not|can no longer|cannot) represent|"
                                   r"accumulat(?:e|ion|ing) in (?:bf16|fp16|half|bfloat16)", {ev.ROUND: 3.0}),
     ev._c("results drift", r"different (?:results|outputs|values)|differs? from (?:fp32|float32|eager)|"
                            r"diverge(?:s|nce)?|allclose|not (?:bit-)?exact|mismatch between", {ev.ROUND: 1.5, ev.COMP: 0.5}),
@@ -102,6 +103,10 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
     ev._c("zh: fine-tuning", r"微调|训练", {}),
     ev._c("zh: inference", r"推理", {}),
     # flags that say how the run was set up: no prior, the data decides what they mean
+    ev._c("dtype mismatch words", r"dtype mismatch|type mismatch|mismatch(?:ed)? (?:of )?(?:d)?types?|"
+                                  r"same (?:d)?type|types? (?:do not|don'?t) match|wrong (?:d)?type", {}),
+    # (no clue for the half-precision words themselves: nearly every report has them, so they
+    # would only learn the corpus's class frequencies)
     ev._c("model cast to half", r"\.half\(\)|torch_dtype\s*=\s*torch\.(?:float16|half|bfloat16)|"
                                 r"model\.to\([^)]*(?:float16|bfloat16|half)", {}),
     ev._c("precision flag", r"--(?:fp16|bf16)\b|\b(?:fp16|bf16)\s*=\s*true|mixed_precision|precision\s*[=:]\s*['\"]?"
@@ -225,10 +230,14 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
             feats.append(Feature(f"clue:{clue.name}", 1.0, f"context: {clue.name} ({m.group(0).strip()!r})",
                                  clue.weights))
 
-    # 4. the report's shape: an error raised, or a silent problem described in words
+    # 4. the report's shape: an error raised, or a silent problem described in words. The same
+    # words mean different things in the two (a T4 named next to an error is a missing kernel,
+    # next to NaN outputs an fp16 overflow): in silent reports the word clues get their own weights
     has_error = bool(_ERROR_LINE.search(text)) or any(s.dtype_error for s in signals)
     if not has_error and not signals:
         feats.append(Feature("shape:no error message", 1.0, "no error message: a silent problem"))
+        feats.extend(Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised")
+                     for f in list(feats) if f.name.startswith(("text:", "clue:")))
     return Evidence(tuple(feats), tuple(signals), tuple(frames), has_error)
 
 

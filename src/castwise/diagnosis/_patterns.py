@@ -353,6 +353,16 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("expected-got", r"\bExpected (\w+), got (\w+)\b", _expected_got, flags=0),
     _p("triton-dtype", r"Both operands must be same dtype\. Got (\w+) and (\w+)",
        _two(1, 2, ("lhs", "rhs"), "triton dot")),
+    # torch.cat / stack: "for sequence element 2 in sequence argument at position #1 'tensors'"
+    _p("cat-dtype", r"Expected object of scalar type (\w+) but got scalar type (\w+) for sequence element",
+       _two(1, 2, ("expected", "found"), "cat")),
+    # the oldest wording: "expected FloatTensor but found DoubleTensor", "expected Float but found Half"
+    _p("scalar-type", r"expected (?:type )?(\w*(?:Tensor|Float|Half|Double|BFloat16)) but (?:found|got) "
+                      r"(?:type )?(\w*(?:Tensor|Float|Half|Double|BFloat16))\b",
+       _two(1, 2, ("expected", "found"))),
+    # messages cut short by a log, a title or an issue form: one dtype is still evidence
+    _p("scalar-type", r"expected (?:object of )?scalar type (\w+)(?: but)?\s*(?:\.\.\.|…|$)",
+       lambda m: {"first": dtype_name(m.group(1)), "roles": ("expected", "found")}),
     _p("triton-dtype", r"First input \((\w+)\) and second input \((\w+)\) must have the same dtype",
        _two(1, 2, ("lhs", "rhs"), "triton dot")),
     # SyncBatchNorm's statistics kernel: running stats and counts must share a dtype
