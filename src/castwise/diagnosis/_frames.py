@@ -107,7 +107,8 @@ def parse_frames(text: str) -> list[Frame]:
             frames.append(_with_code(frame, _code_after(lines, i + 1)))
             i += 1
             continue
-        r = _RICH.match(raw) if "│" in raw or "|" in raw else None
+        # rich's frames, with their box edges or without (the reader strips box drawing)
+        r = _RICH.match(raw)
         if r is not None:
             frames.append(_frame(r.group("file"), r.group("line"), r.group("func")))
             i += 1
@@ -131,7 +132,7 @@ def evidence_text(text: str, frames: list[Frame], inner: int = 3) -> str:
         line = _LOG_PREFIX.sub("", raw)
         if _PY.match(line) or _PYTEST.match(line) or _IPY.match(line) or _COLAB.match(line):
             continue
-        if ("│" in line or "|" in line) and _RICH.match(line):
+        if _RICH.match(line):
             continue
         num = _NUMBERED.match(line)
         code = num.group("code").strip() if num else line.strip()

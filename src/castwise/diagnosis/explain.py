@@ -405,6 +405,6 @@ def render(e: Explanation) -> str:
             lines += textwrap.wrap("what would settle it:", width=WIDTH, initial_indent="  ")
             for hint in e.settle:
                 lines += textwrap.wrap(hint, width=WIDTH, initial_indent="    ", subsequent_indent="      ")
-        lines += _field("", "To know rather than guess, run the failing step under castwise.diagnose() or "
-                            "`castwise audit`: they answer from the real dtype flow, not from the text.")
+        lines += _field("to know", "run the failing step under castwise.diagnose() or `castwise audit`: they "
+                                   "answer from the real dtype flow, not from the text.")
     return "\n".join(lines)
