@@ -58,23 +58,33 @@ def score(rows: list[dict[str, Any]], misses: bool = False) -> dict[str, Any]:
         "high": high,
         "high_right": high_right,
         "unsure": unsure,
-        "bins": [{"bin": f"[{lo:.1f}, {min(hi, 1.0):.1f}{']' if hi > 1 else ')'}", "n": v[0], "right": v[1],
-                  "mean_confidence": round(v[2] / v[0], 3) if v[0] else None} for (lo, hi), v in per_bin.items()],
+        "bins": [
+            {
+                "bin": f"[{lo:.1f}, {min(hi, 1.0):.1f}{']' if hi > 1 else ')'}",
+                "n": v[0],
+                "right": v[1],
+                "mean_confidence": round(v[2] / v[0], 3) if v[0] else None,
+            }
+            for (lo, hi), v in per_bin.items()
+        ],
     }
 
 
 def latency(sample: str, runs: int = 7) -> dict[str, Any]:
     """Wall time of `python -m castwise explain -` on one report, and whether torch was imported."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    probe = ("import runpy, sys; sys.argv=['castwise','explain','-']\n"
-             "try:\n    runpy.run_module('castwise', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_FREE', file=sys.stderr)")
+    probe = (
+        "import runpy, sys; sys.argv=['castwise','explain','-']\n"
+        "try:\n    runpy.run_module('castwise', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('TORCH_IMPORTED' if 'torch' in sys.modules else 'TORCH_FREE', file=sys.stderr)"
+    )
     times = []
     torch_free = True
     for _ in range(runs):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", probe], input=sample, capture_output=True, text=True, env=env,
-                             check=False)
+        out = subprocess.run(
+            [sys.executable, "-c", probe], input=sample, capture_output=True, text=True, env=env, check=False
+        )
         times.append(time.perf_counter() - t0)
         torch_free = torch_free and "TORCH_FREE" in out.stderr
     return {"median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3), "torch_free": torch_free}
@@ -98,19 +108,25 @@ def main() -> int:
         result[split] = s
         n = s["n"]
         prec = f"{s['high_right']}/{s['high']} ({100 * s['high_right'] / s['high']:.0f}%)" if s["high"] else "n/a"
-        print(f"  top-1 {s['top1']}/{n} ({100 * s['top1'] / n:.1f}%)  top-3 {s['top3']}/{n} "
-              f"({100 * s['top3'] / n:.1f}%)  confidence>=0.8: {prec} right  unsure: {s['unsure']}")
+        print(
+            f"  top-1 {s['top1']}/{n} ({100 * s['top1'] / n:.1f}%)  top-3 {s['top3']}/{n} "
+            f"({100 * s['top3'] / n:.1f}%)  confidence>=0.8: {prec} right  unsure: {s['unsure']}"
+        )
         print("  reliability:  bin          n  right  accuracy  mean conf")
         for b in s["bins"]:
             if b["n"]:
-                print(f"                {b['bin']:<11} {b['n']:>3}  {b['right']:>5}  {b['right'] / b['n']:>8.2f}"
-                      f"  {b['mean_confidence']:>9.2f}")
+                print(
+                    f"                {b['bin']:<11} {b['n']:>3}  {b['right']:>5}  {b['right'] / b['n']:>8.2f}"
+                    f"  {b['mean_confidence']:>9.2f}"
+                )
     if not args.no_latency:
         sample = next(r["text"] for r in rows if r["kind"] == "exception" and "Traceback" in r["text"])
         lat = latency(sample)
         result["latency"] = lat
-        print(f"castwise explain (fresh process): median {lat['median_s']} s, max {lat['max_s']} s, "
-              f"torch {'not imported' if lat['torch_free'] else 'IMPORTED'}")
+        print(
+            f"castwise explain (fresh process): median {lat['median_s']} s, max {lat['max_s']} s, "
+            f"torch {'not imported' if lat['torch_free'] else 'IMPORTED'}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0

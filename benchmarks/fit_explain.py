@@ -72,8 +72,9 @@ def load(split: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["split"] == split]
 
 
-def design(reports: list[dict[str, Any]], cats: list[str]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray,
-                                                                    dict[str, str]]:
+def design(
+    reports: list[dict[str, Any]], cats: list[str]
+) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, dict[str, str]]:
     """X (reports x features), y, the feature names, the prior P (features x categories) and a
     description of each feature (for the settle hints)."""
     priors: dict[str, dict[str, float]] = dict(static_priors())
@@ -156,8 +157,18 @@ def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
     if stored is not None:
         lam = (float(stored["meta"]["lambda"][0]), float(stored["meta"]["lambda"][1]))
         w, b = fit(x, y, p, lam)
-        return _model(cats, names, descriptions, w, b, lam, float(stored["temperature"]), len(train),
-                      dict(stored["meta"]["cross_validation"]), float(stored["meta"]["oof_top1_calibrated"]))
+        return _model(
+            cats,
+            names,
+            descriptions,
+            w,
+            b,
+            lam,
+            float(stored["temperature"]),
+            len(train),
+            dict(stored["meta"]["cross_validation"]),
+            float(stored["meta"]["oof_top1_calibrated"]),
+        )
     folds = np.array([fold_of(r["id"]) for r in train])
     cv: dict[str, dict[str, float]] = {}
     runs: list[tuple[float, tuple[float, float], np.ndarray]] = []
@@ -178,13 +189,23 @@ def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
     _, lam, oof = max((r for r in runs if r[0] >= top - se), key=lambda r: r[1])
     temperature = min(TEMPERATURES, key=lambda t: (_nll(oof, y, t), t))
     w, b = fit(x, y, p, lam)
-    return _model(cats, names, descriptions, w, b, lam, temperature, len(train), cv,
-                  float((oof.argmax(axis=1) == y).mean()))
+    return _model(
+        cats, names, descriptions, w, b, lam, temperature, len(train), cv, float((oof.argmax(axis=1) == y).mean())
+    )
 
 
-def _model(cats: list[str], names: list[str], descriptions: dict[str, str], w: np.ndarray, b: np.ndarray,
-           lam: tuple[float, float], temperature: float, n_train: int, cv: dict[str, Any],
-           oof_top1: float) -> dict[str, Any]:
+def _model(
+    cats: list[str],
+    names: list[str],
+    descriptions: dict[str, str],
+    w: np.ndarray,
+    b: np.ndarray,
+    lam: tuple[float, float],
+    temperature: float,
+    n_train: int,
+    cv: dict[str, Any],
+    oof_top1: float,
+) -> dict[str, Any]:
     keep = [i for i in range(len(names)) if np.abs(w[i]).max() >= 1e-4]
     return {
         "format": 1,
@@ -240,8 +261,11 @@ def same(a: dict[str, Any], b: dict[str, Any], tol: float = 2e-3) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true",
-                    help="re-fit with the stored regularisation and compare with the stored model.json")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="re-fit with the stored regularisation and compare with the stored model.json",
+    )
     args = ap.parse_args()
     if args.check:
         stored = json.loads(OUT.read_text(encoding="utf-8"))
@@ -251,8 +275,10 @@ def main() -> int:
     model = build()
     OUT.write_text(dump(model), encoding="utf-8")
     m = model["meta"]
-    print(f"wrote {OUT.relative_to(ROOT)}: {m['train_reports']} train reports, {m['features']} features, "
-          f"lambda {m['lambda']}, temperature {model['temperature']}, CV {m['cross_validation']}")
+    print(
+        f"wrote {OUT.relative_to(ROOT)}: {m['train_reports']} train reports, {m['features']} features, "
+        f"lambda {m['lambda']}, temperature {model['temperature']}, CV {m['cross_validation']}"
+    )
     return 0
 
 

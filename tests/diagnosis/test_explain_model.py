@@ -53,8 +53,12 @@ def test_model_file_is_well_formed_and_shipped() -> None:
 def test_model_file_is_what_the_fitting_script_writes() -> None:
     # the cheap form: re-fit with the stored regularisation (the cross-validation that chose it
     # is the script's job); float noise across machines is tolerated, a stale file is not
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fit_explain.py"), "--check"],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fit_explain.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -88,19 +92,25 @@ def test_unsure_answers_show_three_candidates_and_what_would_settle_it() -> None
 def test_silent_problems_get_an_answer() -> None:
     black = explain("SDXL renders black images at the end of sampling, no error message. fp16 VAE.")
     assert black.category == "FP16_RANGE_OVERFLOW" and not black.is_dtype_error
-    scale = explain("Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 1.5e-20\n"
-                    "Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 7.4e-21")
+    scale = explain(
+        "Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 1.5e-20\n"
+        "Gradient overflow. Skipping step, loss scaler 0 reducing loss scale to 7.4e-21"
+    )
     assert scale.category == "LOSS_SCALE_OR_UNDERFLOW"
-    rope = explain("Loss is worse in bf16: the RoPE cos/sin tables are computed in bfloat16 and lose precision "
-                   "at long context; positions above 256 get rounded.")
+    rope = explain(
+        "Loss is worse in bf16: the RoPE cos/sin tables are computed in bfloat16 and lose precision "
+        "at long context; positions above 256 get rounded."
+    )
     assert rope.category == "LOWPREC_ROUNDING"
 
 
 def test_context_that_changes_the_answer() -> None:
-    t4 = explain("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
-                 "Your Tesla T4 GPU has compute capability 7.5.")
+    t4 = explain(
+        "ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+        "Your Tesla T4 GPU has compute capability 7.5."
+    )
     assert t4.category == "DTYPE_UNSUPPORTED_ON_DEVICE" and t4.level == "high"
-    cpu = explain('RuntimeError: "addmm_impl_cpu_" not implemented for \'Half\'')
+    cpu = explain("RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'")
     assert cpu.category == "DTYPE_UNSUPPORTED_ON_DEVICE"
 
 
@@ -109,12 +119,15 @@ def test_evidence_is_read_the_same_way_for_fitting_and_answering() -> None:
     ev = read_evidence("RuntimeError: Expected counts to have type Half but got Float  # SyncBatchNorm")
     names = {f.name for f in ev.features}
     assert "msg:norm-stats-dtype" in names and "clue:SyncBatchNorm" in names
-    assert explain("RuntimeError: Expected counts to have type Half but got Float").category == \
-        "NORM_PARAM_OR_STATS_DTYPE"
+    assert (
+        explain("RuntimeError: Expected counts to have type Half but got Float").category == "NORM_PARAM_OR_STATS_DTYPE"
+    )
 
 
 def test_explain_path_stays_torch_free() -> None:
-    code = ("import sys; import castwise; castwise.explain('RuntimeError: expected scalar type Half but found "
-            "Float'); print('torch' in sys.modules)")
+    code = (
+        "import sys; import castwise; castwise.explain('RuntimeError: expected scalar type Half but found "
+        "Float'); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -24,8 +24,10 @@ def test_ansi_colour_codes_are_dropped() -> None:
 
 
 def test_rank_prefixes_are_dropped_from_frames_and_error() -> None:
-    text = "".join(f"[rank0]: {line}\n" for line in (LORA_FRAMES + "RuntimeError: expected scalar type Float but "
-                                                     "found BFloat16").splitlines())
+    text = "".join(
+        f"[rank0]: {line}\n"
+        for line in (LORA_FRAMES + "RuntimeError: expected scalar type Float but found BFloat16").splitlines()
+    )
     e = explain(text)
     assert e.error is not None and not e.error.startswith("[rank")
     assert e.locus is not None and e.locus.library == "peft"
@@ -33,9 +35,11 @@ def test_rank_prefixes_are_dropped_from_frames_and_error() -> None:
 
 
 def test_conv_message_wrapped_over_two_lines_is_read() -> None:
-    text = ("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type\n"
-            "(torch.cuda.FloatTensor) should be the same or input should be a MKLDNN tensor and weight is a dense "
-            "tensor\n")
+    text = (
+        "RuntimeError: Input type (torch.cuda.HalfTensor) and weight type\n"
+        "(torch.cuda.FloatTensor) should be the same or input should be a MKLDNN tensor and weight is a dense "
+        "tensor\n"
+    )
     sigs = read_signals(normalise(text))
     assert [s.family for s in sigs] == ["conv-dtype"]
     assert sigs[0].dtypes == ("float16", "float32")
@@ -69,10 +73,12 @@ def test_chained_exception_locus_is_the_raising_frame() -> None:
 
 
 def test_chain_markers_split_the_blocks_in_printed_order() -> None:
-    text = ("Traceback (most recent call last):\n  File \"a.py\", line 3, in f\nRuntimeError: Index put requires the "
-            "source and destination dtypes match, got Float for the destination and Half for the source.\n\n"
-            "During handling of the above exception, another exception occurred:\n\n"
-            "Traceback (most recent call last):\n  File \"b.py\", line 9, in g\nKeyError: 'x'\n")
+    text = (
+        'Traceback (most recent call last):\n  File "a.py", line 3, in f\nRuntimeError: Index put requires the '
+        "source and destination dtypes match, got Float for the destination and Half for the source.\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File \"b.py\", line 9, in g\nKeyError: 'x'\n"
+    )
     assert len(split_chain(text).blocks) == 2
     assert "a.py" in raising_block(text, lambda b: bool(read_signals(b)))
     e = explain(text)
@@ -113,12 +119,14 @@ RuntimeError: expected scalar type Half but found Float
 
 
 def test_progress_bars_and_redraws_are_skipped() -> None:
-    text = ("Steps:   0%|          | 0/800 [00:00<?, ?it/s]\rSteps:   0%|          | 0/800 [00:01<?, ?it/s]"
-            "Traceback (most recent call last):\n"
-            "  File \"/env/site-packages/torch/amp/grad_scaler.py\", line 259, in _unscale_grads_\n"
-            "    raise ValueError(\"Attempting to unscale FP16 gradients.\")\n"
-            "ValueError: Attempting to unscale FP16 gradients.\n"
-            "  0%|          | 0/6931 [00:01<?, ?it/s]\n")
+    text = (
+        "Steps:   0%|          | 0/800 [00:00<?, ?it/s]\rSteps:   0%|          | 0/800 [00:01<?, ?it/s]"
+        "Traceback (most recent call last):\n"
+        '  File "/env/site-packages/torch/amp/grad_scaler.py", line 259, in _unscale_grads_\n'
+        '    raise ValueError("Attempting to unscale FP16 gradients.")\n'
+        "ValueError: Attempting to unscale FP16 gradients.\n"
+        "  0%|          | 0/6931 [00:01<?, ?it/s]\n"
+    )
     clean = normalise(text)
     assert "it/s" not in clean
     e = explain(text)
@@ -127,24 +135,36 @@ def test_progress_bars_and_redraws_are_skipped() -> None:
 
 
 def test_new_wordings() -> None:
-    cases = {
-        "RuntimeError: Expected counts to have type Half but got Float": "norm-stats-dtype",
-        "AssertionError: Input and cos/sin must have the same dtype, got torch.float32 and torch.bfloat16":
+    cases = [
+        ("RuntimeError: Expected counts to have type Half but got Float", "norm-stats-dtype"),
+        (
+            "AssertionError: Input and cos/sin must have the same dtype, got torch.float32 and torch.bfloat16",
             "rotary-dtype",
-        "ValueError: torch.bfloat16 is not supported for quantization method awq. Supported dtypes: [torch.float16]":
+        ),
+        (
+            "ValueError: torch.bfloat16 is not supported for quantization method awq. Supported dtypes: "
+            "[torch.float16]",
             "quant-dtype-unsupported",
-        "ValueError: `FlatParameter` requires uniform dtype but got torch.float16 and torch.float32": "flat-param-dtype",
-        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.":
+        ),
+        (
+            "ValueError: `FlatParameter` requires uniform dtype but got torch.float16 and torch.float32",
+            "flat-param-dtype",
+        ),
+        (
+            "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
             "loss-scale-collapse",
-        "loss.backward() --> expected FloatTensor but found DoubleTensor": "scalar-type",
-    }
-    for text, family in cases.items():
+        ),
+        ("loss.backward() --> expected FloatTensor but found DoubleTensor", "scalar-type"),
+    ]
+    for text, family in cases:
         assert [s.family for s in read_signals(text)] == [family], text
 
 
 def test_report_in_chinese_is_read() -> None:
-    text = ("微调时报错AssertionError: Input and cos/sin must have the same dtype, got torch.float32 and torch.bfloat16\n"
-            "发现用flash-attn的时候，用bf16加载模型，会进入`apply_rotary_emb`函数，会强制把q转为float类型")
+    text = (
+        "微调时报错AssertionError: Input and cos/sin must have the same dtype, got torch.float32 and torch.bfloat16\n"
+        "发现用flash-attn的时候，用bf16加载模型，会进入`apply_rotary_emb`函数，会强制把q转为float类型"
+    )
     e = explain(text)
     assert e.signal is not None and e.signal.startswith("rotary-dtype")
     assert e.category == "AUTOCAST_FP32_ISLAND_INTO_STRICT_KERNEL"

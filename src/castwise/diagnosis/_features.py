@@ -66,31 +66,67 @@ class Evidence:
 
 # -- typed context clues beyond the hand-written tables ---------------------------------------
 CONTEXT_CLUES: tuple[ev.Clue, ...] = (
-    ev._c("GPU without bf16", r"\b(?:tesla )?(?:t4|v100|p100|p40|k80|gtx ?1\d\d\d|rtx ?20[6-8]0|20[6-8]0 ?ti|"
-                              r"1080 ?ti|turing|volta|pascal|sm_?[67]\d)\b|compute capability (?:of )?[3-7]\.\d",
-          {ev.DEV: 3.0}),
-    ev._c("CPU run", r"\bon (?:the )?cpu\b|device\s*=\s*['\"]cpu|--use-cpu|--device cpu|cpu[- ]only|cpu版本|"
-                     r"在cpu|\bcpu\b[^\n]{0,20}(?:inference|推理)|_cpu_?\b", {ev.DEV: 2.0}),
-    ev._c("macOS / Apple GPU", r"\bmps\b|macbook|mac ?os|\bmac\b|apple silicon|\bm[1-4] (?:pro|max|ultra)\b|"
-                               r"sonoma|sequoia|ventura", {ev.DEV: 2.0}),
-    ev._c("resume / checkpoint reload", r"resum(?:e|ing)|load_state_dict|from_checkpoint|reload(?:ed|ing)? "
-                                        r"(?:the )?checkpoint", {ev.OPT: 1.5}),
-    ev._c("black or blank images", r"black (?:images?|output|result|screen|video)|(?:all|pure|completely|total) "
-                                   r"black|黑屏|黑图|全黑|blank images?", {ev.OVF: 4.0}),
+    ev._c(
+        "GPU without bf16",
+        r"\b(?:tesla )?(?:t4|v100|p100|p40|k80|gtx ?1\d\d\d|rtx ?20[6-8]0|20[6-8]0 ?ti|"
+        r"1080 ?ti|turing|volta|pascal|sm_?[67]\d)\b|compute capability (?:of )?[3-7]\.\d",
+        {ev.DEV: 3.0},
+    ),
+    ev._c(
+        "CPU run",
+        r"\bon (?:the )?cpu\b|device\s*=\s*['\"]cpu|--use-cpu|--device cpu|cpu[- ]only|cpu版本|"
+        r"在cpu|\bcpu\b[^\n]{0,20}(?:inference|推理)|_cpu_?\b",
+        {ev.DEV: 2.0},
+    ),
+    ev._c(
+        "macOS / Apple GPU",
+        r"\bmps\b|macbook|mac ?os|\bmac\b|apple silicon|\bm[1-4] (?:pro|max|ultra)\b|"
+        r"sonoma|sequoia|ventura",
+        {ev.DEV: 2.0},
+    ),
+    ev._c(
+        "resume / checkpoint reload",
+        r"resum(?:e|ing)|load_state_dict|from_checkpoint|reload(?:ed|ing)? "
+        r"(?:the )?checkpoint",
+        {ev.OPT: 1.5},
+    ),
+    ev._c(
+        "black or blank images",
+        r"black (?:images?|output|result|screen|video)|(?:all|pure|completely|total) "
+        r"black|黑屏|黑图|全黑|blank images?",
+        {ev.OVF: 4.0},
+    ),
     ev._c("loss scaling", r"loss[ _]?scal(?:e|er|ing)|skipping step|min_loss_scale|dynamic loss", {ev.SCALE: 3.0}),
-    ev._c("training stalls", r"(?:loss|training)[^\n.]{0,20}(?:not decreas|stuck|stall|plateau|doesn'?t "
-                             r"(?:decrease|converge))|never converges?|decreases? (?:much )?(?:more )?slowly|"
-                             r"hasn'?t responded", {ev.SCALE: 1.5, ev.ROUND: 1.5}),
-    ev._c("precision-loss words", r"precision (?:loss|issues?|errors?|problems?)|los(?:e|es|t|ing) precision|"
-                                  r"\brounded?\b|\brounding\b|mantissa|\bulp\b|stochastic rounding|epsilon|"
-                                  r"numerically identical|(?:can ?not|can no longer|cannot) represent|"
-                                  r"accumulat(?:e|ion|ing) in (?:bf16|fp16|half|bfloat16)", {ev.ROUND: 3.0}),
-    ev._c("results drift", r"different (?:results|outputs|values)|differs? from (?:fp32|float32|eager)|"
-                           r"diverge(?:s|nce)?|allclose|not (?:bit-)?exact|mismatch between", {ev.ROUND: 1.5, ev.COMP: 0.5}),
+    ev._c(
+        "training stalls",
+        r"(?:loss|training)[^\n.]{0,20}(?:not decreas|stuck|stall|plateau|doesn'?t "
+        r"(?:decrease|converge))|never converges?|decreases? (?:much )?(?:more )?slowly|"
+        r"hasn'?t responded",
+        {ev.SCALE: 1.5, ev.ROUND: 1.5},
+    ),
+    ev._c(
+        "precision-loss words",
+        r"precision (?:loss|issues?|errors?|problems?)|los(?:e|es|t|ing) precision|"
+        r"\brounded?\b|\brounding\b|mantissa|\bulp\b|stochastic rounding|epsilon|"
+        r"numerically identical|(?:can ?not|can no longer|cannot) represent|"
+        r"accumulat(?:e|ion|ing) in (?:bf16|fp16|half|bfloat16)",
+        {ev.ROUND: 3.0},
+    ),
+    ev._c(
+        "results drift",
+        r"different (?:results|outputs|values)|differs? from (?:fp32|float32|eager)|"
+        r"diverge(?:s|nce)?|allclose|not (?:bit-)?exact|mismatch between",
+        {ev.ROUND: 1.5, ev.COMP: 0.5},
+    ),
     ev._c("EMA", r"\bema\b|moving average", {ev.OPT: 1.5, ev.ROUND: 1.0}),
-    ev._c("rotary embeddings", r"\brope\b|rotary|cos_cached|sin_cached|inv_freq|\bcos\b.{0,10}\bsin\b",
-          {ev.ROUND: 0.5, ev.ISL: 1.0}),
-    ev._c("apex fused norm", r"fusedlayernorm|fusedrmsnorm|fused_layer_norm|fused_rms_norm", {ev.EXT: 2.0, ev.LEAK: 0.5}),
+    ev._c(
+        "rotary embeddings",
+        r"\brope\b|rotary|cos_cached|sin_cached|inv_freq|\bcos\b.{0,10}\bsin\b",
+        {ev.ROUND: 0.5, ev.ISL: 1.0},
+    ),
+    ev._c(
+        "apex fused norm", r"fusedlayernorm|fusedrmsnorm|fused_layer_norm|fused_rms_norm", {ev.EXT: 2.0, ev.LEAK: 0.5}
+    ),
     ev._c("T5 family", r"\bt5\b|flan-t5|\bmt5\b|t5xxl|t5encoder|codet5", {ev.LEAK: 1.5, ev.OVF: 1.0}),
     ev._c("SyncBatchNorm", r"syncbatchnorm|sync_batchnorm|convert_sync_batchnorm|syncbn", {ev.NORM: 3.0}),
     ev._c("ZeRO++ / quantised communication", r"zero_quantized|zero\+\+|zero_hpz", {ev.QUANT: 2.0, ev.DIST: 2.0}),
@@ -103,22 +139,48 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
     ev._c("zh: fine-tuning", r"微调|训练", {}),
     ev._c("zh: inference", r"推理", {}),
     # flags that say how the run was set up: no prior, the data decides what they mean
-    ev._c("dtype mismatch words", r"dtype mismatch|type mismatch|mismatch(?:ed)? (?:of )?(?:d)?types?|"
-                                  r"same (?:d)?type|types? (?:do not|don'?t) match|wrong (?:d)?type", {}),
+    ev._c(
+        "dtype mismatch words",
+        r"dtype mismatch|type mismatch|mismatch(?:ed)? (?:of )?(?:d)?types?|"
+        r"same (?:d)?type|types? (?:do not|don'?t) match|wrong (?:d)?type",
+        {},
+    ),
     # (no clue for the half-precision words themselves: nearly every report has them, so they
     # would only learn the corpus's class frequencies)
-    ev._c("model cast to half", r"\.half\(\)|torch_dtype\s*=\s*torch\.(?:float16|half|bfloat16)|"
-                                r"model\.to\([^)]*(?:float16|bfloat16|half)", {}),
-    ev._c("precision flag", r"--(?:fp16|bf16)\b|\b(?:fp16|bf16)\s*=\s*true|mixed_precision|precision\s*[=:]\s*['\"]?"
-                            r"(?:16|bf16)", {}),
+    ev._c(
+        "model cast to half",
+        r"\.half\(\)|torch_dtype\s*=\s*torch\.(?:float16|half|bfloat16)|"
+        r"model\.to\([^)]*(?:float16|bfloat16|half)",
+        {},
+    ),
+    ev._c(
+        "precision flag",
+        r"--(?:fp16|bf16)\b|\b(?:fp16|bf16)\s*=\s*true|mixed_precision|precision\s*[=:]\s*['\"]?"
+        r"(?:16|bf16)",
+        {},
+    ),
     ev._c("inference / generate", r"\bgenerate\(|\binference\b|\binfer\b|\.eval\(\)", {}),
     ev._c("UI front-end", r"comfyui|custom_nodes|webui|stable-diffusion-webui|invokeai|sdnext", {}),
     ev._c("detection toolbox", r"mmdet|mmcv|mmaction|mmseg|detectron2|fp16\s*=\s*dict", {}),
 )
 
-_COARSE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int64": "int", "int32": "int",
-           "int16": "int", "int8": "int8", "uint8": "int8", "bool": "bool", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
-           "complex64": "complex", "complex32": "complex", "complex128": "complex"}
+_COARSE = {
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "float64": "f64",
+    "int64": "int",
+    "int32": "int",
+    "int16": "int",
+    "int8": "int8",
+    "uint8": "int8",
+    "bool": "bool",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "complex64": "complex",
+    "complex32": "complex",
+    "complex128": "complex",
+}
 
 _MODEL_LIBS = ("transformers", "diffusers", "timm", "open_clip", "torchvision", "sentence_transformers")
 _CODE_LINE = re.compile(r"^\s*(return\b|[\w.\[\]]+(\s*,\s*[\w.]+)*\s*=\s*[\w.]+\(|[\w.]+\()")
@@ -138,14 +200,22 @@ def _context(text: str, signals: list[Signal], frames: list[Frame]) -> ev.Contex
         codes = numbered_code(text)[-2:] or [ln for ln in text.splitlines() if _CODE_LINE.match(ln)][-2:]
     # the frame that called the refusing op (not the thin-layer-skipping locus)
     lf = next((f for f in reversed(frames) if not is_plumbing(f)), None)
-    library_model = lf is not None and lf.library in _MODEL_LIBS and (
-        "/models/" in f"/{lf.path}" or "modeling_" in lf.path)
+    library_model = (
+        lf is not None and lf.library in _MODEL_LIBS and ("/models/" in f"/{lf.path}" or "modeling_" in lf.path)
+    )
     backward = any(f.function in ("backward", "_engine_run_backward", "run_backward") for f in frames) or (
-        not frames and bool(re.search(r"\bin backward\b|\.backward\(", text)))
+        not frames and bool(re.search(r"\bin backward\b|\.backward\(", text))
+    )
     device = next((s.device for s in reversed(signals) if s.device), None)
-    return ev.Context(ops=ev.op_context(codes), backward=backward, library_model=library_model,
-                      autocast=bool(_AUTOCAST.search(text)), device=device,
-                      norm_upstream=bool(_NORM_WORD.search(text)), has_frames=bool(frames))
+    return ev.Context(
+        ops=ev.op_context(codes),
+        backward=backward,
+        library_model=library_model,
+        autocast=bool(_AUTOCAST.search(text)),
+        device=device,
+        norm_upstream=bool(_NORM_WORD.search(text)),
+        has_frames=bool(frames),
+    )
 
 
 def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] | None = None) -> Evidence:
@@ -168,8 +238,9 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
             continue
         seen.add(sig.family)
         scale = 1.0 if i == 0 else 0.5
-        feats.append(Feature(f"msg:{sig.family}", scale, f"message: {sig.describe()}",
-                             ev.FAMILY_WEIGHTS.get(sig.family, {})))
+        feats.append(
+            Feature(f"msg:{sig.family}", scale, f"message: {sig.describe()}", ev.FAMILY_WEIGHTS.get(sig.family, {}))
+        )
         for weights, why in ev.context_weights(sig.family, sig.roles, sig.first, sig.second, sig.op, ctx):
             feats.append(Feature(f"ctx:{why}", scale, why, weights))
     if signals:
@@ -180,8 +251,11 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
         elif a:
             feats.append(Feature(f"dtype:{a}", 1.0, f"the message names {a}"))
         if last.roles[0]:
-            feats.append(Feature(f"roles:{last.roles[0]}/{last.roles[1]}", 1.0,
-                                 f"the sides are {last.roles[0]} and {last.roles[1]}"))
+            feats.append(
+                Feature(
+                    f"roles:{last.roles[0]}/{last.roles[1]}", 1.0, f"the sides are {last.roles[0]} and {last.roles[1]}"
+                )
+            )
         if last.op:
             feats.append(Feature(f"op:{last.op}", 1.0, f"the refusing op is {last.op}"))
     for op in sorted(ctx.ops):
@@ -213,22 +287,29 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     for clue in ev.TEXT_CLUES:
         m = clue.regex.search(words)
         if m is not None:
-            feats.append(Feature(f"text:{clue.name}", 0.75 if frames else 1.0,
-                                 f"text: {clue.name} ({m.group(0).strip()!r})", clue.weights))
+            feats.append(
+                Feature(
+                    f"text:{clue.name}",
+                    0.75 if frames else 1.0,
+                    f"text: {clue.name} ({m.group(0).strip()!r})",
+                    clue.weights,
+                )
+            )
             adapter_seen = adapter_seen or clue.name in ev.ADAPTER_CLUES
-    adapter_seen = adapter_seen or any(c.name in ev.ADAPTER_CLUES and any(c.regex.search(k) for k in keys)
-                                       for c in ev.FRAME_CLUES)
+    adapter_seen = adapter_seen or any(
+        c.name in ev.ADAPTER_CLUES and any(c.regex.search(k) for k in keys) for c in ev.FRAME_CLUES
+    )
     generic = any(s.family in ("matmul-dtype", "scalar-type-arg", "scalar-type") for s in signals)
     if generic and not adapter_seen and "linear" not in ctx.ops:
         # a generic mismatch spreads weight on adapters, but adapters are something the text must
         # show (peft/LoRA frames or words, or at least a Linear layer failing, where they wrap)
-        feats.append(Feature("ctx:no adapter evidence", 1.0, "nothing in the text shows adapters",
-                             {ev.ADA: -1.5}))
+        feats.append(Feature("ctx:no adapter evidence", 1.0, "nothing in the text shows adapters", {ev.ADA: -1.5}))
     for clue in CONTEXT_CLUES:
         m = clue.regex.search(text)
         if m is not None:
-            feats.append(Feature(f"clue:{clue.name}", 1.0, f"context: {clue.name} ({m.group(0).strip()!r})",
-                                 clue.weights))
+            feats.append(
+                Feature(f"clue:{clue.name}", 1.0, f"context: {clue.name} ({m.group(0).strip()!r})", clue.weights)
+            )
 
     # 4. the report's shape: an error raised, or a silent problem described in words. The same
     # words mean different things in the two (a T4 named next to an error is a missing kernel,
@@ -236,8 +317,11 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     has_error = bool(_ERROR_LINE.search(text)) or any(s.dtype_error for s in signals)
     if not has_error and not signals:
         feats.append(Feature("shape:no error message", 1.0, "no error message: a silent problem"))
-        feats.extend(Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised")
-                     for f in list(feats) if f.name.startswith(("text:", "clue:")))
+        feats.extend(
+            Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised")
+            for f in list(feats)
+            if f.name.startswith(("text:", "clue:"))
+        )
     return Evidence(tuple(feats), tuple(signals), tuple(frames), has_error)
 
 

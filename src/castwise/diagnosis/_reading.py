@@ -73,14 +73,19 @@ def _unwrap(lines: list[str]) -> list[str]:
             j = i + 1
             while j < len(lines) and j <= i + 3:
                 nxt = lines[j]
-                if (not nxt.strip() or _ERROR_START.match(nxt) or _FRAME_START.match(nxt)
-                        or nxt.startswith(("  ", "\t")) or not re.match(r"^[a-z(\[`'\"]", nxt.strip())):
+                if (
+                    not nxt.strip()
+                    or _ERROR_START.match(nxt)
+                    or _FRAME_START.match(nxt)
+                    or nxt.startswith(("  ", "\t"))
+                    or not re.match(r"^[a-z(\[`'\"]", nxt.strip())
+                ):
                     break
                 joined = f"{joined.rstrip()} {nxt.strip()}"
                 j += 1
             out.append(joined)
             # keep the original lines too: frame and code parsers see the text as pasted
-            out.extend(lines[i + 1:j])
+            out.extend(lines[i + 1 : j])
             i = j
             continue
         out.append(line)

@@ -45,8 +45,14 @@ class Locus:
     module: str | None = None  # a module path when the text names one
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function,
-                "library": self.library, "code": self.code, "module": self.module}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "library": self.library,
+            "code": self.code,
+            "module": self.module,
+        }
 
     def __str__(self) -> str:
         path = self.file or "?"
@@ -199,14 +205,12 @@ _INFORMATIVE = ("msg:", "frame:", "text:", "clue:", "ctx:")
 
 
 def _informative(x: dict[str, float]) -> bool:
-    return any(k.startswith(_INFORMATIVE) and k not in ("msg:device-mismatch", "ctx:no adapter evidence")
-               for k in x)
+    return any(k.startswith(_INFORMATIVE) and k not in ("msg:device-mismatch", "ctx:no adapter evidence") for k in x)
 
 
 def _integer_clash(sig: Signal | None) -> bool:
     """An index or label tensor met a float one: a dtype error, but not a precision clash."""
-    return (sig is not None and sig.family in _GENERIC_FAMILIES
-            and bool({sig.first, sig.second} & _NOT_PRECISION))
+    return sig is not None and sig.family in _GENERIC_FAMILIES and bool({sig.first, sig.second} & _NOT_PRECISION)
 
 
 def _rule_for(category: str | None) -> str | None:
@@ -215,8 +219,9 @@ def _rule_for(category: str | None) -> str | None:
     from castwise.rules import REGISTRY
 
     order = {"error": 0, "warning": 1, "info": 2}
-    rules = sorted((r for r in REGISTRY.values() if r.category == category),
-                   key=lambda r: (order.get(r.severity, 3), r.code))
+    rules = sorted(
+        (r for r in REGISTRY.values() if r.category == category), key=lambda r: (order.get(r.severity, 3), r.code)
+    )
     return rules[0].code if rules else None
 
 
@@ -266,10 +271,14 @@ def explain(error: BaseException | str) -> Explanation:
     # in a chain of exceptions the first block raised the error; the wrapper's frames are not the locus
     block = raising_block(text, lambda b: any(s.dtype_error for s in read_signals(b)))
     block_signals = read_signals(block) if block is not text else signals
-    sig = (block_signals or signals or [None])[-1]
+    found = block_signals or signals
+    sig: Signal | None = found[-1] if found else None
 
-    if not _informative(x) or (sig is not None and sig.family == "device-mismatch" and not dtype_signal) \
-            or _integer_clash(sig):
+    if (
+        not _informative(x)
+        or (sig is not None and sig.family == "device-mismatch" and not dtype_signal)
+        or _integer_clash(sig)
+    ):
         category = None
         candidates: tuple[Candidate, ...] = ()
         confidence = 0.0
@@ -281,7 +290,7 @@ def explain(error: BaseException | str) -> Explanation:
         floor = max(0.03, confidence * 0.1)
         kept = [(c, p) for c, p in probs if p >= floor][:_MAX_CANDIDATES]
         if unsure:  # thin evidence: always show the runners-up
-            kept = probs[:max(3, len(kept))]
+            kept = probs[: max(3, len(kept))]
         candidates = tuple(Candidate(c, p, CATEGORIES[c].title) for c, p in kept)
 
     frames = list(evidence.frames)
@@ -298,23 +307,29 @@ def explain(error: BaseException | str) -> Explanation:
     settle: tuple[str, ...] = ()
     if category is None and sig is not None and sig.family == "device-mismatch":
         title = "not a dtype error: one dtype on two devices"
-        cause = (f"Both tensors are {short(sig.first or '?')}; the message names them by device type (CUDA vs "
-                 "CPU tensor). Move the input or the module to the same device (`x.to(next(model.parameters())"
-                 ".device)`).")
+        cause = (
+            f"Both tensors are {short(sig.first or '?')}; the message names them by device type (CUDA vs "
+            "CPU tensor). Move the input or the module to the same device (`x.to(next(model.parameters())"
+            ".device)`)."
+        )
         fixes: tuple[str, ...] = ()
         why: tuple[str, ...] = ()
     elif category is None and sig is not None and sig.dtype_error:
         title = "a dtype error, but no mixed-precision cause fits"
         names = " and ".join(short(d) for d in sig.dtypes) or "two dtypes"
-        cause = (f"{sig.op or 'An op'} got {names}: not a clash between floating precisions (an integer index "
-                 "or label tensor, or a dtype castwise does not reason about). Cast the tensor to the dtype "
-                 "the op documents.")
+        cause = (
+            f"{sig.op or 'An op'} got {names}: not a clash between floating precisions (an integer index "
+            "or label tensor, or a dtype castwise does not reason about). Cast the tensor to the dtype "
+            "the op documents."
+        )
         fixes = ()
         why = ()
     elif category is None:
         title = "no evidence of a mixed-precision dtype error"
-        cause = ("Nothing in the text names a dtype mismatch, a precision setting or a library castwise "
-                 "knows. Paste the full traceback with the error message.")
+        cause = (
+            "Nothing in the text names a dtype mismatch, a precision setting or a library castwise "
+            "knows. Paste the full traceback with the error message."
+        )
         fixes = ()
         why = ()
     else:
@@ -341,8 +356,8 @@ def explain(error: BaseException | str) -> Explanation:
         signal=sig.describe() if sig else None,
         dtypes=dtypes,
         evidence=why,
-        is_dtype_error=category is not None and (dtype_signal or (has_dtype_words and confidence >= 0.5
-                                                                  and evidence.has_error_line)),
+        is_dtype_error=category is not None
+        and (dtype_signal or (has_dtype_words and confidence >= 0.5 and evidence.has_error_line)),
         unsure=unsure,
         settle=settle,
         frames=tuple(real_frames),
@@ -355,9 +370,14 @@ _LABEL = 10
 
 
 def _field(label: str, text: str) -> list[str]:
-    return textwrap.fill(" ".join(text.split()), width=WIDTH, initial_indent=f"  {label:<{_LABEL}}",
-                         subsequent_indent=" " * (2 + _LABEL), break_on_hyphens=False,
-                         break_long_words=True).splitlines()
+    return textwrap.fill(
+        " ".join(text.split()),
+        width=WIDTH,
+        initial_indent=f"  {label:<{_LABEL}}",
+        subsequent_indent=" " * (2 + _LABEL),
+        break_on_hyphens=False,
+        break_long_words=True,
+    ).splitlines()
 
 
 def render(e: Explanation) -> str:
@@ -397,14 +417,21 @@ def render(e: Explanation) -> str:
         head = "other candidates" if not e.unsure else "not enough evidence to be sure; also possible"
         lines += textwrap.wrap(f"{head}:", width=WIDTH, initial_indent="  ")
         for c in others:
-            lines += textwrap.wrap(f"{c.score:4.2f}  {c.category}: {c.title}", width=WIDTH,
-                                   initial_indent="    ", subsequent_indent="          ")
+            lines += textwrap.wrap(
+                f"{c.score:4.2f}  {c.category}: {c.title}",
+                width=WIDTH,
+                initial_indent="    ",
+                subsequent_indent="          ",
+            )
     if e.unsure:
         lines.append("")
         if e.settle:
             lines += textwrap.wrap("what would settle it:", width=WIDTH, initial_indent="  ")
             for hint in e.settle:
                 lines += textwrap.wrap(hint, width=WIDTH, initial_indent="    ", subsequent_indent="      ")
-        lines += _field("to know", "run the failing step under castwise.diagnose() or `castwise audit`: they "
-                                   "answer from the real dtype flow, not from the text.")
+        lines += _field(
+            "to know",
+            "run the failing step under castwise.diagnose() or `castwise audit`: they "
+            "answer from the real dtype flow, not from the text.",
+        )
     return "\n".join(lines)
