@@ -50,7 +50,7 @@ BALANCE = 1.0  # 0: every report weighs 1; 1: every cause weighs the same
 STEPS = 1500
 LR = 0.05
 FOLDS = 5
-UNSURE_BELOW = 0.5
+UNSURE_BELOW = 0.6  # below: out-of-fold answers were right about half the time or less
 TEMPERATURES = tuple(round(0.5 + 0.05 * i, 2) for i in range(51))  # 0.5 .. 3.0
 
 
@@ -157,6 +157,7 @@ def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
     if stored is not None:
         lam = (float(stored["meta"]["lambda"][0]), float(stored["meta"]["lambda"][1]))
         w, b = fit(x, y, p, lam)
+        cal = (float(stored["confidence_map"][0]), float(stored["confidence_map"][1]))
         return _model(
             cats,
             names,
@@ -168,6 +169,7 @@ def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
             len(train),
             dict(stored["meta"]["cross_validation"]),
             float(stored["meta"]["oof_top1_calibrated"]),
+            cal,
         )
     folds = np.array([fold_of(r["id"]) for r in train])
     cv: dict[str, dict[str, float]] = {}
@@ -188,10 +190,42 @@ def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
     se = float(np.sqrt(top * (1 - top) / len(train)))
     _, lam, oof = max((r for r in runs if r[0] >= top - se), key=lambda r: r[1])
     temperature = min(TEMPERATURES, key=lambda t: (_nll(oof, y, t), t))
+    calibration = _calibrate(oof, y, temperature)
     w, b = fit(x, y, p, lam)
     return _model(
-        cats, names, descriptions, w, b, lam, temperature, len(train), cv, float((oof.argmax(axis=1) == y).mean())
+        cats,
+        names,
+        descriptions,
+        w,
+        b,
+        lam,
+        temperature,
+        len(train),
+        cv,
+        float((oof.argmax(axis=1) == y).mean()),
+        calibration,
     )
+
+
+def _calibrate(oof: np.ndarray, y: np.ndarray, temperature: float) -> tuple[float, float]:
+    """A map from the top probability to the printed confidence, fitted on the out-of-fold answers:
+    ``sigmoid(a * logit(p) + b)``. The temperature spreads the whole distribution; this corrects
+    the top answer's probability against how often top answers were right (strong hand-written
+    weights make the softmax over-sure where the corpus disagrees with the tables)."""
+    s = oof / temperature
+    s = s - s.max(axis=1, keepdims=True)
+    prob = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    top = np.clip(prob.max(axis=1), 1e-6, 1 - 1e-6)
+    right = (prob.argmax(axis=1) == y).astype(float)
+    z = np.log(top / (1 - top))
+    best = (np.inf, 1.0, 0.0)
+    for a in np.arange(0.2, 1.51, 0.05):
+        for b in np.arange(-2.0, 2.01, 0.05):
+            q = np.clip(1 / (1 + np.exp(-(a * z + b))), 1e-6, 1 - 1e-6)
+            loss = float(-(right * np.log(q) + (1 - right) * np.log(1 - q)).mean())
+            if loss < best[0] - 1e-12:
+                best = (loss, round(float(a), 2), round(float(b), 2))
+    return best[1], best[2]
 
 
 def _model(
@@ -205,6 +239,7 @@ def _model(
     n_train: int,
     cv: dict[str, Any],
     oof_top1: float,
+    calibration: tuple[float, float],
 ) -> dict[str, Any]:
     keep = [i for i in range(len(names)) if np.abs(w[i]).max() >= 1e-4]
     return {
@@ -213,6 +248,7 @@ def _model(
         "bias": [round(float(v), 4) for v in b],
         "temperature": temperature,
         "unsure_below": UNSURE_BELOW,
+        "confidence_map": list(calibration),
         "weights": {names[i]: [round(float(v), 4) for v in w[i]] for i in keep},
         "descriptions": {names[i]: descriptions[names[i]] for i in keep if descriptions[names[i]]},
         "meta": {

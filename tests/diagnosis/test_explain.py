@@ -690,8 +690,9 @@ GROUP_NORM = (
 def test_cpu_norm_mixed_dtype_ranks_both_norm_causes_and_frames_decide() -> None:
     top2 = _top(MIXED_CPU, 2)
     assert set(top2) == {"NORM_PARAM_OR_STATS_DTYPE", "KEEP_FP32_MODULE_DOWNCAST"}
-    scores = [c.score for c in explain(MIXED_CPU).candidates[:2]]
-    assert scores[0] - scores[1] < 0.15  # close: the bare message cannot tell them apart
+    # the bare message cannot tell them apart: never a high-confidence answer (the calibrated
+    # confidence, not the raw score gap, is what the fitted model commits to)
+    assert explain(MIXED_CPU).level != "high"
     assert _top(OPEN_CLIP_LN) == ["KEEP_FP32_MODULE_DOWNCAST"]
     assert _top(GROUP_NORM) == ["NORM_PARAM_OR_STATS_DTYPE"]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -25,9 +26,10 @@ MODEL_FILE = "model.json"
 class Model:
     categories: tuple[str, ...]
     bias: tuple[float, ...]
-    weights: dict[str, tuple[float, ...]]
+    weights: dict[str, Sequence[float]]
     temperature: float
     unsure_below: float
+    confidence_map: tuple[float, float]  # (a, b): confidence = sigmoid(a * logit(p_top) + b)
     descriptions: dict[str, str]  # feature -> what it means, for "what would settle it"
     meta: dict[str, Any]
 
@@ -47,6 +49,19 @@ class Model:
         e = [math.exp(v - top) for v in z]
         total = sum(e)
         return [v / total for v in e]
+
+    def calibrated(self, probs: list[float]) -> list[float]:
+        """The probabilities with the top one mapped to the confidence the out-of-fold answers bear
+        out. A lower top scales every candidate down alike (the scores then sum to less than one:
+        the rest is "none of these"); a higher top takes its gain from the others. Either way the
+        ranking is unchanged."""
+        i = max(range(len(probs)), key=lambda k: probs[k])
+        p = min(max(probs[i], 1e-6), 1 - 1e-6)
+        a, b = self.confidence_map
+        conf = 1 / (1 + math.exp(-(a * math.log(p / (1 - p)) + b)))
+        if conf <= p:
+            return [v * conf / p for v in probs]
+        return [conf if k == i else v * (1 - conf) / (1 - p) for k, v in enumerate(probs)]
 
     def contributions(self, x: dict[str, float], category: str, against: str | None) -> list[tuple[float, str]]:
         """Each present feature's push toward ``category`` (relative to ``against``, the
@@ -87,9 +102,11 @@ def from_dict(d: dict[str, Any]) -> Model:
     return Model(
         categories=cats,
         bias=tuple(float(v) for v in d["bias"]),
-        weights={k: tuple(float(v) for v in w) for k, w in d["weights"].items()},
+        # the lists as json gives them: converting ~6000 floats would cost more than the answer
+        weights=d["weights"],
         temperature=float(d["temperature"]),
         unsure_below=float(d["unsure_below"]),
+        confidence_map=(float(d.get("confidence_map", (1.0, 0.0))[0]), float(d.get("confidence_map", (1.0, 0.0))[1])),
         descriptions=dict(d.get("descriptions", {})),
         meta=dict(d.get("meta", {})),
     )

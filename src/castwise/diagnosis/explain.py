@@ -265,7 +265,9 @@ def explain(error: BaseException | str) -> Explanation:
     raw, text, signals, evidence = _read(error)
     x = evidence.vector()
     model = load_model()
-    probs = sorted(zip(model.categories, model.probabilities(x), strict=True), key=lambda t: (-t[1], t[0]))
+    probs = sorted(
+        zip(model.categories, model.calibrated(model.probabilities(x)), strict=True), key=lambda t: (-t[1], t[0])
+    )
     has_dtype_words = bool(DTYPE_MENTION.search(text))
     dtype_signal = any(s.dtype_error for s in signals)
     # in a chain of exceptions the first block raised the error; the wrapper's frames are not the locus
