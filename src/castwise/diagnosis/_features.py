@@ -131,6 +131,30 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
     ev._c("SyncBatchNorm", r"syncbatchnorm|sync_batchnorm|convert_sync_batchnorm|syncbn", {ev.NORM: 3.0}),
     ev._c("ZeRO++ / quantised communication", r"zero_quantized|zero\+\+|zero_hpz", {ev.QUANT: 2.0, ev.DIST: 2.0}),
     ev._c("8-bit optimizer", r"adamw_?8bit|8bit adam|paged_adamw", {ev.OPT: 0.5}),
+    ev._c(
+        "tensor created in the code",
+        r"torch\.(?:zeros|ones|randn|rand|arange|tensor|full|empty|eye|linspace)(?:_like)?\(|\.new_(?:zeros|ones|"
+        r"tensor|full)\(|hard-?coded|always (?:float32|fp32)|is still (?:torch\.)?float32|not converted|default dtype",
+        {ev.UNC: 2.0, ev.MASK: 0.5},
+    ),
+    ev._c(
+        "compiled extension in the code",
+        r"/ops/\w+\.py|csrc/|\w+_cuda\.\w+\(|_ext\.\w+\(|\bext\.\w+\(|cuda kernel|c\+\+ extension|"
+        r"data_ptr<float>|autograd\.function",
+        {ev.EXT: 2.0},
+    ),
+    ev._c(
+        "inputs named as the odd side",
+        r"\binputs?\b[^\n.]{0,30}\b(?:float32|fp32|half|fp16|float16|double|float64)\b|\bcast (?:the )?inputs?\b|"
+        r"(?:images?|pixel_values|latents|batch)\b[^\n.]{0,20}(?:float32|fp32|\.float\(\)|\.half\(\))",
+        {ev.INP: 1.5},
+    ),
+    ev._c(
+        "launcher or trainer",
+        r"accelerate launch|torchrun|torch\.distributed\.launch|--nproc_per_node|deepspeed --|\bTrainer\(|"
+        r"TrainingArguments|SFTTrainer|pl\.Trainer|lightning",
+        {ev.DIST: 1.0},
+    ),
     # the languages reports come in: a few precision words are enough to weigh a Chinese report
     ev._c("zh: quantisation", r"量化", {ev.QUANT: 3.0}),
     ev._c("zh: not supported", r"不支持", {ev.DEV: 2.0}),
