@@ -733,9 +733,11 @@ def _stft_bf16() -> object:
 # more of PyTorch's own wording families, raised for real by this torch on CPU
 _MORE_REAL = [
     (
+        # a bare mv from a test: inputs vs an unconverted tensor is the fitted model's call, the
+        # wording is what this test pins
         lambda: torch.mv(torch.randn(3, 4), torch.randn(4, dtype=torch.bfloat16)),
         "matmul-dtype",
-        "MODEL_INPUT_DTYPE_MISMATCH",
+        None,
     ),
     (
         lambda: torch.zeros(4).put_(torch.tensor([0]), torch.ones(1, dtype=torch.bfloat16)),
