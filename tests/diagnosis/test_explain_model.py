@@ -114,6 +114,26 @@ def test_context_that_changes_the_answer() -> None:
     assert cpu.category == "DTYPE_UNSUPPORTED_ON_DEVICE"
 
 
+LLAMA_Q_PROJ = """\
+Traceback (most recent call last):
+  File "train.py", line 40, in <module>
+    out = model(input_ids)
+  File "/env/site-packages/transformers/models/llama/modeling_llama.py", line 300, in forward
+    query_states = self.q_proj(hidden_states)
+  File "/env/site-packages/torch/nn/modules/linear.py", line 114, in forward
+    return F.linear(input, self.weight, self.bias)
+RuntimeError: expected mat1 and mat2 to have the same dtype, but got: float != c10::BFloat16
+"""
+
+
+def test_a_plain_llama_projection_is_not_an_adapter_problem() -> None:
+    # the issue's case: q_proj is a plain Linear here; adapters need peft/LoRA frames or words
+    plain = explain(LLAMA_Q_PROJ)
+    assert plain.category != "ADAPTER_DTYPE_MISMATCH"
+    lora = explain(LLAMA_Q_PROJ.replace("train.py", "finetune_lora.py"))
+    assert lora.candidates[0].category == "ADAPTER_DTYPE_MISMATCH"
+
+
 def test_evidence_is_read_the_same_way_for_fitting_and_answering() -> None:
     # the fitting script reads reports through read_evidence: a feature fired there is scored here
     ev = read_evidence("RuntimeError: Expected counts to have type Half but got Float  # SyncBatchNorm")

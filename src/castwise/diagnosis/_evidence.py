@@ -143,6 +143,13 @@ FRAME_CLUES: tuple[Clue, ...] = (
     _c("unsloth LoRA kernel", r"unsloth/kernels/fast_lora", {ADA: 6.0, QUANT: 1.5}),
     _c("unsloth dequantisation", r"unsloth/kernels/\w*(dequant|utils)|fast_dequantize", {QUANT: 5.0}),
     _c("unsloth", r"unsloth/", {ADA: 1.0, QUANT: 1.0}),
+    # the user's own script named for adapters (finetune_lora.py, qlora.py, train_peft.py): the
+    # issue's "context ignored" case; library files are excluded, peft's own frames are above
+    _c(
+        "adapter script name",
+        r"^(?![^ ]*(?:site|dist)-packages)[^ ]*(?:lora|peft|adapter)[^ /]*\.py ",
+        {ADA: 4.0},
+    ),
     _c("bitsandbytes", r"bitsandbytes/", {QUANT: 7.0}),
     _c("quantisation backend", r"(optimum/quanto|quanto/|torchao/|auto_gptq|awq/|hqq/|gptqmodel)", {QUANT: 6.0}),
     _c("xFormers", r"xformers/", {ISL: 7.0}),
@@ -470,5 +477,13 @@ def context_weights(
 
 # clues that show adapters are in play; without one, the adapter cause is halved (see explain)
 ADAPTER_CLUES = frozenset(
-    {"peft LoRA layer", "peft tuner layer", "unsloth LoRA kernel", "unsloth", "LoRA", "PEFT/adapters"}
+    {
+        "peft LoRA layer",
+        "peft tuner layer",
+        "unsloth LoRA kernel",
+        "unsloth",
+        "LoRA",
+        "PEFT/adapters",
+        "adapter script name",
+    }
 )

@@ -324,9 +324,9 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
         c.name in ev.ADAPTER_CLUES and any(c.regex.search(k) for k in keys) for c in ev.FRAME_CLUES
     )
     generic = any(s.family in ("matmul-dtype", "scalar-type-arg", "scalar-type") for s in signals)
-    if generic and not adapter_seen and "linear" not in ctx.ops:
+    if generic and not adapter_seen:
         # a generic mismatch spreads weight on adapters, but adapters are something the text must
-        # show (peft/LoRA frames or words, or at least a Linear layer failing, where they wrap)
+        # show (peft/LoRA frames or words): a plain Linear (a Llama q_proj) failing is not enough
         feats.append(Feature("ctx:no adapter evidence", 1.0, "nothing in the text shows adapters", {ev.ADA: -1.5}))
     for clue in CONTEXT_CLUES:
         m = clue.regex.search(text)
