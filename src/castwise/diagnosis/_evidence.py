@@ -147,7 +147,7 @@ FRAME_CLUES: tuple[Clue, ...] = (
     # issue's "context ignored" case; library files are excluded, peft's own frames are above
     _c(
         "adapter script name",
-        r"^(?![^ ]*(?:site|dist)-packages)[^ ]*(?:lora|peft|adapter)[^ /]*\.py ",
+        r"^[^ ]*(?:lora|peft|adapter)[^ /]*\.py ",
         {ADA: 4.0},
     ),
     _c("bitsandbytes", r"bitsandbytes/", {QUANT: 7.0}),
@@ -203,6 +203,9 @@ FRAME_CLUES: tuple[Clue, ...] = (
     _c("RNN module", r"torch/nn/modules/rnn\.py", {INP: 2.0}),
     _c("generate()", r"generation/utils\.py|\bgenerate\b", {ADA: 1.0, LEAK: 1.0, INP: 0.5}),
 )
+
+# frame clues that only the user's own frames (no library) can fire
+USER_FRAME_CLUES = frozenset({"adapter script name"})
 
 # -- words in the whole text (message, code lines, the user's prose) --------------------------
 TEXT_CLUES: tuple[Clue, ...] = (

@@ -292,7 +292,15 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     # 2. frames: each clue once, named by the first frame it matched
     keys = [_frame_key(f) for f in frames]
     for clue in ev.FRAME_CLUES:
-        hit = next((f for f, k in zip(frames, keys, strict=True) if clue.regex.search(k)), None)
+        user_only = clue.name in ev.USER_FRAME_CLUES
+        hit = next(
+            (
+                f
+                for f, k in zip(frames, keys, strict=True)
+                if clue.regex.search(k) and not (user_only and (f.library or f.native))
+            ),
+            None,
+        )
         if hit is not None:
             feats.append(Feature(f"frame:{clue.name}", 1.0, f"frame: {clue.name} ({hit})", clue.weights))
     real = [f for f in frames if f.file != "<listing>"]
