@@ -371,10 +371,10 @@ def explain(error: BaseException | str) -> Explanation:
 _LABEL = 10
 
 
-def _field(label: str, text: str) -> list[str]:
+def _field(label: str, text: str, width: int = WIDTH) -> list[str]:
     return textwrap.fill(
         " ".join(text.split()),
-        width=WIDTH,
+        width=width,
         initial_indent=f"  {label:<{_LABEL}}",
         subsequent_indent=" " * (2 + _LABEL),
         break_on_hyphens=False,
@@ -382,58 +382,59 @@ def _field(label: str, text: str) -> list[str]:
     ).splitlines()
 
 
-def render(e: Explanation) -> str:
-    """The explanation as text for a 100-column terminal."""
+def render(e: Explanation, width: int = WIDTH) -> str:
+    """The explanation as text for a terminal ``width`` columns wide (100 by default)."""
     if e.category is None:
         lines = [f"castwise explain: {e.title}"]
         if e.error:
-            lines += _field("error", e.error)
-        lines += _field("note", e.cause)
+            lines += _field("error", e.error, width)
+        lines += _field("note", e.cause, width)
         return "\n".join(lines)
     if e.unsure:
         lines = [f"castwise explain: unsure; most likely {e.category}  (confidence {e.confidence:.2f})"]
     else:
         lines = [f"castwise explain: {e.category}  (confidence {e.level}, {e.confidence:.2f})"]
-    lines += textwrap.wrap(e.title, width=WIDTH, initial_indent="  ", subsequent_indent="  ")
+    lines += textwrap.wrap(e.title, width=width, initial_indent="  ", subsequent_indent="  ")
     if e.rule:
         from castwise.rules import REGISTRY
 
         name = REGISTRY[e.rule].name if e.rule in REGISTRY else ""
-        lines += _field("rule", f"{e.rule} {name} (`castwise rules {e.rule}` for the page)")
+        lines += _field("rule", f"{e.rule} {name} (`castwise rules {e.rule}` for the page)", width)
     if e.error:
-        lines += _field("error", e.error)
+        lines += _field("error", e.error, width)
     if e.signal:
-        lines += _field("read as", e.signal)
+        lines += _field("read as", e.signal, width)
     if e.locus is not None:
-        lines += _field("at", str(e.locus))
+        lines += _field("at", str(e.locus), width)
         if e.locus.code:
-            lines += _field("", e.locus.code)
-    lines += _field("cause", e.cause)
+            lines += _field("", e.locus.code, width)
+    lines += _field("cause", e.cause, width)
     for i, fix in enumerate(e.fixes, 1):
-        lines += _field("fix" if i == 1 else "", f"{i}. {fix}")
+        lines += _field("fix" if i == 1 else "", f"{i}. {fix}", width)
     for i, why in enumerate(e.evidence[:4]):
-        lines += _field("evidence" if i == 0 else "", why)
+        lines += _field("evidence" if i == 0 else "", why, width)
     others = [c for c in e.candidates if c.category != e.category]
     if others:
         lines.append("")
         head = "other candidates" if not e.unsure else "not enough evidence to be sure; also possible"
-        lines += textwrap.wrap(f"{head}:", width=WIDTH, initial_indent="  ")
+        lines += textwrap.wrap(f"{head}:", width=width, initial_indent="  ")
         for c in others:
             lines += textwrap.wrap(
                 f"{c.score:4.2f}  {c.category}: {c.title}",
-                width=WIDTH,
+                width=width,
                 initial_indent="    ",
                 subsequent_indent="          ",
             )
     if e.unsure:
         lines.append("")
         if e.settle:
-            lines += textwrap.wrap("what would settle it:", width=WIDTH, initial_indent="  ")
+            lines += textwrap.wrap("what would settle it:", width=width, initial_indent="  ")
             for hint in e.settle:
-                lines += textwrap.wrap(hint, width=WIDTH, initial_indent="    ", subsequent_indent="      ")
+                lines += textwrap.wrap(hint, width=width, initial_indent="    ", subsequent_indent="      ")
         lines += _field(
             "to know",
             "run the failing step under castwise.diagnose() or `castwise audit`: they "
             "answer from the real dtype flow, not from the text.",
+            width,
         )
     return "\n".join(lines)
