@@ -3,71 +3,98 @@
 from __future__ import annotations
 
 CAUSES: dict[str, str] = {
-    "AUTOCAST_FP32_ISLAND_INTO_STRICT_KERNEL":
+    "AUTOCAST_FP32_ISLAND_INTO_STRICT_KERNEL": (
         "An op that autocast (or the model) runs in float32 - layer_norm/rms_norm/softmax under CUDA "
         "autocast, float32 norm weights, float32 RoPE tables - returned float32, and that tensor reached "
-        "a kernel that is not autocast-aware and takes only fp16/bf16 or identical q/k/v dtypes.",
-    "UNCAST_CUSTOM_OP_OR_EXTENSION":
+        "a kernel that is not autocast-aware and takes only fp16/bf16 or identical q/k/v dtypes."
+    ),
+    "UNCAST_CUSTOM_OP_OR_EXTENSION": (
         "A custom op (C++/CUDA extension, Triton kernel or autograd.Function) ran inside autocast without "
-        "casting its inputs, so it received half-precision activations together with float32 parameters.",
-    "FASTPATH_BYPASSES_AUTOCAST":
+        "casting its inputs, so it received half-precision activations together with float32 parameters."
+    ),
+    "FASTPATH_BYPASSES_AUTOCAST": (
         "nn.TransformerEncoderLayer / nn.MultiheadAttention took their fused C++ fast path (eval mode, "
         "no_grad), which does not apply autocast: autocast's low-precision activations met float32 "
-        "weights. Training runs the Python path and works; validation or inference fails.",
-    "MODEL_INPUT_DTYPE_MISMATCH":
+        "weights. Training runs the Python path and works; validation or inference fails."
+    ),
+    "MODEL_INPUT_DTYPE_MISMATCH": (
         "The model's weights and its inputs are in different dtypes (the model was cast with "
         ".half()/.bfloat16()/torch_dtype, the inputs were not, or the reverse) and no autocast "
-        "reconciles them.",
-    "KEEP_FP32_MODULE_LEAK":
+        "reconciles them."
+    ),
+    "KEEP_FP32_MODULE_LEAK": (
         "A module kept in float32 on purpose (transformers' _keep_in_fp32_modules such as T5's wo, "
         "upcast norms, an fp32 tower) returned float32 into the half-precision stream, and a later "
-        "op that needs one dtype refused it.",
-    "KEEP_FP32_MODULE_DOWNCAST":
+        "op that needs one dtype refused it."
+    ),
+    "KEEP_FP32_MODULE_DOWNCAST": (
         "A module written to compute in float32 (it casts its input up, like OpenCLIP's LayerNormFp32) "
         "had its weights cast to half precision by a blanket model.to(dtype): its float32 input meets "
-        "low-precision weights.",
-    "UNCONVERTED_TENSOR_OR_BUFFER":
+        "low-precision weights."
+    ),
+    "UNCONVERTED_TENSOR_OR_BUFFER": (
         "A tensor outside Module.to()'s reach kept its dtype: a plain tensor attribute, a tensor created "
         "in forward with the default dtype (timestep tables, arange, masks), or a buffer or weight a "
-        "wrapper skipped.",
-    "STRICT_SAME_DTYPE_OP":
+        "wrapper skipped."
+    ),
+    "STRICT_SAME_DTYPE_OP": (
         "An op that requires identical dtypes and is not autocast-promoted (index_put, masked_scatter, "
         "scatter, in-place updates, dot) received two dtypes, typically writing low-precision features "
-        "into a float32 tensor.",
-    "MASK_DTYPE_MISMATCH":
-        "An attention mask or bias was built in a different floating dtype than the query.",
-    "ADAPTER_DTYPE_MISMATCH":
+        "into a float32 tensor."
+    ),
+    "MASK_DTYPE_MISMATCH": "An attention mask or bias was built in a different floating dtype than the query.",
+    "ADAPTER_DTYPE_MISMATCH": (
         "Adapter (LoRA/PEFT) weights are in a different dtype than the base layer or its input, which "
-        "shows outside autocast (generate, evaluation) or in fused adapter kernels.",
-    "QUANT_COMPUTE_DTYPE_MISMATCH":
+        "shows outside autocast (generate, evaluation) or in fused adapter kernels."
+    ),
+    "QUANT_COMPUTE_DTYPE_MISMATCH": (
         "Quantised layers compute (dequantise) in a different dtype than the layers around them "
-        "(bnb_4bit_compute_dtype, quant_state.dtype, the model's torch_dtype disagree).",
-    "GRADSCALER_LOW_PRECISION_PARAMS":
+        "(bnb_4bit_compute_dtype, quant_state.dtype, the model's torch_dtype disagree)."
+    ),
+    "GRADSCALER_LOW_PRECISION_PARAMS": (
         "A GradScaler (fp16 loss scaling) is used while the trainable parameters, and so their "
-        "gradients, are fp16/bf16 instead of float32 master weights.",
-    "OPTIMIZER_OR_GRAD_DTYPE":
+        "gradients, are fp16/bf16 instead of float32 master weights."
+    ),
+    "OPTIMIZER_OR_GRAD_DTYPE": (
         "A gradient or optimizer state has a different dtype than its parameter: float32 gradient "
         "precision with bf16 weights, float32 states updated from bf16 gradients, or a hook that "
-        "changes a gradient's dtype.",
-    "NORM_PARAM_OR_STATS_DTYPE":
+        "changes a gradient's dtype."
+    ),
+    "NORM_PARAM_OR_STATS_DTYPE": (
         "A normalisation layer's weights or running statistics are in a different dtype than its input "
-        "(BatchNorm kept float32 by a half converter, half buffers, CPU norm kernels that refuse the mix).",
-    "TORCH_COMPILE_DTYPE":
+        "(BatchNorm kept float32 by a half converter, half buffers, CPU norm kernels that refuse the mix)."
+    ),
+    "TORCH_COMPILE_DTYPE": (
         "torch.compile (dynamo/inductor/AOTAutograd) treats autocast or type promotion differently from "
-        "eager, so the dtypes differ only in the compiled graph.",
-    "DISTRIBUTED_PRECISION_CONFIG":
+        "eager, so the dtypes differ only in the compiled graph."
+    ),
+    "DISTRIBUTED_PRECISION_CONFIG": (
         "The training framework's precision settings (DeepSpeed, FSDP MixedPrecision, Accelerate, "
         "Lightning) cast parameters but not inputs or buffers, cast to the other half type, or disagree "
-        "with each other or with the checkpoint.",
-    "FP16_RANGE_OVERFLOW":
+        "with each other or with the checkpoint."
+    ),
+    "FP16_RANGE_OVERFLOW": (
         "Values exceed float16's range (max 65504): activations overflow to inf/NaN, or a constant such "
-        "as -1e9 is written into a float16 tensor.",
-    "UNSAFE_OR_LOWPREC_LOSS":
+        "as -1e9 is written into a float16 tensor."
+    ),
+    "UNSAFE_OR_LOWPREC_LOSS": (
         "The loss runs in low precision or uses an op autocast refuses (binary_cross_entropy on "
-        "probabilities), or loss and target dtypes disagree.",
-    "DTYPE_UNSUPPORTED_ON_DEVICE":
+        "probabilities), or loss and target dtypes disagree."
+    ),
+    "DTYPE_UNSUPPORTED_ON_DEVICE": (
         "This device (or this torch build) has no kernel for the op in this dtype: bf16 on pre-Ampere "
-        "GPUs, fp16 on old CPU builds, CPU autocast dtype limits, complex bf16.",
+        "GPUs, fp16 on old CPU builds, CPU autocast dtype limits, complex bf16."
+    ),
+    "LOSS_SCALE_OR_UNDERFLOW": (
+        "A silent fp16 problem: values too small for float16 flush to zero (gradients, Adam's eps in fp16 "
+        "parameters), or the gradients overflow on every step so the dynamic loss scaler keeps skipping "
+        "steps and shrinking the scale until nothing trains."
+    ),
+    "LOWPREC_ROUNDING": (
+        "A silent precision problem: the values fit bf16/fp16 but their 8 (bf16) or 11 (fp16) mantissa "
+        "bits are too coarse for what is computed in them - RoPE positions, accumulated losses or metrics, "
+        "small weight or EMA updates, eval in half - so results drift from fp32 without any error."
+    ),
 }
 
 FIXES: dict[str, tuple[str, ...]] = {
@@ -109,9 +136,7 @@ FIXES: dict[str, tuple[str, ...]] = {
     "STRICT_SAME_DTYPE_OP": (
         "Cast the source to the destination's dtype at the write: `dst[idx] = src.to(dst.dtype)`.",
     ),
-    "MASK_DTYPE_MISMATCH": (
-        "Build the mask with the query's dtype (`mask.to(q.dtype)`), or use a boolean mask.",
-    ),
+    "MASK_DTYPE_MISMATCH": ("Build the mask with the query's dtype (`mask.to(q.dtype)`), or use a boolean mask.",),
     "ADAPTER_DTYPE_MISMATCH": (
         "Keep adapters and the base layer's input in one dtype: cast the input to the adapter weight's dtype "
         "in the adapter path and cast the result back (recent peft does this; upgrade).",
@@ -160,5 +185,16 @@ FIXES: dict[str, tuple[str, ...]] = {
         "Use a dtype the device supports (float16 on pre-Ampere GPUs, bfloat16 for CPU autocast), or run "
         "that op in float32 (an fp32 island).",
         "Upgrade torch if the kernel was added later.",
+    ),
+    "LOSS_SCALE_OR_UNDERFLOW": (
+        "Keep trainable parameters in float32 (master weights) with fp16 autocast, or switch to bfloat16, "
+        "which has float32's range and needs no loss scaling.",
+        "If the scale collapses, find the first inf/NaN (`torch.autograd.detect_anomaly()`), lower the "
+        "learning rate or raise Adam's eps; a fixed loss scale hides the problem, it does not fix it.",
+    ),
+    "LOWPREC_ROUNDING": (
+        "Compute the sensitive part in float32: RoPE tables and phases, loss and metric accumulation, "
+        "EMA/master weights and optimizer state (`.float()` or `torch.autocast(..., enabled=False)`).",
+        "Keep bf16 for the matmuls only (autocast), not as the storage dtype of everything.",
     ),
 }

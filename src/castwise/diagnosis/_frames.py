@@ -15,18 +15,47 @@ from dataclasses import dataclass
 # libraries whose names in a path are evidence; a path segment equal to one of these names the
 # library even for source checkouts (``~/src/unsloth/unsloth/kernels/...``)
 KNOWN_LIBRARIES: tuple[str, ...] = (
-    "accelerate", "apex", "bitsandbytes", "colossalai", "deepspeed", "diffusers", "fairscale",
-    "fairseq", "flash_attn", "lightning", "lightning_fabric", "megatron", "mmcv", "mmdet",
-    "mmengine", "open_clip", "optimum", "peft", "pytorch_lightning", "quanto", "sentence_transformers",
-    "timm", "torch", "torchao", "torchvision", "transformer_engine", "transformers", "triton", "trl",
-    "unsloth", "vllm", "xformers",
+    "accelerate",
+    "apex",
+    "bitsandbytes",
+    "colossalai",
+    "deepspeed",
+    "diffusers",
+    "fairscale",
+    "fairseq",
+    "flash_attn",
+    "lightning",
+    "lightning_fabric",
+    "megatron",
+    "mmcv",
+    "mmdet",
+    "mmengine",
+    "open_clip",
+    "optimum",
+    "peft",
+    "pytorch_lightning",
+    "quanto",
+    "sentence_transformers",
+    "timm",
+    "torch",
+    "torchao",
+    "torchvision",
+    "transformer_engine",
+    "transformers",
+    "triton",
+    "trl",
+    "unsloth",
+    "vllm",
+    "xformers",
 )
 _KNOWN = set(KNOWN_LIBRARIES)
 
 _PY = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>[^\s(]+))?')
 # IPython: "File ~/x.py:3, in f(a)"; VS Code wraps the path in a link: "File [~/x.py:3](vscode://...), in f"
-_IPY = re.compile(r"^\s*File \[?(?P<file>[~/\\.\w:][^,\n\]]*?\.py):(?P<line>\d+)(?:\]\([^)]*\))?"
-                  r"(?:, in (?P<func>[\w.<>]+))?")
+_IPY = re.compile(
+    r"^\s*File \[?(?P<file>[~/\\.\w:][^,\n\]]*?\.py):(?P<line>\d+)(?:\]\([^)]*\))?"
+    r"(?:, in (?P<func>[\w.<>]+))?"
+)
 # Colab: "[/usr/local/lib/python3.12/dist-packages/torch/_tensor.py](https://localhost:8080/#) in backward(self)"
 _COLAB = re.compile(r"^\s*\[(?P<file>[^\]\s]+\.py)\]\([^)]*\) in (?P<func>[\w.<>]+)")
 _PYTEST = re.compile(r"^\s*(?P<file>[\w./\\~-]+\.py):(?P<line>\d+): in (?P<func>[\w.<>]+)")
@@ -51,8 +80,13 @@ class Frame:
     native: bool = False  # a C++ frame (``Exception raised from ...``)
 
     def to_dict(self) -> dict[str, object]:
-        return {"file": self.file, "line": self.line, "function": self.function,
-                "library": self.library, "code": self.code}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "library": self.library,
+            "code": self.code,
+        }
 
     def __str__(self) -> str:
         # inside a library the path from the library's folder on says all (and fits a line)
@@ -83,8 +117,7 @@ def library_of(file: str) -> tuple[str | None, str]:
 
 def _frame(file: str, line: str | None, func: str | None, *, native: bool = False) -> Frame:
     lib, path = library_of(file)
-    return Frame(file=file, line=int(line) if line else None, function=func, library=lib,
-                 path=path, native=native)
+    return Frame(file=file, line=int(line) if line else None, function=func, library=lib, path=path, native=native)
 
 
 def parse_frames(text: str) -> list[Frame]:
@@ -107,7 +140,8 @@ def parse_frames(text: str) -> list[Frame]:
             frames.append(_with_code(frame, _code_after(lines, i + 1)))
             i += 1
             continue
-        r = _RICH.match(raw) if "│" in raw or "|" in raw else None
+        # rich's frames, with their box edges or without (the reader strips box drawing)
+        r = _RICH.match(raw)
         if r is not None:
             frames.append(_frame(r.group("file"), r.group("line"), r.group("func")))
             i += 1
@@ -131,7 +165,7 @@ def evidence_text(text: str, frames: list[Frame], inner: int = 3) -> str:
         line = _LOG_PREFIX.sub("", raw)
         if _PY.match(line) or _PYTEST.match(line) or _IPY.match(line) or _COLAB.match(line):
             continue
-        if ("│" in line or "|" in line) and _RICH.match(line):
+        if _RICH.match(line):
             continue
         num = _NUMBERED.match(line)
         code = num.group("code").strip() if num else line.strip()
@@ -152,7 +186,7 @@ def _code_after(lines: list[str], start: int) -> str | None:
     block, or IPython's numbered listing (the line marked ``---->`` when there is one)."""
     block: list[str] = []
     marked: str | None = None
-    for raw in lines[start:start + 12]:
+    for raw in lines[start : start + 12]:
         if _PY.match(raw) or _PYTEST.match(raw) or _IPY.match(raw) or _COLAB.match(raw):
             break
         if not raw.strip():

@@ -1,15 +1,18 @@
-"""``castwise.explain``: from an error already raised to its root cause, locus and fix (torch-free).
+"""``castwise.explain``: from an error already raised (or a silent precision problem described
+in words) to its root cause, locus and fix (torch-free).
 
-The text (a message, a traceback, a log with noise around it) is read into evidence of three
-kinds (see ``_evidence``): the message's wording normalised into a signal (which op refused
-which dtypes), the traceback's frames (the libraries and functions it went through) and words
-in the text. Every clue adds weight to some of the 19 root causes; all causes are scored and
-ranked. When the evidence is thin, the explanation says so: low confidence, several candidates.
+The text (a message, a traceback, a log with colours, rank prefixes and progress bars around it)
+is normalised (``_reading``) and read into named evidence (``_features``): the message's wording
+as a structured signal (which op refused which dtypes, on which sides), the traceback's frames
+(libraries, modules, functions) and typed clues in the words. A multinomial logistic regression
+fitted on real reports (``_model``, ``model.json``, re-fitted by ``benchmarks/fit_explain.py``)
+turns the evidence into a calibrated probability per root cause. Every answer lists the evidence
+that decided it; below the unsure threshold it says so, shows the top three and names what
+would settle it.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import textwrap
 import traceback
@@ -18,22 +21,16 @@ from typing import Any
 
 from castwise._dtypes import short
 from castwise.categories import CATEGORIES
-from castwise.diagnosis import _evidence as ev
 from castwise.diagnosis._advice import CAUSES, FIXES
-from castwise.diagnosis._frames import (
-    Frame,
-    evidence_text,
-    is_plumbing,
-    locus_frame,
-    numbered_code,
-    parse_frames,
-)
+from castwise.diagnosis._features import Evidence, extract
+from castwise.diagnosis._frames import Frame, locus_frame, parse_frames
+from castwise.diagnosis._model import load as load_model
 from castwise.diagnosis._patterns import DTYPE_MENTION, Signal, read_signals
+from castwise.diagnosis._reading import normalise, raising_block
 
 WIDTH = 100
-_TEMPERATURE = 2.0  # softmax temperature over scores: a lead of ~4 points is ~90% confidence
-_MIN_SCORE = 1.5  # below this, nothing points at any cause: category None
 _MAX_CANDIDATES = 5
+HIGH = 0.8  # at or above: the test split shows these answers right 95% of the time or more
 
 
 @dataclass(frozen=True)
@@ -48,8 +45,14 @@ class Locus:
     module: str | None = None  # a module path when the text names one
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function,
-                "library": self.library, "code": self.code, "module": self.module}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "library": self.library,
+            "code": self.code,
+            "module": self.module,
+        }
 
     def __str__(self) -> str:
         path = self.file or "?"
@@ -88,22 +91,24 @@ class Explanation:
     cause: str
     fixes: tuple[str, ...]
     locus: Locus | None
-    confidence: float  # 0..1, the best candidate's share
+    confidence: float  # 0..1, the best candidate's calibrated probability
     rule: str | None  # the closest castwise rule code
     error: str | None = None  # the error line as read ("RuntimeError: ...")
     signal: str | None = None  # the normalised wording ("matmul-dtype in matmul (mat1 f32 vs mat2 bf16)")
     dtypes: tuple[str, ...] = ()  # the dtypes the message names, canonical names
     evidence: tuple[str, ...] = ()  # the clues behind the best candidate, strongest first
     is_dtype_error: bool = False
+    unsure: bool = False  # the confidence is below the model's threshold: see the candidates
+    settle: tuple[str, ...] = ()  # when unsure: what evidence would tell the candidates apart
     frames: tuple[Frame, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def level(self) -> str:
         if self.category is None:
             return "none"
-        if self.confidence >= 0.6:
+        if self.confidence >= HIGH:
             return "high"
-        if self.confidence >= 0.35:
+        if not self.unsure:
             return "medium"
         return "low"
 
@@ -123,6 +128,8 @@ class Explanation:
             "dtypes": list(self.dtypes),
             "evidence": list(self.evidence),
             "is_dtype_error": self.is_dtype_error,
+            "unsure": self.unsure,
+            "settle": list(self.settle),
         }
 
     def __str__(self) -> str:
@@ -189,93 +196,21 @@ def _focus(text: str) -> str:
     return "\n".join(out[-4000:])
 
 
-# -- scoring --------------------------------------------------------------------------------
+# -- reading and scoring ------------------------------------------------------------------
+
+_GENERIC_FAMILIES = ("matmul-dtype", "scalar-type-arg", "scalar-type", "conv-dtype", "expected-got")
+_NOT_PRECISION = {"int64", "int32", "int16", "bool"}
+# features that say something about a cause (structural features alone do not make a diagnosis)
+_INFORMATIVE = ("msg:", "frame:", "text:", "clue:", "ctx:")
 
 
-@dataclass
-class _Tally:
-    scores: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
-    reasons: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: {c: [] for c in CATEGORIES})
-
-    def add(self, weights: ev.Weights, reason: str, scale: float = 1.0) -> None:
-        for cat, w in weights.items():
-            self.scores[cat] += w * scale
-            if w > 0:
-                self.reasons[cat].append((w * scale, reason))
+def _informative(x: dict[str, float]) -> bool:
+    return any(k.startswith(_INFORMATIVE) and k not in ("msg:device-mismatch", "ctx:no adapter evidence") for k in x)
 
 
-def _frame_key(f: Frame) -> str:
-    return f"{f.path} {f.function or ''} {f.code or ''}"
-
-
-_MODEL_LIBS = ("transformers", "diffusers", "timm", "open_clip", "torchvision", "sentence_transformers")
-_CODE_LINE = re.compile(r"^\s*(return\b|[\w.\[\]]+(\s*,\s*[\w.]+)*\s*=\s*[\w.]+\(|[\w.]+\()")
-_NORM_WORD = re.compile(r"layer ?norm|rms ?norm|\b[qk]_?norm|\bnorm\d?\b|\bln_?\w*\(", re.I)
-_AUTOCAST = re.compile(r"autocast|\bamp\b|torch\.cuda\.amp|mixed[_ ]precision|-mixed\b|precision=16", re.I)
-
-
-def _context(text: str, signals: list[Signal], frames: list[Frame]) -> ev.Context:
-    inner = [f for f in frames if not f.native][-2:]
-    codes = [f"{f.path} {f.function or ''} {f.code or ''}" for f in inner]
-    if not codes:
-        codes = numbered_code(text)[-2:] or [ln for ln in text.splitlines() if _CODE_LINE.match(ln)][-2:]
-    # the frame that called the refusing op (not the thin-layer-skipping locus)
-    lf = next((f for f in reversed(frames) if not is_plumbing(f)), None)
-    library_model = lf is not None and lf.library in _MODEL_LIBS and (
-        "/models/" in f"/{lf.path}" or "modeling_" in lf.path)
-    backward = any(f.function in ("backward", "_engine_run_backward", "run_backward") for f in frames) or (
-        not frames and bool(re.search(r"\bin backward\b|\.backward\(", text)))
-    device = next((s.device for s in reversed(signals) if s.device), None)
-    return ev.Context(ops=ev.op_context(codes), backward=backward, library_model=library_model,
-                      autocast=bool(_AUTOCAST.search(text)), device=device,
-                      norm_upstream=bool(_NORM_WORD.search(text)), has_frames=bool(frames))
-
-
-def _weigh(text: str, signals: list[Signal], frames: list[Frame]) -> _Tally:
-    tally = _Tally()
-    ctx = _context(text, signals, frames)
-    # 1. the message's wording; the last signal is the error itself, earlier ones (chained or
-    # repeated messages) count less
-    seen_families: set[str] = set()
-    for i, sig in enumerate(reversed(signals)):
-        if sig.family in seen_families:
-            continue
-        seen_families.add(sig.family)
-        scale = 1.0 if i == 0 else 0.5
-        tally.add(ev.FAMILY_WEIGHTS.get(sig.family, {}), f"message: {sig.describe()}", scale)
-        for weights, why in ev.context_weights(sig.family, sig.roles, sig.first, sig.second, sig.op, ctx):
-            tally.add(weights, why, scale)
-    # 2. frames: each clue once, named by the first frame it matched
-    keys = [_frame_key(f) for f in frames]
-    for clue in ev.FRAME_CLUES:
-        hit = next((f for f, k in zip(frames, keys, strict=True) if clue.regex.search(k)), None)
-        if hit is not None:
-            tally.add(clue.weights, f"frame: {clue.name} ({hit})")
-    # 3. words in the text: the user's prose, the message, the innermost code
-    words = evidence_text(text, frames) if frames else text
-    adapter_seen = False
-    for clue in ev.TEXT_CLUES:
-        m = clue.regex.search(words)
-        if m is not None:
-            tally.add(clue.weights, f"text: {clue.name} ({m.group(0).strip()!r})", 0.75 if frames else 1.0)
-            adapter_seen = adapter_seen or clue.name in ev.ADAPTER_CLUES
-    adapter_seen = adapter_seen or any(c.name in ev.ADAPTER_CLUES and any(c.regex.search(k) for k in keys)
-                                       for c in ev.FRAME_CLUES)
-    if not adapter_seen and "linear" not in ctx.ops and tally.scores[ev.ADA] > 0:
-        # a generic mismatch spreads weight on adapters, but adapters are something the text must
-        # show (peft/LoRA/unsloth frames or words, or at least a Linear layer failing, where
-        # adapters wrap): without that, the plain causes come first
-        tally.scores[ev.ADA] *= 0.5
-    return tally
-
-
-def _rank(tally: _Tally) -> tuple[list[tuple[str, float]], float]:
-    ranked = sorted(tally.scores.items(), key=lambda kv: -kv[1])
-    top = ranked[0][1]
-    exps = {c: math.exp((s - top) / _TEMPERATURE) for c, s in ranked}
-    total = sum(exps.values())
-    probs = [(c, exps[c] / total) for c, _ in ranked]
-    return probs, top
+def _integer_clash(sig: Signal | None) -> bool:
+    """An index or label tensor met a float one: a dtype error, but not a precision clash."""
+    return sig is not None and sig.family in _GENERIC_FAMILIES and bool({sig.first, sig.second} & _NOT_PRECISION)
 
 
 def _rule_for(category: str | None) -> str | None:
@@ -284,8 +219,9 @@ def _rule_for(category: str | None) -> str | None:
     from castwise.rules import REGISTRY
 
     order = {"error": 0, "warning": 1, "info": 2}
-    rules = sorted((r for r in REGISTRY.values() if r.category == category),
-                   key=lambda r: (order.get(r.severity, 3), r.code))
+    rules = sorted(
+        (r for r in REGISTRY.values() if r.category == category), key=lambda r: (order.get(r.severity, 3), r.code)
+    )
     return rules[0].code if rules else None
 
 
@@ -308,39 +244,61 @@ def _cause(category: str, sig: Signal | None) -> str:
     return said + base
 
 
-def explain(error: BaseException | str) -> Explanation:
-    """Explain a mixed-precision dtype error: ``error`` is an exception, or the text of an error
-    message, traceback or log. Returns the ranked root causes, the locus and the fixes."""
+def _read(error: BaseException | str) -> tuple[str, str, list[Signal], Evidence]:
     raw = _focus(error_text(error))
     # castwise's own notes (an annotated error pasted back) are conclusions, not evidence
-    text = "\n".join(line for line in raw.splitlines() if not line.startswith("castwise:"))
+    text = normalise("\n".join(line for line in raw.splitlines() if not line.startswith("castwise:")))
     signals = read_signals(text)
-    frames = parse_frames(text)
-    listing = numbered_code(text)
-    if listing and not frames:  # IPython listings without frame headers still show the code
-        frames = [Frame(file="<listing>", line=None, function=None, code=c, path="") for c in listing[-3:]]
-    tally = _weigh(text, signals, frames)
-    probs, top = _rank(tally)
+    return raw, text, signals, extract(text, signals=signals)
+
+
+def read_evidence(error: BaseException | str) -> Evidence:
+    """The evidence ``explain`` reads from ``error``: what the fitted model scores (the fitting
+    script reads reports through this same function, so training and use never diverge)."""
+    return _read(error)[3]
+
+
+def explain(error: BaseException | str) -> Explanation:
+    """Explain a mixed-precision dtype error or a silent precision problem: ``error`` is an
+    exception, or the text of an error message, traceback, log or report. Returns the ranked root
+    causes with a calibrated confidence, the evidence that decided them, the locus and the fixes."""
+    raw, text, signals, evidence = _read(error)
+    x = evidence.vector()
+    model = load_model()
+    probs = sorted(
+        zip(model.categories, model.calibrated(model.probabilities(x)), strict=True), key=lambda t: (-t[1], t[0])
+    )
     has_dtype_words = bool(DTYPE_MENTION.search(text))
     dtype_signal = any(s.dtype_error for s in signals)
-    sig = signals[-1] if signals else None
+    # in a chain of exceptions the first block raised the error; the wrapper's frames are not the locus
+    block = raising_block(text, lambda b: any(s.dtype_error for s in read_signals(b)))
+    block_signals = read_signals(block) if block is not text else signals
+    found = block_signals or signals
+    sig: Signal | None = found[-1] if found else None
 
-    if top < _MIN_SCORE:
+    if (
+        not _informative(x)
+        or (sig is not None and sig.family == "device-mismatch" and not dtype_signal)
+        or _integer_clash(sig)
+    ):
         category = None
         candidates: tuple[Candidate, ...] = ()
         confidence = 0.0
+        unsure = False
     else:
         category = probs[0][0]
         confidence = probs[0][1]
-        floor = max(0.03, probs[0][1] * 0.1)
-        kept = [(c, p) for c, p in probs if tally.scores[c] > 0 and p >= floor][:_MAX_CANDIDATES]
-        # thin evidence: always show the runners-up, so the user sees the alternatives
-        if confidence < 0.6:
-            kept = [(c, p) for c, p in probs if tally.scores[c] > 0][:max(3, len(kept))]
+        unsure = confidence < model.unsure_below
+        floor = max(0.03, confidence * 0.1)
+        kept = [(c, p) for c, p in probs if p >= floor][:_MAX_CANDIDATES]
+        if unsure:  # thin evidence: always show the runners-up
+            kept = probs[: max(3, len(kept))]
         candidates = tuple(Candidate(c, p, CATEGORIES[c].title) for c, p in kept)
 
+    frames = list(evidence.frames)
     real_frames = [f for f in frames if f.file != "<listing>"]
-    lf = locus_frame(real_frames)
+    block_frames = parse_frames(block) if block is not text else real_frames
+    lf = locus_frame(block_frames or real_frames)
     # a module path in the text: castwise.diagnose()'s own note, when an annotated error is pasted
     named = _MODULE_NOTE.search(raw)
     module = named.group(1) if named else None
@@ -348,33 +306,43 @@ def explain(error: BaseException | str) -> Explanation:
     if locus is None and (frames or module):
         locus = Locus(None, None, None, None, frames[-1].code if frames else None, module)
 
+    settle: tuple[str, ...] = ()
     if category is None and sig is not None and sig.family == "device-mismatch":
         title = "not a dtype error: one dtype on two devices"
-        cause = (f"Both tensors are {short(sig.first or '?')}; the message names them by device type (CUDA vs "
-                 "CPU tensor). Move the input or the module to the same device (`x.to(next(model.parameters())"
-                 ".device)`).")
+        cause = (
+            f"Both tensors are {short(sig.first or '?')}; the message names them by device type (CUDA vs "
+            "CPU tensor). Move the input or the module to the same device (`x.to(next(model.parameters())"
+            ".device)`)."
+        )
         fixes: tuple[str, ...] = ()
-        evidence: tuple[str, ...] = ()
+        why: tuple[str, ...] = ()
     elif category is None and sig is not None and sig.dtype_error:
         title = "a dtype error, but no mixed-precision cause fits"
         names = " and ".join(short(d) for d in sig.dtypes) or "two dtypes"
-        cause = (f"{sig.op or 'An op'} got {names}: not a clash between floating precisions (an integer index "
-                 "or label tensor, or a dtype castwise does not reason about). Cast the tensor to the dtype "
-                 "the op documents.")
+        cause = (
+            f"{sig.op or 'An op'} got {names}: not a clash between floating precisions (an integer index "
+            "or label tensor, or a dtype castwise does not reason about). Cast the tensor to the dtype "
+            "the op documents."
+        )
         fixes = ()
-        evidence = ()
+        why = ()
     elif category is None:
         title = "no evidence of a mixed-precision dtype error"
-        cause = ("Nothing in the text names a dtype mismatch, a precision setting or a library castwise "
-                 "knows. Paste the full traceback with the error message.")
+        cause = (
+            "Nothing in the text names a dtype mismatch, a precision setting or a library castwise "
+            "knows. Paste the full traceback with the error message."
+        )
         fixes = ()
-        evidence = ()
+        why = ()
     else:
         title = CATEGORIES[category].title
         cause = _cause(category, sig)
         fixes = FIXES.get(category, ())
-        reasons = sorted(tally.reasons[category], key=lambda r: -r[0])
-        evidence = tuple(dict.fromkeys(r for _, r in reasons))[:6]
+        runner = candidates[1].category if len(candidates) > 1 else None
+        reasons = evidence.why()
+        why = tuple(dict.fromkeys(reasons[name] for _, name in model.contributions(x, category, runner)))[:6]
+        if unsure:
+            settle = tuple(f"{c}: {hint}" for c, hint in model.settlers(x, [c.category for c in candidates[:3]]))
 
     dtypes = tuple(dict.fromkeys(d for s in signals for d in s.dtypes))
     return Explanation(
@@ -386,11 +354,14 @@ def explain(error: BaseException | str) -> Explanation:
         locus=locus,
         confidence=confidence,
         rule=_rule_for(category),
-        error=_error_line(text, signals),
+        error=_error_line(block if block is not text else text, block_signals or signals),
         signal=sig.describe() if sig else None,
         dtypes=dtypes,
-        evidence=evidence,
-        is_dtype_error=category is not None and (dtype_signal or (has_dtype_words and top >= 4.0)),
+        evidence=why,
+        is_dtype_error=category is not None
+        and (dtype_signal or (has_dtype_words and confidence >= 0.5 and evidence.has_error_line)),
+        unsure=unsure,
+        settle=settle,
         frames=tuple(real_frames),
     )
 
@@ -401,9 +372,14 @@ _LABEL = 10
 
 
 def _field(label: str, text: str, width: int = WIDTH) -> list[str]:
-    return textwrap.fill(" ".join(text.split()), width=width, initial_indent=f"  {label:<{_LABEL}}",
-                         subsequent_indent=" " * (2 + _LABEL), break_on_hyphens=False,
-                         break_long_words=True).splitlines()
+    return textwrap.fill(
+        " ".join(text.split()),
+        width=width,
+        initial_indent=f"  {label:<{_LABEL}}",
+        subsequent_indent=" " * (2 + _LABEL),
+        break_on_hyphens=False,
+        break_long_words=True,
+    ).splitlines()
 
 
 def render(e: Explanation, width: int = WIDTH) -> str:
@@ -414,7 +390,10 @@ def render(e: Explanation, width: int = WIDTH) -> str:
             lines += _field("error", e.error, width)
         lines += _field("note", e.cause, width)
         return "\n".join(lines)
-    lines = [f"castwise explain: {e.category}  (confidence {e.level}, {e.confidence:.2f})"]
+    if e.unsure:
+        lines = [f"castwise explain: unsure; most likely {e.category}  (confidence {e.confidence:.2f})"]
+    else:
+        lines = [f"castwise explain: {e.category}  (confidence {e.level}, {e.confidence:.2f})"]
     lines += textwrap.wrap(e.title, width=width, initial_indent="  ", subsequent_indent="  ")
     if e.rule:
         from castwise.rules import REGISTRY
@@ -437,9 +416,25 @@ def render(e: Explanation, width: int = WIDTH) -> str:
     others = [c for c in e.candidates if c.category != e.category]
     if others:
         lines.append("")
-        head = "other candidates" if e.level == "high" else "not enough evidence to be sure; also possible"
+        head = "other candidates" if not e.unsure else "not enough evidence to be sure; also possible"
         lines += textwrap.wrap(f"{head}:", width=width, initial_indent="  ")
         for c in others:
-            lines += textwrap.wrap(f"{c.score:4.2f}  {c.category}: {c.title}", width=width,
-                                   initial_indent="    ", subsequent_indent="          ")
+            lines += textwrap.wrap(
+                f"{c.score:4.2f}  {c.category}: {c.title}",
+                width=width,
+                initial_indent="    ",
+                subsequent_indent="          ",
+            )
+    if e.unsure:
+        lines.append("")
+        if e.settle:
+            lines += textwrap.wrap("what would settle it:", width=width, initial_indent="  ")
+            for hint in e.settle:
+                lines += textwrap.wrap(hint, width=width, initial_indent="    ", subsequent_indent="      ")
+        lines += _field(
+            "to know",
+            "run the failing step under castwise.diagnose() or `castwise audit`: they "
+            "answer from the real dtype flow, not from the text.",
+            width,
+        )
     return "\n".join(lines)

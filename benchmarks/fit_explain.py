@@ -1,0 +1,327 @@
+"""Fit ``castwise explain``'s model from the train split of the report corpus.
+
+usage: python benchmarks/fit_explain.py [--check]
+
+Reads ``benchmarks/data/explain/reports.jsonl`` (train split only: the test split is never looked
+at here), reads every report through ``castwise.diagnosis.explain.read_evidence`` (the same code
+``explain`` runs), and fits a multinomial logistic regression over the named evidence:
+
+    score(category) = bias[category] + sum over features f of value(f) * W[f, category]
+
+by minimising the negative log-likelihood plus ``lam * |W - P|^2``, where ``P`` is the prior that
+the hand-written evidence tables give each feature (scaled by ``PRIOR_SCALE``; zero for the
+structural features and the new context clues). With no data the model is the tables; data moves
+the weights only where reports show them wrong. Features the tables speak for and features they
+are silent on get their own ``lam`` (trust the tables where they speak, learn where they do not);
+both are picked by 5-fold cross-validation on the train split, and the softmax temperature is
+fitted on the out-of-fold scores, so the printed confidence is calibrated.
+
+Writes ``src/castwise/diagnosis/model.json``. Deterministic: same data, same file.
+``--check`` re-fits and exits 1 if the stored model differs (used by the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# the matrices are tiny: BLAS threads only spin, and on a loaded machine they slow the fit ~20x
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data" / "explain" / "reports.jsonl"
+OUT = ROOT / "src" / "castwise" / "diagnosis" / "model.json"
+sys.path.insert(0, str(ROOT / "src"))
+
+from castwise.categories import CATEGORIES  # noqa: E402
+from castwise.diagnosis._features import PRIOR_SCALE, static_priors  # noqa: E402
+from castwise.diagnosis.explain import read_evidence  # noqa: E402
+
+TEST_FRACTION = 0.35
+# (lam for features with a prior, lam for features without one)
+LAMBDAS = tuple((lp, ln) for lp in (3.0, 10.0, 30.0, 100.0) for ln in (0.3, 1.0, 3.0, 10.0))
+# class frequencies in the corpus follow how reports were collected, not how often causes occur:
+# the biases are held close to zero so that evidence, not frequency, decides
+BIAS_L2 = 5.0
+BALANCE = 1.0  # 0: every report weighs 1; 1: every cause weighs the same
+STEPS = 1500
+LR = 0.05
+FOLDS = 5
+UNSURE_BELOW = 0.6  # below: out-of-fold answers were right about half the time or less
+TEMPERATURES = tuple(round(0.5 + 0.05 * i, 2) for i in range(51))  # 0.5 .. 3.0
+
+
+def split_of(report_id: str) -> str:
+    """The split, from a stable hash of the id: assigned once, before any fitting."""
+    h = int(hashlib.sha256(report_id.encode()).hexdigest()[:8], 16) / 2**32
+    return "test" if h < TEST_FRACTION else "train"
+
+
+def fold_of(report_id: str) -> int:
+    return int(hashlib.sha256(f"fold:{report_id}".encode()).hexdigest()[:8], 16) % FOLDS
+
+
+def load(split: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for r in rows:
+        if r["split"] != split_of(r["id"]):
+            raise SystemExit(f"{r['id']}: stored split {r['split']!r} differs from the hash split")
+    return [r for r in rows if r["split"] == split]
+
+
+def design(
+    reports: list[dict[str, Any]], cats: list[str]
+) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, dict[str, str]]:
+    """X (reports x features), y, the feature names, the prior P (features x categories) and a
+    description of each feature (for the settle hints)."""
+    priors: dict[str, dict[str, float]] = dict(static_priors())
+    rows: list[dict[str, float]] = []
+    whys: dict[str, str] = {}
+    for r in reports:
+        evidence = read_evidence(r["text"])
+        for f in evidence.features:
+            priors.setdefault(f.name, f.prior)
+            whys.setdefault(f.name, f.why)
+        rows.append(evidence.vector())
+    names = sorted(priors)
+    index = {n: i for i, n in enumerate(names)}
+    x = np.zeros((len(reports), len(names)))
+    for i, row in enumerate(rows):
+        for n, v in row.items():
+            x[i, index[n]] = v
+    y = np.array([cats.index(r["category"]) for r in reports])
+    p = np.zeros((len(names), len(cats)))
+    for n, w in priors.items():
+        for c, v in w.items():
+            p[index[n], cats.index(c)] = PRIOR_SCALE * v
+    return x, y, names, p, {n: _describe(n) for n in names}
+
+
+def _describe(name: str) -> str:
+    kind, _, what = name.partition(":")
+    return {
+        "frame": f"a traceback frame in {what}",
+        "lib": f"a traceback going through {what}",
+        "text": f"{what} named in the code or text",
+        "clue": f"{what} in the report",
+    }.get(kind, "")  # only what a user can look for or paste; the message's wording is given
+
+
+def fit(x: np.ndarray, y: np.ndarray, p: np.ndarray, lams: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """Adam on the penalised negative log-likelihood, from the prior; fixed steps: deterministic."""
+    c = p.shape[1]
+    has_prior = np.abs(p).max(axis=1, keepdims=True) > 0
+    lam = np.where(has_prior, lams[0], lams[1])
+    w = p.copy()
+    b = np.zeros(c)
+    onehot = np.eye(c)[y]
+    # each cause weighs the same in the loss whatever its count in the corpus: how many reports
+    # of a kind were collected says nothing about how likely that cause is behind a new report
+    counts = np.bincount(y, minlength=c).astype(float)
+    sample = (len(y) / (np.count_nonzero(counts) * counts[y])) ** BALANCE
+    mw, vw, mb, vb = np.zeros_like(w), np.zeros_like(w), np.zeros_like(b), np.zeros_like(b)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for t in range(1, STEPS + 1):
+        z = x @ w + b
+        z -= z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        prob = e / e.sum(axis=1, keepdims=True)
+        g = (prob - onehot) * sample[:, None]
+        gw = x.T @ g + 2 * lam * (w - p)
+        gb = g.sum(axis=0) + 2 * BIAS_L2 * b
+        mw = b1 * mw + (1 - b1) * gw
+        vw = b2 * vw + (1 - b2) * gw * gw
+        mb = b1 * mb + (1 - b1) * gb
+        vb = b2 * vb + (1 - b2) * gb * gb
+        w -= LR * (mw / (1 - b1**t)) / (np.sqrt(vw / (1 - b2**t)) + eps)
+        b -= LR * (mb / (1 - b1**t)) / (np.sqrt(vb / (1 - b2**t)) + eps)
+    return w, b
+
+
+def _nll(z: np.ndarray, y: np.ndarray, temperature: float) -> float:
+    s = z / temperature
+    s = s - s.max(axis=1, keepdims=True)
+    logp = s - np.log(np.exp(s).sum(axis=1, keepdims=True))
+    return float(-logp[np.arange(len(y)), y].mean())
+
+
+def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fit the model. With ``stored`` (a model.json), skip the cross-validation and re-fit with its
+    regularisation and temperature: the cheap check that the file is what this script writes."""
+    cats = list(CATEGORIES)
+    train = load("train")
+    x, y, names, p, descriptions = design(train, cats)
+    if stored is not None:
+        lam = (float(stored["meta"]["lambda"][0]), float(stored["meta"]["lambda"][1]))
+        w, b = fit(x, y, p, lam)
+        cal = (float(stored["confidence_map"][0]), float(stored["confidence_map"][1]))
+        return _model(
+            cats,
+            names,
+            descriptions,
+            w,
+            b,
+            lam,
+            float(stored["temperature"]),
+            len(train),
+            dict(stored["meta"]["cross_validation"]),
+            float(stored["meta"]["oof_top1_calibrated"]),
+            cal,
+        )
+    folds = np.array([fold_of(r["id"]) for r in train])
+    cv: dict[str, dict[str, float]] = {}
+    runs: list[tuple[float, tuple[float, float], np.ndarray]] = []
+    for lam in LAMBDAS:
+        oof = np.zeros((len(train), len(cats)))
+        for k in range(FOLDS):
+            tr, te = folds != k, folds == k
+            w, b = fit(x[tr], y[tr], p, lam)
+            oof[te] = x[te] @ w + b
+        acc = float((oof.argmax(axis=1) == y).mean())
+        cv[f"{lam[0]}/{lam[1]}"] = {"oof_top1": round(acc, 4), "oof_nll": round(_nll(oof, y, 1.0), 4)}
+        runs.append((acc, lam, oof))
+    # the one-standard-error rule: differences in out-of-fold accuracy smaller than its standard
+    # error are noise at this corpus size, so among the settings within one SE of the best, take
+    # the most regularised (the closest to the tables, the least fitted to this corpus)
+    top = max(acc for acc, _, _ in runs)
+    se = float(np.sqrt(top * (1 - top) / len(train)))
+    _, lam, oof = max((r for r in runs if r[0] >= top - se), key=lambda r: r[1])
+    temperature = min(TEMPERATURES, key=lambda t: (_nll(oof, y, t), t))
+    calibration = _calibrate(oof, y, temperature)
+    w, b = fit(x, y, p, lam)
+    return _model(
+        cats,
+        names,
+        descriptions,
+        w,
+        b,
+        lam,
+        temperature,
+        len(train),
+        cv,
+        float((oof.argmax(axis=1) == y).mean()),
+        calibration,
+    )
+
+
+def _calibrate(oof: np.ndarray, y: np.ndarray, temperature: float) -> tuple[float, float]:
+    """A map from the top probability to the printed confidence, fitted on the out-of-fold answers:
+    ``sigmoid(a * logit(p) + b)``. The temperature spreads the whole distribution; this corrects
+    the top answer's probability against how often top answers were right (strong hand-written
+    weights make the softmax over-sure where the corpus disagrees with the tables)."""
+    s = oof / temperature
+    s = s - s.max(axis=1, keepdims=True)
+    prob = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
+    top = np.clip(prob.max(axis=1), 1e-6, 1 - 1e-6)
+    right = (prob.argmax(axis=1) == y).astype(float)
+    z = np.log(top / (1 - top))
+    best = (np.inf, 1.0, 0.0)
+    for a in np.arange(0.2, 1.51, 0.05):
+        for b in np.arange(-2.0, 2.01, 0.05):
+            q = np.clip(1 / (1 + np.exp(-(a * z + b))), 1e-6, 1 - 1e-6)
+            loss = float(-(right * np.log(q) + (1 - right) * np.log(1 - q)).mean())
+            if loss < best[0] - 1e-12:
+                best = (loss, round(float(a), 2), round(float(b), 2))
+    return best[1], best[2]
+
+
+def _model(
+    cats: list[str],
+    names: list[str],
+    descriptions: dict[str, str],
+    w: np.ndarray,
+    b: np.ndarray,
+    lam: tuple[float, float],
+    temperature: float,
+    n_train: int,
+    cv: dict[str, Any],
+    oof_top1: float,
+    calibration: tuple[float, float],
+) -> dict[str, Any]:
+    keep = [i for i in range(len(names)) if np.abs(w[i]).max() >= 1e-4]
+    return {
+        "format": 1,
+        "categories": cats,
+        "bias": [round(float(v), 4) for v in b],
+        "temperature": temperature,
+        "unsure_below": UNSURE_BELOW,
+        "confidence_map": list(calibration),
+        "weights": {names[i]: [round(float(v), 4) for v in w[i]] for i in keep},
+        "descriptions": {names[i]: descriptions[names[i]] for i in keep if descriptions[names[i]]},
+        "meta": {
+            "data_sha256": hashlib.sha256(DATA.read_bytes()).hexdigest(),
+            "train_reports": n_train,
+            "features": len(keep),
+            "lambda": list(lam),
+            "prior_scale": PRIOR_SCALE,
+            "cross_validation": cv,
+            "oof_top1_calibrated": round(oof_top1, 4),
+        },
+    }
+
+
+def dump(model: dict[str, Any]) -> str:
+    """One feature per line: a re-fit shows up in a diff as the weights it moved."""
+    head = {k: v for k, v in model.items() if k not in ("weights", "descriptions")}
+    lines = ["{"]
+    for k, v in head.items():
+        lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)},")
+    lines.append('  "weights": {')
+    items = list(model["weights"].items())
+    for i, (k, v) in enumerate(items):
+        lines.append(f"    {json.dumps(k, ensure_ascii=False)}: {json.dumps(v)}{',' if i < len(items) - 1 else ''}")
+    lines.append("  },")
+    lines.append('  "descriptions": {')
+    items = list(model["descriptions"].items())
+    for i, (k, v) in enumerate(items):
+        sep = "," if i < len(items) - 1 else ""
+        lines.append(f"    {json.dumps(k, ensure_ascii=False)}: {json.dumps(v, ensure_ascii=False)}{sep}")
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def same(a: dict[str, Any], b: dict[str, Any], tol: float = 2e-3) -> bool:
+    """Equal up to float noise across machines (BLAS summation order)."""
+    if a.keys() != b.keys() or a["categories"] != b["categories"] or set(a["weights"]) != set(b["weights"]):
+        return False
+    if abs(a["temperature"] - b["temperature"]) > 0.051 or a["meta"]["lambda"] != b["meta"]["lambda"]:
+        return False
+    if max(abs(u - v) for u, v in zip(a["bias"], b["bias"], strict=True)) > tol:
+        return False
+    return all(abs(u - v) <= tol for k in a["weights"] for u, v in zip(a["weights"][k], b["weights"][k], strict=True))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="re-fit with the stored regularisation and compare with the stored model.json",
+    )
+    args = ap.parse_args()
+    if args.check:
+        stored = json.loads(OUT.read_text(encoding="utf-8"))
+        ok = same(build(stored), stored)
+        print("model.json matches a re-fit" if ok else "model.json differs from a re-fit: run fit_explain.py")
+        return 0 if ok else 1
+    model = build()
+    OUT.write_text(dump(model), encoding="utf-8")
+    m = model["meta"]
+    print(
+        f"wrote {OUT.relative_to(ROOT)}: {m['train_reports']} train reports, {m['features']} features, "
+        f"lambda {m['lambda']}, temperature {model['temperature']}, CV {m['cross_validation']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
