@@ -365,50 +365,77 @@ def context_weights(
     family: str, roles: tuple[str, str], first: str | None, second: str | None, op: str | None, ctx: Context
 ) -> list[tuple[Weights, str]]:
     """What the dtypes, their sides and the surrounding code say, beyond the wording itself."""
-    out: list[tuple[Weights, str]] = []
-    pair = {first, second}
     generic = family in _GENERIC
     # addmm's "self" is the bias or accumulator, not the activation: no activation side to read
     matmul_like = (family in ("matmul-dtype", "scalar-type-arg") and roles[0] != "self") or (
         family == "scalar-type" and bool(ctx.ops & {"linear", "matmul"})
     )
+    out: list[tuple[Weights, str]] = []
     if first and second and first != second:
-        if pair & {"int8", "uint8", "float8_e4m3fn", "float8_e5m2"} and generic:
-            # 8-bit operands in a float op: quantised weights reached a float kernel undequantised
-            out.append(({QUANT: 6.0}, "an 8-bit (quantised) tensor met a floating one"))
-        elif pair & {"int64", "int32", "bool"} and generic:
-            # an index or label tensor, not a precision clash: none of the precision causes fits well
-            out.append(
-                (
-                    {c: -0.6 * w for c, w in _GENERIC_SCALAR.items()},
-                    "an integer tensor met a float one (labels or indices, not precision)",
-                )
+        out += _pair_weights(family, first, second, ctx, generic=generic, matmul_like=matmul_like)
+    out += _family_weights(family, roles, first, second, op, ctx, matmul_like=matmul_like)
+    if generic:
+        out += _generic_op_weights(family, ctx)
+    return out
+
+
+def _pair_weights(
+    family: str, first: str, second: str, ctx: Context, *, generic: bool, matmul_like: bool
+) -> list[tuple[Weights, str]]:
+    """What the two differing dtypes themselves say (8-bit, integer, two half types, float64...)."""
+    out: list[tuple[Weights, str]] = []
+    pair = {first, second}
+    if pair & {"int8", "uint8", "float8_e4m3fn", "float8_e5m2"} and generic:
+        # 8-bit operands in a float op: quantised weights reached a float kernel undequantised
+        out.append(({QUANT: 6.0}, "an 8-bit (quantised) tensor met a floating one"))
+    elif pair & {"int64", "int32", "bool"} and generic:
+        # an index or label tensor, not a precision clash: none of the precision causes fits well
+        out.append(
+            (
+                {c: -0.6 * w for c, w in _GENERIC_SCALAR.items()},
+                "an integer tensor met a float one (labels or indices, not precision)",
             )
-        elif pair == {"float16", "bfloat16"}:
-            # two half types met: something cast to the other half type (a wrapper's input cast, a
-            # quantised layer's compute dtype), never an fp32 island. A kernel's data_ptr check
-            # ("expected scalar type") is where out= buffers of dequantising kernels fail; a
-            # layer's input check is where a wrapper's input cast fails.
-            if family == "scalar-type":
-                w: Weights = {QUANT: 3.5, DIST: 2.5}
-            else:
-                w = {DIST: 3.5, QUANT: 2.0}
-            w.update({OPT: 1.5, MASK: 1.0, ADA: 1.0, INP: -1.0, FP: -1.5, DOWN: -2.0, LEAK: -2.0})
-            out.append((w, "two different 16-bit dtypes met"))
-        elif "float64" in pair:
-            out.append(({UNC: 2.0, INP: 2.0}, "a float64 tensor (NumPy, Python defaults) met a float dtype"))
-        elif matmul_like and first == "float32" and second in _LOW:
-            out.append(
-                ({MASK: 0.8, INP: 0.5, LEAK: 0.5}, "the activation side is float32, the other operand low precision")
-            )
-        elif matmul_like and first in _LOW and second == "float32":
-            out.append(
-                ({UNC: 1.0, ADA: 0.5, QUANT: 0.5}, "the activation side is low precision, the other operand float32")
-            )
-        elif family == "scalar-type" and "norm" in ctx.ops and first == "float32" and second in _LOW:
-            out.append(({DOWN: 2.0, LEAK: 1.0}, "a norm's float32 input met low-precision weights"))
-        elif family == "scalar-type" and first in _LOW and second == "float32" and not ctx.ops:
-            out.append(({UNC: 1.0, EXT: 1.0}, "a kernel's first operand is low precision, another float32"))
+        )
+    elif pair == {"float16", "bfloat16"}:
+        # two half types met: something cast to the other half type (a wrapper's input cast, a
+        # quantised layer's compute dtype), never an fp32 island. A kernel's data_ptr check
+        # ("expected scalar type") is where out= buffers of dequantising kernels fail; a
+        # layer's input check is where a wrapper's input cast fails.
+        if family == "scalar-type":
+            w: Weights = {QUANT: 3.5, DIST: 2.5}
+        else:
+            w = {DIST: 3.5, QUANT: 2.0}
+        w.update({OPT: 1.5, MASK: 1.0, ADA: 1.0, INP: -1.0, FP: -1.5, DOWN: -2.0, LEAK: -2.0})
+        out.append((w, "two different 16-bit dtypes met"))
+    elif "float64" in pair:
+        out.append(({UNC: 2.0, INP: 2.0}, "a float64 tensor (NumPy, Python defaults) met a float dtype"))
+    elif matmul_like and first == "float32" and second in _LOW:
+        out.append(
+            ({MASK: 0.8, INP: 0.5, LEAK: 0.5}, "the activation side is float32, the other operand low precision")
+        )
+    elif matmul_like and first in _LOW and second == "float32":
+        out.append(
+            ({UNC: 1.0, ADA: 0.5, QUANT: 0.5}, "the activation side is low precision, the other operand float32")
+        )
+    elif family == "scalar-type" and "norm" in ctx.ops and first == "float32" and second in _LOW:
+        out.append(({DOWN: 2.0, LEAK: 1.0}, "a norm's float32 input met low-precision weights"))
+    elif family == "scalar-type" and first in _LOW and second == "float32" and not ctx.ops:
+        out.append(({UNC: 1.0, EXT: 1.0}, "a kernel's first operand is low precision, another float32"))
+    return out
+
+
+def _family_weights(
+    family: str,
+    roles: tuple[str, str],
+    first: str | None,
+    second: str | None,
+    op: str | None,
+    ctx: Context,
+    *,
+    matmul_like: bool,
+) -> list[tuple[Weights, str]]:
+    """What one wording family, with its sides and context, says (flash, lerp, rnn, norm, conv bias)."""
+    out: list[tuple[Weights, str]] = []
     if family == "flash-dtype" and ctx.autocast:
         # flash-attn refusing float32 under autocast: autocast's float32 outputs (norms, softmax,
         # fp32 parameters) reached a kernel that autocast does not cast
@@ -445,36 +472,41 @@ def context_weights(
             for c in set(_GENERIC_MATMUL) | set(_GENERIC_SCALAR)
         }
         out.append((diff, "the failing line is a matmul/linear"))
-    if generic:
-        if "linear" in ctx.ops:
-            out.append(({ADA: 1.0, QUANT: 0.5, MASK: -1.5}, "the failing op is a Linear"))
-        elif "attention" in ctx.ops and ("matmul" in ctx.ops or family == "matmul-dtype"):
-            # two activations meet (scores @ value): no weight, so no adapter or model-input side
-            out.append(({MASK: 1.5, ISL: 0.5, ADA: -1.5, INP: -1.0}, "the failing op is an attention matmul"))
-        if "norm" in ctx.ops and family != "norm-mixed-dtype":
-            out.append(({NORM: 2.0, DOWN: 1.5, LEAK: 1.0, MASK: -1.0}, "the failing op is a norm layer"))
-        if ctx.backward and family != "conv-dtype":
-            # autograd's own backward of a forward that worked is consistent: a mismatch inside
-            # backward comes from hand-written backward kernels (quantised, fused adapters, custom)
-            out.append(
-                (
-                    {QUANT: 2.0, EXT: 1.5, OPT: -1.0, INP: -1.5, FP: -1.5, MASK: -1.0},
-                    "raised during backward, in a matmul of a hand-written backward",
-                )
+    return out
+
+
+def _generic_op_weights(family: str, ctx: Context) -> list[tuple[Weights, str]]:
+    """For the generic wordings: what the failing op, the phase and the code around it say."""
+    out: list[tuple[Weights, str]] = []
+    if "linear" in ctx.ops:
+        out.append(({ADA: 1.0, QUANT: 0.5, MASK: -1.5}, "the failing op is a Linear"))
+    elif "attention" in ctx.ops and ("matmul" in ctx.ops or family == "matmul-dtype"):
+        # two activations meet (scores @ value): no weight, so no adapter or model-input side
+        out.append(({MASK: 1.5, ISL: 0.5, ADA: -1.5, INP: -1.0}, "the failing op is an attention matmul"))
+    if "norm" in ctx.ops and family != "norm-mixed-dtype":
+        out.append(({NORM: 2.0, DOWN: 1.5, LEAK: 1.0, MASK: -1.0}, "the failing op is a norm layer"))
+    if ctx.backward and family != "conv-dtype":
+        # autograd's own backward of a forward that worked is consistent: a mismatch inside
+        # backward comes from hand-written backward kernels (quantised, fused adapters, custom)
+        out.append(
+            (
+                {QUANT: 2.0, EXT: 1.5, OPT: -1.0, INP: -1.5, FP: -1.5, MASK: -1.0},
+                "raised during backward, in a matmul of a hand-written backward",
             )
-        if ctx.library_model and not ctx.backward:
-            # a mature model library's code mismatches only when something outside it cast part
-            # of the model (a wrapper, adapters, quantisation, fp32-kept modules)
-            out.append(
-                (
-                    {DIST: 1.5, ADA: 0.5, QUANT: 0.5, LEAK: 0.5, INP: -0.5},
-                    "raised inside a model library's own modelling code",
-                )
+        )
+    if ctx.library_model and not ctx.backward:
+        # a mature model library's code mismatches only when something outside it cast part
+        # of the model (a wrapper, adapters, quantisation, fp32-kept modules)
+        out.append(
+            (
+                {DIST: 1.5, ADA: 0.5, QUANT: 0.5, LEAK: 0.5, INP: -0.5},
+                "raised inside a model library's own modelling code",
             )
-        if ctx.autocast and family == "scalar-type":
-            # autocast casts the inputs of the ops it knows; a kernel's dtype check failing under it
-            # is an op autocast does not know
-            out.append(({EXT: 1.5, FP: 0.5, INP: -1.0}, "a kernel's dtype check failed under autocast"))
+        )
+    if ctx.autocast and family == "scalar-type":
+        # autocast casts the inputs of the ops it knows; a kernel's dtype check failing under it
+        # is an op autocast does not know
+        out.append(({EXT: 1.5, FP: 0.5, INP: -1.0}, "a kernel's dtype check failed under autocast"))
     return out
 
 
