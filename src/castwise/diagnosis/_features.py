@@ -247,15 +247,34 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     if signals is None:
         signals = read_signals(text)
     if frames is None:
-        frames = parse_frames(text)
-        listing = numbered_code(text)
-        if listing and not frames:  # IPython listings without frame headers still show the code
-            frames = [Frame(file="<listing>", line=None, function=None, code=c, path="") for c in listing[-3:]]
-    feats: list[Feature] = []
+        frames = _default_frames(text)
     ctx = _context(text, signals, frames)
+    keys = [_frame_key(f) for f in frames]
+    feats = _message_features(signals, ctx)
+    feats += _frame_features(frames, keys)
+    feats += _word_features(text, signals, frames, keys)
+    # 4. the report's shape: an error raised, or a silent problem described in words. The same
+    # words mean different things in the two (a T4 named next to an error is a missing kernel,
+    # next to NaN outputs an fp16 overflow): in silent reports the word clues get their own weights
+    has_error = bool(_ERROR_LINE.search(text)) or any(s.dtype_error for s in signals)
+    if not has_error and not signals:
+        feats += _silent_features(feats)
+    return Evidence(tuple(feats), tuple(signals), tuple(frames), has_error)
 
-    # 1. the message: the last signal is the error itself; earlier ones (chained or repeated
-    # messages) count half
+
+def _default_frames(text: str) -> list[Frame]:
+    """The traceback's frames, or the lines of a numbered code listing when there are none."""
+    frames = parse_frames(text)
+    listing = numbered_code(text)
+    if listing and not frames:  # IPython listings without frame headers still show the code
+        frames = [Frame(file="<listing>", line=None, function=None, code=c, path="") for c in listing[-3:]]
+    return frames
+
+
+def _message_features(signals: list[Signal], ctx: ev.Context) -> list[Feature]:
+    """1. The message: the last signal is the error itself; earlier ones (chained or repeated
+    messages) count half. Then the dtypes, sides and op it names, and the code's shape."""
+    feats: list[Feature] = []
     seen: set[str] = set()
     for i, sig in enumerate(reversed(signals)):
         if sig.family in seen:
@@ -288,9 +307,12 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
         feats.append(Feature("shape:backward", 1.0, "raised during backward"))
     if ctx.autocast:
         feats.append(Feature("shape:autocast", 1.0, "autocast / AMP is on"))
+    return feats
 
-    # 2. frames: each clue once, named by the first frame it matched
-    keys = [_frame_key(f) for f in frames]
+
+def _frame_features(frames: list[Frame], keys: list[str]) -> list[Feature]:
+    """2. Frames: each clue once, named by the first frame it matched; libraries; where it was raised."""
+    feats: list[Feature] = []
     for clue in ev.FRAME_CLUES:
         user_only = clue.name in ev.USER_FRAME_CLUES
         hit = next(
@@ -312,8 +334,12 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
         feats.append(Feature(f"locus:{where}", 1.0, f"raised from {where}"))
     if real:
         feats.append(Feature("shape:traceback", 1.0, "a traceback is pasted"))
+    return feats
 
-    # 3. words: the user's prose, the message and the innermost code
+
+def _word_features(text: str, signals: list[Signal], frames: list[Frame], keys: list[str]) -> list[Feature]:
+    """3. Words: the user's prose, the message and the innermost code; then context clues."""
+    feats: list[Feature] = []
     words = evidence_text(text, frames) if frames else text
     adapter_seen = False
     for clue in ev.TEXT_CLUES:
@@ -342,19 +368,18 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
             feats.append(
                 Feature(f"clue:{clue.name}", 1.0, f"context: {clue.name} ({m.group(0).strip()!r})", clue.weights)
             )
+    return feats
 
-    # 4. the report's shape: an error raised, or a silent problem described in words. The same
-    # words mean different things in the two (a T4 named next to an error is a missing kernel,
-    # next to NaN outputs an fp16 overflow): in silent reports the word clues get their own weights
-    has_error = bool(_ERROR_LINE.search(text)) or any(s.dtype_error for s in signals)
-    if not has_error and not signals:
-        feats.append(Feature("shape:no error message", 1.0, "no error message: a silent problem"))
-        feats.extend(
-            Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised")
-            for f in list(feats)
-            if f.name.startswith(("text:", "clue:"))
-        )
-    return Evidence(tuple(feats), tuple(signals), tuple(frames), has_error)
+
+def _silent_features(feats: list[Feature]) -> list[Feature]:
+    """The shape of a report that raised no error, and its word clues again with their own weights."""
+    silent = [Feature("shape:no error message", 1.0, "no error message: a silent problem")]
+    silent += [
+        Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised")
+        for f in feats
+        if f.name.startswith(("text:", "clue:"))
+    ]
+    return silent
 
 
 def static_priors() -> dict[str, Weights]:
