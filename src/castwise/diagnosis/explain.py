@@ -24,6 +24,7 @@ from castwise.categories import CATEGORIES
 from castwise.diagnosis._advice import CAUSES, FIXES
 from castwise.diagnosis._features import Evidence, extract
 from castwise.diagnosis._frames import Frame, locus_frame, parse_frames
+from castwise.diagnosis._model import Model
 from castwise.diagnosis._model import load as load_model
 from castwise.diagnosis._patterns import DTYPE_MENTION, Signal, read_signals
 from castwise.diagnosis._reading import normalise, raising_block
@@ -265,9 +266,6 @@ def explain(error: BaseException | str) -> Explanation:
     raw, text, signals, evidence = _read(error)
     x = evidence.vector()
     model = load_model()
-    probs = sorted(
-        zip(model.categories, model.calibrated(model.probabilities(x)), strict=True), key=lambda t: (-t[1], t[0])
-    )
     has_dtype_words = bool(DTYPE_MENTION.search(text))
     dtype_signal = any(s.dtype_error for s in signals)
     # in a chain of exceptions the first block raised the error; the wrapper's frames are not the locus
@@ -276,64 +274,19 @@ def explain(error: BaseException | str) -> Explanation:
     found = block_signals or signals
     sig: Signal | None = found[-1] if found else None
 
-    if (
+    no_cause = (
         not _informative(x)
         or (sig is not None and sig.family == "device-mismatch" and not dtype_signal)
         or _integer_clash(sig)
-    ):
-        category = None
-        candidates: tuple[Candidate, ...] = ()
-        confidence = 0.0
-        unsure = False
-    else:
-        category = probs[0][0]
-        confidence = probs[0][1]
-        unsure = confidence < model.unsure_below
-        floor = max(0.03, confidence * 0.1)
-        kept = [(c, p) for c, p in probs if p >= floor][:_MAX_CANDIDATES]
-        if unsure:  # thin evidence: always show the runners-up
-            kept = probs[: max(3, len(kept))]
-        candidates = tuple(Candidate(c, p, CATEGORIES[c].title) for c, p in kept)
-
-    frames = list(evidence.frames)
-    real_frames = [f for f in frames if f.file != "<listing>"]
-    block_frames = parse_frames(block) if block is not text else real_frames
-    lf = locus_frame(block_frames or real_frames)
-    # a module path in the text: castwise.diagnose()'s own note, when an annotated error is pasted
-    named = _MODULE_NOTE.search(raw)
-    module = named.group(1) if named else None
-    locus = Locus(lf.file, lf.line, lf.function, lf.library, lf.code, module) if lf is not None else None
-    if locus is None and (frames or module):
-        locus = Locus(None, None, None, None, frames[-1].code if frames else None, module)
+    )
+    category, candidates, confidence, unsure = _rank(model, x, no_cause=no_cause)
+    locus, real_frames = _locate(raw, text, block, list(evidence.frames))
 
     settle: tuple[str, ...] = ()
-    if category is None and sig is not None and sig.family == "device-mismatch":
-        title = "not a dtype error: one dtype on two devices"
-        cause = (
-            f"Both tensors are {short(sig.first or '?')}; the message names them by device type (CUDA vs "
-            "CPU tensor). Move the input or the module to the same device (`x.to(next(model.parameters())"
-            ".device)`)."
-        )
-        fixes: tuple[str, ...] = ()
-        why: tuple[str, ...] = ()
-    elif category is None and sig is not None and sig.dtype_error:
-        title = "a dtype error, but no mixed-precision cause fits"
-        names = " and ".join(short(d) for d in sig.dtypes) or "two dtypes"
-        cause = (
-            f"{sig.op or 'An op'} got {names}: not a clash between floating precisions (an integer index "
-            "or label tensor, or a dtype castwise does not reason about). Cast the tensor to the dtype "
-            "the op documents."
-        )
-        fixes = ()
-        why = ()
-    elif category is None:
-        title = "no evidence of a mixed-precision dtype error"
-        cause = (
-            "Nothing in the text names a dtype mismatch, a precision setting or a library castwise "
-            "knows. Paste the full traceback with the error message."
-        )
-        fixes = ()
-        why = ()
+    fixes: tuple[str, ...] = ()
+    why: tuple[str, ...] = ()
+    if category is None:
+        title, cause = _no_cause(sig)
     else:
         title = CATEGORIES[category].title
         cause = _cause(category, sig)
@@ -364,6 +317,65 @@ def explain(error: BaseException | str) -> Explanation:
         settle=settle,
         frames=tuple(real_frames),
     )
+
+
+def _rank(
+    model: Model, x: dict[str, float], *, no_cause: bool
+) -> tuple[str | None, tuple[Candidate, ...], float, bool]:
+    """The answer, the candidates shown, the confidence and whether it is unsure; no answer at all
+    when the evidence names no cause (``no_cause``)."""
+    if no_cause:
+        return None, (), 0.0, False
+    probs = sorted(
+        zip(model.categories, model.calibrated(model.probabilities(x)), strict=True), key=lambda t: (-t[1], t[0])
+    )
+    category, confidence = probs[0]
+    unsure = confidence < model.unsure_below
+    floor = max(0.03, confidence * 0.1)
+    kept = [(c, p) for c, p in probs if p >= floor][:_MAX_CANDIDATES]
+    if unsure:  # thin evidence: always show the runners-up
+        kept = probs[: max(3, len(kept))]
+    return category, tuple(Candidate(c, p, CATEGORIES[c].title) for c, p in kept), confidence, unsure
+
+
+def _locate(raw: str, text: str, block: str, frames: list[Frame]) -> tuple[Locus | None, list[Frame]]:
+    """The locus (in the raising block of a chain when there is one) and the traceback's real frames."""
+    real_frames = [f for f in frames if f.file != "<listing>"]
+    block_frames = parse_frames(block) if block is not text else real_frames
+    lf = locus_frame(block_frames or real_frames)
+    # a module path in the text: castwise.diagnose()'s own note, when an annotated error is pasted
+    named = _MODULE_NOTE.search(raw)
+    module = named.group(1) if named else None
+    locus = Locus(lf.file, lf.line, lf.function, lf.library, lf.code, module) if lf is not None else None
+    if locus is None and (frames or module):
+        locus = Locus(None, None, None, None, frames[-1].code if frames else None, module)
+    return locus, real_frames
+
+
+def _no_cause(sig: Signal | None) -> tuple[str, str]:
+    """Title and text when no mixed-precision cause is given: why not, and what to do instead."""
+    if sig is not None and sig.family == "device-mismatch":
+        title = "not a dtype error: one dtype on two devices"
+        cause = (
+            f"Both tensors are {short(sig.first or '?')}; the message names them by device type (CUDA vs "
+            "CPU tensor). Move the input or the module to the same device (`x.to(next(model.parameters())"
+            ".device)`)."
+        )
+    elif sig is not None and sig.dtype_error:
+        title = "a dtype error, but no mixed-precision cause fits"
+        names = " and ".join(short(d) for d in sig.dtypes) or "two dtypes"
+        cause = (
+            f"{sig.op or 'An op'} got {names}: not a clash between floating precisions (an integer index "
+            "or label tensor, or a dtype castwise does not reason about). Cast the tensor to the dtype "
+            "the op documents."
+        )
+    else:
+        title = "no evidence of a mixed-precision dtype error"
+        cause = (
+            "Nothing in the text names a dtype mismatch, a precision setting or a library castwise "
+            "knows. Paste the full traceback with the error message."
+        )
+    return title, cause
 
 
 # -- rendering ------------------------------------------------------------------------------
