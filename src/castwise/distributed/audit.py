@@ -24,7 +24,7 @@ import sys
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -294,43 +294,13 @@ def audit_sharded(
             "a distributed audit runs on fake tensors (the sharded weights are on other ranks); "
             "pass fake=True (the default)"
         )
-    plan: Plan | None
-    if is_sharded(model):
-        from castwise import fsdp2
-
-        plan = fsdp2.plan_of(model)
-        if policy is not None and (plan is None or Policy.parse(policy) != plan.policy):
-            sharded_with = f"castwise policy {plan.policy}" if plan is not None else "torch's fully_shard"
-            raise AuditError(
-                f"{type(model).__name__} is sharded by FSDP2 ({sharded_with}): its units' MixedPrecisionPolicy decide "
-                "the dtypes; audit it with policy=None, or audit the unsharded model with the policy"
-            )
-        records, gathered = records_of(model)
-
-        def gather(p: torch.Tensor, name: str) -> torch.dtype:
-            return gathered.get(id(p), p.dtype)
-
-        world = world_size or _mesh_size(model)
-        out_rules = plan.output_rules if plan is not None else ()
-        what = f"FSDP2 over {world} ranks"
-    else:
-        if policy is None:
-            raise AuditError(
-                f"{type(model).__name__} is not sharded by FSDP2; pass the policy castwise.fsdp2 would "
-                "shard it with (policy='bf16-mixed', ...), or audit it with castwise.audit"
-            )
-        plan = make_plan(model, policy, units)
-        records = list(plan.units)
-        names = [u.name for u in records]
-        by_unit = {u.name: u for u in records}
-
-        def gather(p: torch.Tensor, name: str) -> torch.dtype:
-            return by_unit[_unit_of(name, names)].gather
-
-        world = world_size or 1
-        out_rules = plan.output_rules
-        what = f"FSDP2 plan over {world} ranks"
-    view = build_view(model, records, gather, out_rules)
+    setup = (
+        _sharded_setup(model, policy, world_size)
+        if is_sharded(model)
+        else _planned_setup(model, policy, units, world_size)
+    )
+    plan, records, world, what = setup.plan, setup.records, setup.world, setup.what
+    view = build_view(model, records, setup.gather, setup.output_rules)
     token = _COMPUTED.set({})
     try:
         report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
@@ -350,6 +320,61 @@ def audit_sharded(
         )
     report.extra["units"] = [_unit_dict(u, world) for u in records]
     return report
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What a distributed audit needs to know of the sharding: the plan (None for a model sharded
+    by torch's own fully_shard), the units, each parameter's gathered dtype, the output rules."""
+
+    plan: Plan | None
+    records: list[UnitPlan]
+    gather: Callable[[torch.Tensor, str], torch.dtype]
+    output_rules: tuple[tuple[str, torch.dtype], ...]
+    world: int
+    what: str
+
+
+def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: int | None) -> _Setup:
+    """A model already sharded by FSDP2: its units and dtypes are read from its FSDP states."""
+    from castwise import fsdp2
+
+    plan = fsdp2.plan_of(model)
+    if policy is not None and (plan is None or Policy.parse(policy) != plan.policy):
+        sharded_with = f"castwise policy {plan.policy}" if plan is not None else "torch's fully_shard"
+        raise AuditError(
+            f"{type(model).__name__} is sharded by FSDP2 ({sharded_with}): its units' MixedPrecisionPolicy decide "
+            "the dtypes; audit it with policy=None, or audit the unsharded model with the policy"
+        )
+    records, gathered = records_of(model)
+
+    def gather(p: torch.Tensor, name: str) -> torch.dtype:
+        return gathered.get(id(p), p.dtype)
+
+    world = world_size or _mesh_size(model)
+    out_rules = plan.output_rules if plan is not None else ()
+    return _Setup(plan, records, gather, out_rules, world, f"FSDP2 over {world} ranks")
+
+
+def _planned_setup(
+    model: nn.Module, policy: Policy | str | None, units: list[str] | None, world_size: int | None
+) -> _Setup:
+    """An unsharded model: the units and dtypes of the plan ``castwise.fsdp2.fully_shard`` would apply."""
+    if policy is None:
+        raise AuditError(
+            f"{type(model).__name__} is not sharded by FSDP2; pass the policy castwise.fsdp2 would "
+            "shard it with (policy='bf16-mixed', ...), or audit it with castwise.audit"
+        )
+    plan = make_plan(model, policy, units)
+    records = list(plan.units)
+    names = [u.name for u in records]
+    by_unit = {u.name: u for u in records}
+
+    def gather(p: torch.Tensor, name: str) -> torch.dtype:
+        return by_unit[_unit_of(name, names)].gather
+
+    world = world_size or 1
+    return _Setup(plan, records, gather, plan.output_rules, world, f"FSDP2 plan over {world} ranks")
 
 
 def _sharded_suggestion(
