@@ -287,27 +287,12 @@ def make_plan(model: nn.Module, policy: Policy | str, units: Sequence[str] | Non
     if isinstance(units, str):
         units = [units]
     decisions = resolve(policy, model)
-    compute, reduce = policy.compute_dtype, policy.reduce_dtype
     islands = {n: d.island for n, d in decisions.items() if d.island is not None and n}
-    blocks = _selected(model, list(units)) if units is not None else _repeated_blocks(model)
-    chosen: dict[str, tuple[UnitKind, str]] = {}
-    for name, reason in blocks:
-        chosen[name] = ("block" if units is None else "unit", reason)
-    for name, dtype in islands.items():
-        chosen[name] = ("island", f"island {short_of(dtype)}: {decisions[name].island_reason}")
+    chosen = _chosen(model, units, islands, {n: d.island_reason for n, d in decisions.items()})
     order = {n: i for i, (n, _) in enumerate(model.named_modules())}
     names = sorted(chosen, key=lambda n: (-n.count("."), order[n]))  # innermost first, then model order
     all_units = [*names, ""]
 
-    def island_of(name: str) -> torch.dtype | None:
-        parts = name.split(".") if name else []
-        for i in range(len(parts), 0, -1):
-            d = islands.get(".".join(parts[:i]))
-            if d is not None:
-                return d
-        return None
-
-    stored_default = policy.param_dtype
     plans: list[UnitPlan] = []
     param_casts: list[BufferCast] = []
     seen: set[int] = set()
@@ -317,76 +302,105 @@ def make_plan(model: nn.Module, policy: Policy | str, units: Sequence[str] | Non
         own = [p for _, p in owned]
         island = islands.get(name) if name else None
         if kind == "island" and island is not None:
-            parent = name.rsplit(".", 1)[0] if "." in name else ""
-            back = island_of(parent) or compute
-            target: torch.dtype | None = island
-            plans.append(
-                UnitPlan(
-                    name,
-                    "island",
-                    sum(p.numel() for p in own),
-                    island if own else None,
-                    island,
-                    island,
-                    _widest(island, reduce),
-                    back if back != island else None,
-                    island,
-                    reason,
-                    saturate=policy.cast_back == "saturate" and back == torch.float16 and island != torch.float16,
-                )
-            )
+            unit, target = _island_unit(name, reason, own, island, islands, policy)
         else:
-            enclosing = island_of(name) if name else None  # a block inside an island runs in the island's dtype
-            target = enclosing or (None if policy.is_mixed else stored_default)
-            dtypes = {p.dtype for p in own}
-            stored = target or (
-                max(dtypes, key=lambda d: sum(p.numel() for p in own if p.dtype == d)) if dtypes else None
-            )
-            if name:
-                runs = enclosing or compute
-                plans.append(
-                    UnitPlan(
-                        name,
-                        kind,
-                        sum(p.numel() for p in own),
-                        stored,
-                        runs,
-                        runs,
-                        _widest(runs, reduce) if enclosing else reduce,
-                        None,
-                        None,
-                        reason,
-                    )
-                )
-            else:
-                inputs = policy.input_dtype or (compute if policy.is_mixed else None)
-                output = policy.output_dtype if policy.output_dtype != compute else None
-                plans.append(
-                    UnitPlan(
-                        "",
-                        "root",
-                        sum(p.numel() for p in own),
-                        stored,
-                        compute,
-                        compute,
-                        reduce,
-                        output,
-                        inputs,
-                        reason,
-                    )
-                )
+            unit, target = _unit(name, kind, reason, own, islands, policy)
+        plans.append(unit)
         for full, p in owned:
             if target is not None and id(p) not in seen and p.dtype != target:
                 seen.add(id(p))
                 param_casts.append(BufferCast(full, p.dtype, target))
+    buffers = _buffer_casts(model, policy, islands)
+    outs = tuple((n, d.output) for n, d in decisions.items() if d.output is not None)
+    return Plan(type(model).__name__, policy, tuple(plans), tuple(buffers), tuple(param_casts), outs)
+
+
+def _chosen(
+    model: nn.Module,
+    units: Sequence[str] | None,
+    islands: dict[str, torch.dtype],
+    island_reasons: dict[str, str | None],
+) -> dict[str, tuple[UnitKind, str]]:
+    """The modules sharded as units (the root aside): blocks or selected units, then the islands."""
+    blocks = _selected(model, list(units)) if units is not None else _repeated_blocks(model)
+    chosen: dict[str, tuple[UnitKind, str]] = {}
+    for name, reason in blocks:
+        chosen[name] = ("block" if units is None else "unit", reason)
+    for name, dtype in islands.items():
+        chosen[name] = ("island", f"island {short_of(dtype)}: {island_reasons[name]}")
+    return chosen
+
+
+def _island_of(islands: dict[str, torch.dtype], name: str) -> torch.dtype | None:
+    """The dtype of the innermost island enclosing (or being) module ``name``, if any."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts), 0, -1):
+        d = islands.get(".".join(parts[:i]))
+        if d is not None:
+            return d
+    return None
+
+
+def _island_unit(
+    name: str,
+    reason: str,
+    own: list[torch.Tensor],
+    island: torch.dtype,
+    islands: dict[str, torch.dtype],
+    policy: Policy,
+) -> tuple[UnitPlan, torch.dtype | None]:
+    """An island's unit: stored and run in the island's dtype, cast back to its parent's on output."""
+    parent = name.rsplit(".", 1)[0] if "." in name else ""
+    back = _island_of(islands, parent) or policy.compute_dtype
+    unit = UnitPlan(
+        name,
+        "island",
+        sum(p.numel() for p in own),
+        island if own else None,
+        island,
+        island,
+        _widest(island, policy.reduce_dtype),
+        back if back != island else None,
+        island,
+        reason,
+        saturate=policy.cast_back == "saturate" and back == torch.float16 and island != torch.float16,
+    )
+    return unit, island
+
+
+def _unit(
+    name: str,
+    kind: UnitKind,
+    reason: str,
+    own: list[torch.Tensor],
+    islands: dict[str, torch.dtype],
+    policy: Policy,
+) -> tuple[UnitPlan, torch.dtype | None]:
+    """A block, a selected unit or the root (``name == ""``), and the dtype its parameters are stored in."""
+    compute, reduce = policy.compute_dtype, policy.reduce_dtype
+    enclosing = _island_of(islands, name) if name else None  # a block inside an island runs in the island's dtype
+    target = enclosing or (None if policy.is_mixed else policy.param_dtype)
+    dtypes = {p.dtype for p in own}
+    stored = target or (max(dtypes, key=lambda d: sum(p.numel() for p in own if p.dtype == d)) if dtypes else None)
+    numel = sum(p.numel() for p in own)
+    if name:
+        runs = enclosing or compute
+        reduce_in = _widest(runs, reduce) if enclosing else reduce
+        return UnitPlan(name, kind, numel, stored, runs, runs, reduce_in, None, None, reason), target
+    inputs = policy.input_dtype or (compute if policy.is_mixed else None)
+    output = policy.output_dtype if policy.output_dtype != compute else None
+    return UnitPlan("", "root", numel, stored, compute, compute, reduce, output, inputs, reason), target
+
+
+def _buffer_casts(model: nn.Module, policy: Policy, islands: dict[str, torch.dtype]) -> list[BufferCast]:
+    """The floating buffers whose dtype the plan changes: to their island's dtype, else the policy's."""
     buffers: list[BufferCast] = []
     default_buffer = policy.buffer_dtype if policy.is_mixed else policy.effective_buffer_dtype
     for bname, b in model.named_buffers():
         if not b.is_floating_point():
             continue
         owner = bname.rsplit(".", 1)[0] if "." in bname else ""
-        target_b = island_of(owner) or default_buffer
+        target_b = _island_of(islands, owner) or default_buffer
         if target_b is not None and b.dtype != target_b:
             buffers.append(BufferCast(bname, b.dtype, target_b))
-    outs = tuple((n, d.output) for n, d in decisions.items() if d.output is not None)
-    return Plan(type(model).__name__, policy, tuple(plans), tuple(buffers), tuple(param_casts), outs)
+    return buffers
