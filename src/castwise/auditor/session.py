@@ -115,6 +115,7 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
             # RNNs ask the CUDA runtime whether cuDNN can run, which fails without a GPU: run them on
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+            stack.enter_context(fake_mod.simulated_cuda(dev))  # the compute capability model code asks for
         if fmode is not None:
             stack.enter_context(fmode)
         with warnings.catch_warnings():
