@@ -215,6 +215,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             if value is not NO_VALUE:
                 return value
         module = self.module()
+        if self.fake and func in _SCALAR:  # a value no shadow knows: a branch (trace/values.py)
+            value = self.branch_value(func, tensors, module)
+            if value is not NO_VALUE:
+                return value
         name = _NAMES.get(func)
         if name is None:
             name = _NAMES[func] = fastpath.op_name(func)

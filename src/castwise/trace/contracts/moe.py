@@ -33,8 +33,8 @@ def _grouped_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return _viol(op, "unsupported", "Grouped gemm output dtype must match `mat_a` dtype", args, kwargs, [a],
                      out_dtype)
     if a.dtype != b.dtype:
-        # the fallback's per-group mm_out (bmm_out for 3d x 3d) refuses the pair: mm's own message, the activation at fault
-        # (the experts' weights are what the model was built with)
+        # the fallback's per-group mm_out (bmm_out for 3d x 3d) refuses the pair, in mm's words; the
+        # activation is at fault (the experts' weights are what the model was built with)
         if a.dim() == 3 and b.dim() == 3:  # one bmm_out, whose structured out check (all devices) words it
             msg = f"Expected out tensor to have dtype {_cpp(b.dtype)}, but got {_cpp(a.dtype)} instead"
         else:
