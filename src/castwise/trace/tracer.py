@@ -239,7 +239,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             elif is_fast:
                 out = self._run_with_caller_autocast(func, args, kwargs)
             elif own_fake is not None:
-                out = own_fake(func, args, kwargs)
+                out = own_fake(self, func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
         except Exception as exc:

@@ -63,8 +63,13 @@ class ShadowValues:
         sites: dict[tuple[str, int], dict[str, Any]] = self.trace.observed.setdefault("branches", {})
         site = sites.get((file, line))
         if site is None:
-            site = sites[(file, line)] = {"file": file, "line": line, "source": text, "module": module,
-                                          "answers": {False: 0, True: 0}}
+            site = sites[(file, line)] = {
+                "file": file,
+                "line": line,
+                "source": text,
+                "module": module,
+                "answers": {False: 0, True: 0},
+            }
         value = (file, line) in self.forced and site["answers"][True] < _LOOP_LIMIT
         site["answers"][value] += 1
         return value
@@ -102,8 +107,9 @@ class ShadowValues:
             new_kwargs["device"] = torch.device("cpu")
         return new_args, new_kwargs
 
-    def _shadow_value(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      tensors: list[torch.Tensor]) -> Any:
+    def _shadow_value(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]
+    ) -> Any:
         mapped = self._real_args(args, kwargs) if tensors else None
         if mapped is None:
             return NO_VALUE
@@ -113,13 +119,19 @@ class ShadowValues:
         except Exception:
             return NO_VALUE
 
-    def _shadow_run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor],
-                    out: Any) -> None:
+    def _shadow_run(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor], out: Any
+    ) -> None:
         shadow = self.shadow
         if not all(t in shadow for t in tensors):  # first: the cheap test that fails for most ops
             return
-        outs = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)] \
-            if isinstance(out, (tuple, list)) else []
+        outs = (
+            [out]
+            if isinstance(out, torch.Tensor)
+            else [o for o in out if isinstance(o, torch.Tensor)]
+            if isinstance(out, (tuple, list))
+            else []
+        )
         if not outs or any(o.is_nested or o.numel() > _SHADOW_MAX for o in outs) or (func.is_view and not tensors):
             return
         if not tensors and func._schema.is_mutable:
@@ -132,8 +144,13 @@ class ShadowValues:
                 real = func(*mapped[0], **mapped[1])
         except Exception:  # a value we cannot compute is a value we do not know
             return
-        reals = [real] if isinstance(real, torch.Tensor) else [r for r in real if isinstance(r, torch.Tensor)] \
-            if isinstance(real, (tuple, list)) else []
+        reals = (
+            [real]
+            if isinstance(real, torch.Tensor)
+            else [r for r in real if isinstance(r, torch.Tensor)]
+            if isinstance(real, (tuple, list))
+            else []
+        )
         for o, r in zip(outs, reals, strict=False):
             if o not in self.shadow:
                 self.shadow[o] = r
