@@ -12,6 +12,7 @@ import transformers
 from torch import nn
 
 import castwise
+from castwise.auditor.session import run_audit
 from castwise.trace import fastpath
 
 
@@ -92,7 +93,7 @@ def test_moe_models_audit_to_completion_with_no_error(name: str, device: str, fa
 def test_the_grouped_gemm_runs_in_f32_where_torchs_fake_kernel_refuses_it() -> None:
     # the regression: the fake (meta) kernel says "Expected mat_a to be BFloat16 ...", a CUDA-only
     # restriction the real kernels do not have; the audit stood on it and reported a false CW102
-    report, runs = castwise.auditor.session.run_audit(_mixtral(), _inputs(), None, "cpu", "eval", True)
+    report, runs = run_audit(_mixtral(), _inputs(), None, "cpu", "eval", True)
     grouped = [op for op in runs[0].trace.ops if op[1] == "aten._grouped_mm"]
     assert grouped and all(ins[0][0] == torch.float32 for _m, _o, _p, ins, _outs in grouped)
     assert report.ok and not report.findings, str(report)

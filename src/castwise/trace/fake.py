@@ -116,7 +116,7 @@ def simulated_cuda(device: Device) -> Iterator[None]:
     capability = device.capability
     original = torch.cuda.get_device_capability
 
-    def get_device_capability(_device: Any = None) -> tuple[int, int]:
+    def get_device_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
         return capability
 
     torch.cuda.get_device_capability = get_device_capability

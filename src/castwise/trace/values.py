@@ -23,6 +23,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
+from castwise.trace.events import Trace
+
 _SHADOW_MAX = 1 << 16  # elements: values are kept for small tensors only (masks, ids, positions)
 NO_VALUE = object()
 _LOOP_LIMIT = 64
@@ -47,7 +49,7 @@ class ShadowValues:
 
     shadow: Any
     shadow_count: int
-    trace: Any
+    trace: Trace
     forced: frozenset[tuple[str, int]] = frozenset()  # branch sites this run answers True
 
     def branch_value(self, func: Any, tensors: list[torch.Tensor], module: str) -> Any:
