@@ -158,3 +158,16 @@ def test_the_own_fake_grouped_gemm_has_the_real_kernels_shapes() -> None:
         real = torch._grouped_mm(*args)
         fake = fastpath.run_grouped_mm(torch.ops.aten._grouped_mm.default, args, {})
         assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
+
+
+def test_a_fake_kernel_stricter_than_the_table_is_a_simulation_limit_not_a_real_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # without castwise's own fake grouped GEMM, torch's fake kernel refuses f32 ("Expected mat_a to
+    # be BFloat16 ..."); the table says both real kernels accept f32: no "Real error" is claimed
+    monkeypatch.delitem(fastpath.OWN_FAKE, torch.ops.aten._grouped_mm.default)
+    report = castwise.audit(_mixtral(), _inputs(), device="cpu", mode="eval")
+    assert not report.errors, str(report)
+    stop = next(f for f in report.findings if f.code == "CW902")
+    assert stop.op == "aten._grouped_mm" and "does not predict" in stop.message
+    assert not report.ok and [r.status for r in report.runs] == ["incomplete"]
