@@ -26,12 +26,20 @@ def _grouped_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     a, b = args[0], args[1]
     for name, m in (("mat_a", a), ("mat_b", b)):
         if m.dtype not in _GROUPED:
-            return _viol(op, "unsupported", f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got "
-                         f"{_sc(m.dtype)}", args, kwargs, [m], BF16)
+            return _viol(
+                op,
+                "unsupported",
+                f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got {_sc(m.dtype)}",
+                args,
+                kwargs,
+                [m],
+                BF16,
+            )
     out_dtype = _arg(args, kwargs, 4, "out_dtype")
     if out_dtype is not None and out_dtype != a.dtype:
-        return _viol(op, "unsupported", "Grouped gemm output dtype must match `mat_a` dtype", args, kwargs, [a],
-                     out_dtype)
+        return _viol(
+            op, "unsupported", "Grouped gemm output dtype must match `mat_a` dtype", args, kwargs, [a], out_dtype
+        )
     if a.dtype != b.dtype:
         # the fallback's per-group mm_out (bmm_out for 3d x 3d) refuses the pair, in mm's words; the
         # activation is at fault (the experts' weights are what the model was built with)
