@@ -128,7 +128,7 @@ def _model_story(out: _Out, story: Any) -> bool:
             f"re-auditing for {story.device} under the policy",
             lambda: audit(model, inputs, policy=policy, device=story.device, mode="both"),
         )
-        if not again.ok:
+        if again.errors:
             out.bad("after fix", f"the {story.device} re-audit still finds {len(again.errors)} error(s)")
             return False
     apply(model, policy)

@@ -32,6 +32,8 @@ class Device:
     tensor types print (``torch.cuda.FloatTensor``). ``label``: the name used in messages.
     ``contracts``: per-op rules replacing the family's (keys like ``"aten.mm"``).
     ``fake_device``: the torch device fake tensors are made on (the simulated one).
+    ``capability``: the compute capability a simulated CUDA device reports to model code that asks
+    (``torch.cuda.get_device_capability``; transformers' MoE picks its grouped GEMM by it).
     """
 
     name: str
@@ -41,6 +43,7 @@ class Device:
     label: str
     fake_device: str
     contracts: Mapping[str, ContractRule] = field(default_factory=lambda: MappingProxyType({}))
+    capability: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         return self.name
@@ -87,4 +90,4 @@ def get(device: str | Device) -> Device:
 CPU = register(Device("cpu", autocast_type="cpu", kernels="cpu", tensor_prefix="torch.", label="CPU",
                       fake_device="cpu"))
 CUDA = register(Device("cuda", autocast_type="cuda", kernels="cuda", tensor_prefix="torch.cuda.", label="CUDA",
-                       fake_device="cuda"))
+                       fake_device="cuda", capability=(9, 0)))  # an H100: what MoE training runs on

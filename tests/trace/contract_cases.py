@@ -671,8 +671,10 @@ def _no_kernel() -> Iterator[Case]:
 
 
 def all_cases() -> list[Case]:
+    from .contract_cases_moe import moe_cases
+
     cases = [*_matmul(), *_conv(), *_norms(), *_attention(), *_embedding_index(), *_inplace(), *_promotion(),
-             *_edges(), *_losses(), *_no_kernel()]
+             *_edges(), *_losses(), *_no_kernel(), *moe_cases()]
     ids = [c.id for c in cases]
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:

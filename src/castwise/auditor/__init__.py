@@ -44,7 +44,7 @@ def audit(model: nn.Module, inputs: Any, *, policy: Policy | str | None = None, 
         return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)
     pol, dev = check_args(model, policy, device, mode, fake)
     report, runs = run_audit(model, inputs, pol, dev, mode, fake)
-    if not report.ok:
+    if report.errors:  # an incomplete run alone has nothing for a policy to fix
         report.suggested_policy = suggest_policy(model, inputs, pol, dev, mode, fake, report, runs)
     return report
 

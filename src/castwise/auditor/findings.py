@@ -168,6 +168,12 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
                               cuda_limit=cuda_limit, data_dependent=_data_dependent(exc),
                               simulated_cuda=simulated_cuda)
     dtype_error = kind is not None or is_dtype_error(exc)
+    if dtype_error and fail is not None and r.fake and fail.op.startswith("aten."):
+        # torch's fake kernel refused dtypes the contract table does not say the real kernel refuses
+        # (it would have flagged the op before it ran): "Real error" only where the table says so
+        return cw902.diagnose(module=fail.module, op=fail.op, text=f"torch's fake kernel refused: {text}; the "
+                              "contract table does not predict this error for the real kernel", cuda_limit=False,
+                              data_dependent=False, simulated_cuda=simulated_cuda)
     if dtype_error and fail is not None:
         # an op raised on dtypes (a custom op's own check, a kernel in a real run)
         return classify(r, phase=fail.phase, module=fail.module, op=fail.op, kind=kind, text=text,

@@ -88,7 +88,7 @@ def _named_tensors(name: str, obj: Any) -> list[tuple[str, torch.Tensor]]:
 
 def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: Mode, fake: bool,
               compute: torch.dtype, record_ops: bool,
-              observers: list[Any] | None = None) -> RunRecord:
+              observers: list[Any] | None = None, forced: frozenset[tuple[str, int]] = frozenset()) -> RunRecord:
     from castwise.applied import apply, iter_casts
 
     dev = devices.get(device)
@@ -115,6 +115,7 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
             # RNNs ask the CUDA runtime whether cuDNN can run, which fails without a GPU: run them on
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+            stack.enter_context(fake_mod.simulated_cuda(dev))  # the compute capability model code asks for
         if fmode is not None:
             stack.enter_context(fmode)
         with warnings.catch_warnings():
@@ -127,6 +128,7 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
         tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops,
                         observers=observers if observers is not None else [*default_observers(),
                                                                            ModuleTreeObserver(copy)])
+        tracer.forced = forced  # branch sites answered True (the second run of a mode, trace/values.py)
         tracer.seed_inputs([x for n, v in named for x in _named_tensors(n, v)])
         if fmode is not None:
             originals = _split_inputs(inputs)
@@ -232,9 +234,14 @@ def _status(mode: str, findings: list[Finding]) -> RunStatus:
     return "ok"
 
 
-def findings_of(runs: list[RunRecord], policy: Policy | None) -> list[Finding]:
-    """Event checks per run, merged; then every rule's run-level scan."""
-    findings = merge({r.mode: diags_of_run(r) for r in runs})
+def findings_of(runs: list[RunRecord], policy: Policy | None,
+                alternates: list[RunRecord] | None = None) -> list[Finding]:
+    """Event checks per run (and per alternate run: the other side of its branches), merged; then
+    every rule's run-level scan."""
+    per_mode: dict[str, list[Any]] = {}
+    for r in [*runs, *(alternates or [])]:
+        per_mode.setdefault(r.mode, []).extend(diags_of_run(r))
+    findings = merge(per_mode)
     session = Session(runs, policy, list(findings))
     for rule in audit_rules.rules().values():
         if rule.scan is not None:
@@ -249,7 +256,9 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
     modes: list[Mode] = ["train", "eval"] if mode == "both" else [mode]  # type: ignore[list-item]
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
-    findings = findings_of(runs, policy)
+        alternates = [_alternate(model, inputs, policy, device, r, fake, compute, record_ops) for r in runs
+                      if r.trace.observed.get("branches")]
+    findings = findings_of(runs, policy, alternates)
     if policy is not None:
         findings += unmatched_rule_findings(policy, model, tuple(r.mode for r in runs))
     report = Report(
@@ -266,6 +275,21 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
               f"{policy if policy is not None else 'none'})",
     )
     return report, runs
+
+
+def _alternate(model: nn.Module, inputs: Any, policy: Policy | None, device: str, run: RunRecord, fake: bool,
+               compute: torch.dtype, record_ops: bool) -> RunRecord:
+    """The mode run again with every branch the first run answered False answered True, so the
+    other side of each is checked too; each site records whether it was (``other_checked``)."""
+    branches: dict[tuple[str, int], dict[str, Any]] = run.trace.observed["branches"]
+    alt = _run_once(model, inputs, policy, device, run.mode, fake, compute, record_ops, forced=frozenset(branches))
+    # a site the second run never reached with True (it stopped before, or took another path) is
+    # unchecked; where it stopped early its own CW902 says so
+    reached: dict[tuple[str, int], dict[str, Any]] = alt.trace.observed.get("branches", {})
+    for key, site in branches.items():
+        other = reached.get(key)
+        site["other_checked"] = other is not None and other["answers"][True] > 0
+    return alt
 
 
 def unmatched_rule_findings(policy: Policy, model: nn.Module, modes: tuple[Mode, ...] = ()) -> list[Finding]:

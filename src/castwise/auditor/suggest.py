@@ -85,7 +85,7 @@ def suggest_policy(model: nn.Module, inputs: Any, policy: Policy | None, device:
             continue
         # a candidate whose run stops earlier than the user's (CW902) is not verified by it
         cut_short = any(f.code == "CW902" for f in again.findings) and not incomplete
-        if again.ok and not cut_short and _signature(again_runs) != before:
+        if not again.errors and not cut_short and _signature(again_runs) != before:
             return candidate
         following = _safe_fixes(candidate, again.findings, compute)
         if following is not None and str(following) not in tried:

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 def exit_code(report: Report) -> int:
     """1 for error findings; else 3 when a run could not check the whole model (never 0); else 0."""
-    if not report.ok:
+    if report.errors:
         return EXIT_FINDINGS
-    if any(run.status == "incomplete" for run in report.runs):
+    if report.incomplete:
         return EXIT_INCOMPLETE
     return EXIT_OK
 

@@ -111,8 +111,14 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when no finding is an error."""
-        return not any(f.level == "error" for f in self.findings)
+        """True when no finding is an error and every run was checked to the end: a run that
+        stopped early ("incomplete", CW902) left part of the model unchecked, which is never ok."""
+        return not any(f.level == "error" for f in self.findings) and not self.incomplete
+
+    @property
+    def incomplete(self) -> bool:
+        """True when some run stopped before the end of the model (status "incomplete")."""
+        return any(r.status == "incomplete" for r in self.runs)
 
     @property
     def errors(self) -> list[Finding]:

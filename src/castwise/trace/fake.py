@@ -8,13 +8,16 @@ fits in memory. The user's model is only read.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from castwise.devices import Device
 from castwise.errors import AuditError
 
 
@@ -118,3 +121,25 @@ def real_inputs(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: real_inputs(v) for k, v in obj.items()}
     return obj
+
+
+@contextlib.contextmanager
+def simulated_cuda(device: Device) -> Iterator[None]:
+    """While a fake audit simulates ``device`` (a CUDA one), model code that asks the CUDA runtime
+    for the device's compute capability gets the simulated device's, instead of the error a
+    machine without a GPU raises (which would stop the run: transformers' MoE experts ask it
+    before every grouped GEMM). Restored on exit."""
+    if device.capability is None:
+        yield
+        return
+    capability = device.capability
+    original = torch.cuda.get_device_capability
+
+    def get_device_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
+        return capability
+
+    torch.cuda.get_device_capability = get_device_capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = original

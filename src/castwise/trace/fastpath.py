@@ -23,6 +23,7 @@ dtype), which the native path shares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -191,3 +192,54 @@ def run_rnn_cell(func: Any, args: tuple[Any, ...]) -> Any:
     bias = grad_hy.new_empty((3 * hidden,)) if has_bias else None
     return gates, grad_hy.new_empty((batch, 3 * hidden)), torch.empty_like(grad_hy), bias, \
         None if bias is None else torch.empty_like(bias)
+
+
+def run_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Fake output of ``aten._grouped_mm`` (shapes as the real kernels' output tensor). Torch's meta
+    kernel refuses f32 (and f16 without cuBLASLt), which both real kernels accept: the contract
+    table checks the dtypes (contracts/moe.py), this only makes the result, in ``mat_a``'s dtype."""
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    out_dtype = (args[4] if len(args) > 4 else kwargs.get("out_dtype")) or a.dtype
+    if a.dim() not in (2, 3) or b.dim() not in (2, 3):
+        raise RuntimeError("mat_a has to be 2 or 3d" if a.dim() not in (2, 3) else "mat_b has to be 2 or 3d")
+    if (a.dim() == 3 or b.dim() == 3) and a.shape[-1] != b.shape[-2]:
+        raise RuntimeError("contraction dimension of mat_a and mat_b must match")
+    if a.dim() == 2 and b.dim() == 2:
+        groups = offs.shape[0] if offs is not None else 0
+        shape: tuple[Any, ...] = (groups, a.shape[0], b.shape[1])
+    elif a.dim() == 2:
+        shape = (a.shape[0], b.shape[-1])
+    elif b.dim() == 2:
+        shape = (a.shape[1], b.shape[1])
+    else:
+        shape = (a.shape[0], a.shape[1], b.shape[-1])
+    return a.new_empty(shape, dtype=out_dtype)
+
+
+def run_nonzero(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Fake ``nonzero``: its size depends on values. With the input's real values (a shadow, see
+    trace/values.py) the exact size; without, every element is taken as nonzero (the largest
+    result: every expert of an eager MoE loop runs), the assumption is recorded, and the result
+    gets the values that assumption gives it (so indexing with it later knows its values too)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    x = args[0]
+    value = tracer.value_of(x)
+    with _disable_current_modes():
+        real = (value if value is not None else torch.ones(tuple(x.shape), dtype=torch.bool)).nonzero()
+    out = x.new_empty(tuple(real.shape), dtype=torch.int64)
+    if value is None:
+        tracer.trace.observed.setdefault("sizes", []).append(
+            {"module": tracer.module(), "op": op_name(func), "shape": tuple(real.shape)})
+        tracer.seed_values([(out, real)])
+    return out
+
+
+# ops whose fake kernel is missing or stricter than the real one: castwise's fake implementation
+# runs instead during a fake audit (the contract table still checks them first)
+OWN_FAKE: dict[Any, Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
+    **{op: lambda _tracer, func, args, _kwargs: run_rnn_cell(func, args) for op in RNN_CELLS},
+    _aten._grouped_mm.default: lambda _tracer, func, args, kwargs: run_grouped_mm(func, args, kwargs),
+    _aten.nonzero.default: run_nonzero,
+}

@@ -240,6 +240,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             if value is not NO_VALUE:
                 return value
         module = self.module()
+        if self.fake and func in _SCALAR:  # a value no shadow knows: a branch (trace/values.py)
+            value = self.branch_value(func, tensors, module)
+            if value is not NO_VALUE:
+                return value
         name = _NAMES.get(func)
         if name is None:
             name = _NAMES[func] = fastpath.op_name(func)
@@ -247,7 +251,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         forward = self.phase == "forward"
         if forward and torch.is_grad_enabled():
             self._tag_nodes(tensors)
-        rnn_cell = func in fastpath.RNN_CELLS
+        own_fake = fastpath.OWN_FAKE.get(func) if self.fake else None
         call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast)
         for obs in self._checkers:
             violation = obs.check(call)
@@ -259,8 +263,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out = fastpath.run_fake(func, args, kwargs, self.stand, mask)
             elif is_fast:
                 out = self._run_with_caller_autocast(func, args, kwargs)
-            elif rnn_cell and self.fake:
-                out = fastpath.run_rnn_cell(func, args)
+            elif own_fake is not None:
+                out = own_fake(self, func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
         except Exception as exc:
