@@ -638,3 +638,17 @@ def test_qkv_with_one_projection_kept_fp32_names_that_projection() -> None:
     assert "receives ," not in f.message
     assert str(report.suggested_policy) == "bf16-true,keep[*.k_proj.inner]=f32" or \
         "k_proj" in str(report.suggested_policy)
+
+
+class _RaisesKeyError(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise KeyError("not a dtype problem")
+
+
+def test_an_exception_that_mentions_dtype_is_not_a_dtype_finding() -> None:
+    # only a dtype error is a dtype finding: the user's exception is kept whole, with no policy fix
+    report = castwise.audit(nn.Sequential(nn.Linear(4, 4), _RaisesKeyError()), torch.randn(2, 4), mode="eval")
+    (f,) = report.errors
+    assert (f.code, f.module) == ("CW130", "1")
+    assert "KeyError: 'not a dtype problem'" in f.message
+    assert report.suggested_policy is None
