@@ -54,10 +54,11 @@ class Rule:
 def _build() -> dict[str, Rule]:
     from castwise.rules import audit as _audit
     from castwise.rules import lint as _lint
+    from castwise.rules import numerics as _numerics
 
     registry: dict[str, Rule] = {}
     names: set[str] = set()
-    for rule in (*_audit.RULES, *_lint.RULES):
+    for rule in (*_audit.RULES, *_lint.RULES, *_numerics.RULES):
         # a broken catalog is a bug in castwise, not user input: fail loudly at import
         if not _CODE.match(rule.code) or not _NAME.match(rule.name):
             raise RuntimeError(f"malformed rule code/name: {rule.code} {rule.name}")
