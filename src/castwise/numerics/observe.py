@@ -27,6 +27,8 @@ _PLUMBING = ("/torch/", "/castwise/", "/transformers/modeling_utils", "/transfor
              "/transformers/integrations/", "/transformers/pytorch_utils", "/transformers/masking_utils",
              "/transformers/modeling_layers", "/transformers/generation/", "/lightning/", "/contextlib.py",
              "/functools.py", "/timm/layers/_fx", "<")
+_SENTINEL = {torch.float32: float(torch.finfo(torch.float32).max), torch.float64: float(torch.finfo(torch.float64).max),
+             torch.float16: float(torch.finfo(torch.float16).max), torch.bfloat16: float(torch.finfo(torch.bfloat16).max)}
 HIST_LO = -160  # log2 of the smallest magnitude binned (below float32's smallest subnormal, 2**-149)
 HIST_HI = 130  # above float32's largest finite value (2**128)
 HIST_BINS = HIST_HI - HIST_LO  # one bin per power of two: bin i holds [2**(LO+i), 2**(LO+i+1))
@@ -238,6 +240,11 @@ class RangeRecord:
     scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
 
 
+def _absmax(a: torch.Tensor, sentinel: float = _SENTINEL[torch.float32]) -> torch.Tensor:
+    """The largest magnitude below ``sentinel`` (Inf and a dtype's own limit are mask values)."""
+    return torch.where(a < sentinel, a, 0.0).amax()
+
+
 def log2_hist(a: torch.Tensor) -> torch.Tensor:
     """Counts of non-zero finite magnitudes per power of two (zeros, NaN and Inf fall outside)."""
     return torch.histc(torch.log2(a), bins=HIST_BINS, min=HIST_LO, max=HIST_HI)
@@ -268,7 +275,7 @@ class RangeObserver(Observer):
         if got is None:
             got = self.amax.get(t)
         if got is None:
-            got = t.detach().abs().amax().float() if t.numel() else torch.zeros(())
+            got = _absmax(t.detach().abs().float()) if t.numel() else torch.zeros(())
             self.amax[t] = got
         return got
 
@@ -290,7 +297,9 @@ class RangeObserver(Observer):
             a = o.detach().abs()
             if a.dtype != torch.float32:
                 a = a.float()  # histc and log2 want float32; every magnitude here fits (f64 aside)
-            amax = a.amax()
+            # Inf (a -inf mask) and the dtype's own limit (a finfo.min mask) are not magnitudes
+            # the model computed: in the target dtype they are the target's own -inf / finfo.min
+            amax = _absmax(a, _SENTINEL.get(o.dtype, math.inf))
             self.amax[o] = amax
             h = log2_hist(a)
             if mr is None:
