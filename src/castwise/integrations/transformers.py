@@ -30,7 +30,14 @@ def trainer_precision(args: Any) -> str | None:
 
 class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[misc]
     """Audit the model at train begin; stop on an error, or ``fix=True`` to apply the suggested
-    policy and continue."""
+    policy and continue. ``watch``: also watch every training step's loss (``castwise.watch``
+    on the model's forward); the first non-finite one is replayed under
+    ``castwise.locate_nonfinite`` and raises ``NonfiniteError`` (or ``"warn"``, or a callable)."""
+
+    def __init__(self, fix: bool = False, mode: str = "both", watch: Any = False) -> None:
+        super().__init__(fix, mode)
+        self.watch = watch
+        self._watch: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         from castwise.auditor import audit
@@ -47,6 +54,13 @@ class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[m
         finally:
             model.train(training)
         self._gate.act(report, model, "training")
+        if self.watch:
+            from castwise.numerics.watch import watch
+
+            self._watch = watch(model, on_nonfinite="raise" if self.watch is True else self.watch).__enter__()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._gate.restore()
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None

@@ -156,6 +156,7 @@ class Watch:
         elif self.on_nonfinite == "warn":
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         else:
+            self.__exit__(None, None, None)  # the loop stops here: leave the model as it was
             raise NonfiniteError(message, report)
         return report
 
@@ -208,3 +209,41 @@ def watch(model: nn.Module, *, on_nonfinite: str | Callable[[Report], Any] = "ra
     (``lambda m: criterion(m(x), y)``); by default the recorded forward is replayed.
     """
     return Watch(model, on_nonfinite, replay, check_outputs)
+
+
+class StepWatch:
+    """``watch=True`` on a trainer callback: ``begin`` at each training batch (inputs, random
+    state), ``check`` on the loss the trainer hands to its hooks anyway. ``step(module, batch,
+    index)`` is how the trainer runs a step (a LightningModule's ``training_step``); ``context()``
+    the context it runs it in (the trainer's autocast), re-entered for the replay."""
+
+    def __init__(self, model: nn.Module, on_nonfinite: str | Callable[[Report], Any],
+                 step: Callable[[nn.Module, Any, int], Any], context: Callable[[], Any] | None = None) -> None:
+        self.watch = Watch(model, on_nonfinite, None, check_outputs=False)
+        self.step = step
+        self.context = context
+        self._batch: tuple[Any, int] | None = None
+
+    @property
+    def report(self) -> Report | None:
+        return self.watch.report
+
+    def begin(self, batch: Any, index: int) -> None:
+        self._batch = (batch, index)
+        self.watch.record((batch,), {})
+
+    def check(self, loss: Any) -> Report | None:
+        if self.watch.report is not None or self._batch is None or not _is_nonfinite(loss):
+            return None
+        batch, index = self._batch
+        step = self.step
+
+        def replay(m: nn.Module) -> Any:
+            return step(m, batch, index)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the replayed step's own logging without a trainer
+            if self.context is None:
+                return self.watch.fire("the training step's loss", replay)
+            with self.context():
+                return self.watch.fire("the training step's loss", replay)
