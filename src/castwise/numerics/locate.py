@@ -54,7 +54,7 @@ def _wide_rerun(model: nn.Module, wrapper: _run.Capture, inputs: Any, mode: str,
         result = _run.traced(model, wrapper, _run.widen_inputs(inputs), mode, device, [watcher, finder])
     if finder.finite is not None:
         return finder.finite
-    return watcher.found is None and not result.final_nonfinite
+    return watcher.best is None and not result.final_nonfinite
 
 
 def _verdict(p: Producer, wide: bool | None) -> tuple[str, str]:
@@ -66,6 +66,9 @@ def _verdict(p: Producer, wide: bool | None) -> tuple[str, str]:
                                  f"{lim['dtype']}'s largest {lim['max']:.6g}")
         return "precision", (f"overflow inside the op: its result fits {lim['dtype']} but an intermediate "
                              "does not")
+    if p.out_dtype not in _LOW:
+        return "bug", (f"{lim['dtype']} itself makes it: no training dtype is wider, the computation has to "
+                       "change")
     if wide:
         return "precision", ("underflow or cancellation upstream: in float32 the same computation stays finite "
                              f"(an input that is exactly zero or rounded in {lim['dtype']} is not)")
@@ -128,14 +131,14 @@ def _locate(model: nn.Module, inputs: Any, policy: Any, mode: str, device: str,
     observer = NonfiniteObserver()
     wrapper = _run.Capture(model, fn)
     result = _run.traced(model, wrapper, inputs, mode, device, [observer])
-    p = observer.found
+    p = observer.best
     numerics: dict[str, Any] = {"ops_checked": observer.ops_checked, "final_nonfinite": result.final_nonfinite,
                                 "modules": {}}
     if bad:
         findings.append(_state_finding(bad, mode))
     elif p is not None:
         wide: bool | None = None
-        if not p.rerun_finite and (p.out_dtype in _LOW or p.in_place):
+        if not p.rerun_finite and p.out_dtype in _LOW:
             _set_rng(rng)
             wide = _wide_rerun(model, wrapper, inputs, mode, device, p)
         verdict, cause = _verdict(p, wide)

@@ -122,6 +122,9 @@ class NonfiniteObserver(Observer):
 
     def __init__(self) -> None:
         self.found: Producer | None = None
+        # producers in forward whose values carry no gradient (position buckets, masks: T5's
+        # log of a zero distance): kept, but the search goes on for one that does
+        self.secondary: list[Producer] = []
         self.counts: dict[tuple[str, str, str], int] = {}
         self._pre: tuple[OpCall, list[tuple[bool, bool]]] | None = None
         self.ops_checked = 0
@@ -161,14 +164,25 @@ class NonfiniteObserver(Observer):
         made_inf = out_inf and not in_nonfinite
         if not (made_nan or made_inf):
             return
-        self.found = self._producer(call, outs, index, made_nan, made_inf, scalars)
+        producer = self._producer(call, outs, index, made_nan, made_inf, scalars)
+        if call.phase == "forward" and torch.is_grad_enabled() and \
+                not any(t.requires_grad for t in _floats(call.tensors)):
+            if len(self.secondary) < 8:
+                self.secondary.append(producer)
+            return
+        self.found = producer
+
+    @property
+    def best(self) -> Producer | None:
+        """The first producer whose values carry a gradient, else the first at all."""
+        return self.found or (self.secondary[0] if self.secondary else None)
 
     def _producer(self, call: OpCall, outs: list[torch.Tensor], index: int, made_nan: bool, made_inf: bool,
                   scalars: list[float]) -> Producer:
         in_place = bool(call.func._schema.is_mutable)
         rerun_finite: bool | None = None
         rerun_absmax: float | None = None
-        if not in_place:  # an in-place op's inputs are gone: the whole-run rerun decides
+        if not in_place and outs[0].dtype in _LOW:  # an in-place op's inputs are gone: the whole-run rerun decides
             try:
                 args, kwargs = tree_map(_widen, (call.args, call.kwargs))
                 wide = call.func(*args, **kwargs)
@@ -192,7 +206,7 @@ class NonfiniteObserver(Observer):
         )
 
     def finish(self, trace: Trace) -> None:
-        trace.observed[self.name] = self.found
+        trace.observed[self.name] = self.best
 
 
 class OpFinder(Observer):
