@@ -254,14 +254,39 @@ class RangeRecord:
     scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
 
 
-def _absmax(a: torch.Tensor, sentinel: float = _SENTINEL[torch.float32]) -> torch.Tensor:
-    """The largest magnitude below ``sentinel`` (Inf and a dtype's own limit are mask values)."""
-    return torch.where(a < sentinel, a, 0.0).amax()
+SAMPLE = 1 << 14  # elements per tensor the histogram looks at (strided: the shares are estimates)
 
 
-def log2_hist(a: torch.Tensor) -> torch.Tensor:
-    """Counts of non-zero finite magnitudes per power of two (zeros, NaN and Inf fall outside)."""
-    return torch.histc(torch.log2(a), bins=HIST_BINS, min=HIST_LO, max=HIST_HI)
+def _sample(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Up to SAMPLE magnitudes of ``t`` in float32 (a strided view: no copy of the whole tensor),
+    and how many elements each stands for."""
+    flat = t.detach().reshape(-1)
+    step = max(flat.numel() // SAMPLE, 1)
+    # float32: frexp and the comparisons below want one dtype; every 16-bit magnitude fits
+    return flat[::step].abs().float(), step
+
+
+def absmax(t: torch.Tensor) -> torch.Tensor:
+    """The largest finite magnitude below the dtype's own limit, as a 0-d float32 tensor: one
+    pass (aminmax, no temporary) when no Inf or limit value (a mask fill) is present; else from
+    the sample, with those values left out (in the target they are its own -inf / finfo.min)."""
+    lo, hi = torch.aminmax(t.detach())
+    raw = torch.maximum(-lo, hi).float()
+    sentinel = _SENTINEL.get(t.dtype, math.inf)
+    if t.numel() <= SAMPLE:
+        a = t.detach().abs().float()
+        return torch.where(a < sentinel, a, 0.0).amax()
+    sa, _ = _sample(t)
+    return torch.where(raw < sentinel, raw, torch.where(sa < sentinel, sa, 0.0).amax())
+
+
+def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
+    """Counts of non-zero finite magnitudes per power of two, bin i holding [2**(LO+i), 2**(LO+i+1))
+    (zeros, NaN and Inf are left out), each sampled element counting ``weight``."""
+    _, e = torch.frexp(sa)  # sa = m * 2**e with m in [0.5, 1): sa in [2**(e-1), 2**e)
+    idx = (e.long() - 1 - HIST_LO).clamp_(0, HIST_BINS - 1)
+    idx = torch.where((sa > 0) & (sa < math.inf), idx, HIST_BINS)  # a dump bin, dropped below
+    return torch.bincount(idx, minlength=HIST_BINS + 1)[:HIST_BINS].float() * weight
 
 
 class RangeObserver(Observer):
@@ -289,7 +314,7 @@ class RangeObserver(Observer):
         if got is None:
             got = self.amax.get(t)
         if got is None:
-            got = _absmax(t.detach().abs().float()) if t.numel() else torch.zeros(())
+            got = absmax(t) if t.numel() else torch.zeros(())
             self.amax[t] = got
         return got
 
@@ -308,14 +333,10 @@ class RangeObserver(Observer):
         key = (call.module, call.phase)
         mr = rec.modules.get(key)
         for o in outs:
-            a = o.detach().abs()
-            if a.dtype != torch.float32:
-                a = a.float()  # histc and log2 want float32; every magnitude here fits (f64 aside)
-            # Inf (a -inf mask) and the dtype's own limit (a finfo.min mask) are not magnitudes
-            # the model computed: in the target dtype they are the target's own -inf / finfo.min
-            amax = _absmax(a, _SENTINEL.get(o.dtype, math.inf))
+            amax = absmax(o)
             self.amax[o] = amax
-            h = log2_hist(a)
+            sa, step = _sample(o)
+            h = log2_hist(sa, step)
             if mr is None:
                 mr = rec.modules[key] = ModuleRange(amax, h)
             else:
