@@ -236,7 +236,7 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
     return Report(
         findings=findings,
         runs=[Run(mode, device, None if policy is None else str(policy),
-                  "error" if result.error is not None else "ok")],
+                  "incomplete" if result.error is not None else "ok")],
         summary=summary,
         title=f"castwise numerics --forecast {t.name} (real tensors, device {device}, policy "
               f"{policy if policy is not None else 'none'})",

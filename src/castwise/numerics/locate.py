@@ -154,7 +154,8 @@ def _locate(model: nn.Module, inputs: Any, policy: Any, mode: str, device: str,
     return Report(
         findings=findings,
         runs=[Run(mode, device, None if policy is None else str(policy),
-                  "error" if any(f.level == "error" for f in findings) else "ok")],
+                  "error" if any(f.level == "error" for f in findings)
+                  else "incomplete" if result.error is not None else "ok")],
         summary={"numerics": numerics},
         title=f"castwise numerics --locate (real tensors, device {device}, policy "
               f"{policy if policy is not None else 'none'})",
