@@ -12,8 +12,16 @@ def t5_encoder(scale: float = 30000.0) -> tuple[nn.Module, dict[str, torch.Tenso
     from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(0)
-    config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                      dropout_rate=0.0, feed_forward_proj="relu")
+    config = T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        feed_forward_proj="relu",
+    )
     model = T5EncoderModel(config)
     with torch.no_grad():
         model.encoder.block[0].layer[1].DenseReluDense.wo.weight.mul_(scale)

@@ -52,7 +52,7 @@ def test_gradient_underflow_without_loss_scaling() -> None:
     half(inputs[0].half()).float().sum().backward()
     zero_share = float((half.body.weight.grad == 0).float().mean())
     half.zero_grad()
-    (half(inputs[0].half()).float().sum() * 2.0 ** k).backward()
+    (half(inputs[0].half()).float().sum() * 2.0**k).backward()
     scaled_zero_share = float((half.body.weight.grad == 0).float().mean())
     assert zero_share > 0.5 and scaled_zero_share < 0.1
 
@@ -81,11 +81,12 @@ def test_mask_values_at_the_dtype_limit_are_not_overflow() -> None:
     model, (x, mask) = cases.softmax_all_masked_row()
     mask[1, 2, 0] = False
     model.attn.forward = lambda x, mask=None: cases.Attention.forward(  # type: ignore[method-assign]
-        model.attn, x, mask, torch.finfo(torch.float32).min)
+        model.attn, x, mask, torch.finfo(torch.float32).min
+    )
     report = forecast(model, (x, mask), target="f16")
     assert not [f for f in report.findings if f.code == "CW310"]
 
 
 def test_bad_target_lists_the_valid_ones() -> None:
-    with pytest.raises(CastwiseError, match="valid: .*bf16.*f16"):
+    with pytest.raises(CastwiseError, match=r"valid: .*bf16.*f16"):
         forecast(nn.Linear(2, 2), torch.randn(1, 2), target="int8")

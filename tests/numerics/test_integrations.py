@@ -51,9 +51,16 @@ def _loader() -> DataLoader[tuple[torch.Tensor, ...]]:
 
 
 def _fit(module: pl.LightningModule, callback: CastwiseCallback) -> None:
-    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, callbacks=[callback], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(module, _loader())
@@ -101,11 +108,19 @@ def test_transformers_watch_names_the_producer() -> None:
 
     torch.manual_seed(1)
     model = HFNet()
-    args = TrainingArguments(output_dir="/tmp/castwise-hf-watch", per_device_train_batch_size=4, num_train_epochs=1,
-                             report_to=[], save_strategy="no", use_cpu=True, logging_strategy="no",
-                             dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=Data(),
-                      callbacks=[CastwiseTrainerCallback(watch=True, mode="train")])
+    args = TrainingArguments(
+        output_dir="/tmp/castwise-hf-watch",
+        per_device_train_batch_size=4,
+        num_train_epochs=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        logging_strategy="no",
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Data(), callbacks=[CastwiseTrainerCallback(watch=True, mode="train")]
+    )
     with pytest.raises(NonfiniteError) as info:
         trainer.train()
     finding = info.value.report.findings[0]

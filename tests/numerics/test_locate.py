@@ -16,8 +16,13 @@ from tests.numerics import cases
 
 CASES: dict[str, tuple[Callable[[], tuple[nn.Module, Any]], str, str, str, str]] = {
     # name: (build, code, module, op, phase)
-    "t5_wo_fp16": (lambda: _half(cases.t5_encoder()), "CW301", "encoder.block.0.layer.1.DenseReluDense.wo",
-                   "aten.mm", "forward"),
+    "t5_wo_fp16": (
+        lambda: _half(cases.t5_encoder()),
+        "CW301",
+        "encoder.block.0.layer.1.DenseReluDense.wo",
+        "aten.mm",
+        "forward",
+    ),
     "attention_scores_fp16": (cases.attention_scores_overflow, "CW301", "attn", "aten.bmm", "forward"),
     "softmax_all_masked": (cases.softmax_all_masked_row, "CW302", "attn", "aten._softmax", "forward"),
     "log_zero_in_loss": (cases.log_of_zero_in_loss, "CW302", "loss", "aten.log", "forward"),
@@ -131,11 +136,14 @@ def test_policy_runs_on_a_copy_under_the_policy() -> None:
     assert next(model.parameters()).dtype == torch.float32
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"mode": "both"}, "valid: eval, train"),
-    ({"device": "tpu"}, "valid: cpu, cuda"),
-    ({"policy": 3}, "policy must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"mode": "both"}, "valid: eval, train"),
+        ({"device": "tpu"}, "valid: cpu, cuda"),
+        ({"policy": 3}, "policy must be"),
+    ],
+)
 def test_bad_arguments_say_what_is_valid(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(CastwiseError, match=words):
         locate_nonfinite(nn.Linear(2, 2), torch.randn(1, 2), **kwargs)

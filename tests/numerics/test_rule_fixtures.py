@@ -57,11 +57,14 @@ def test_fixture_triggers_its_rule(path: Path) -> None:
     assert fixture.EXPECT["module"] in [f.module for f in hits]
 
 
-@pytest.mark.parametrize(("name", "args", "code"), [
-    ("CW301_fp16_wo_overflow.py", ["--locate"], 1),
-    ("CW302_log_of_zero.py", ["--locate", "--mode", "train"], 1),
-    ("CW310_attention_scores_f16.py", ["--forecast", "f16"], 0),
-])
+@pytest.mark.parametrize(
+    ("name", "args", "code"),
+    [
+        ("CW301_fp16_wo_overflow.py", ["--locate"], 1),
+        ("CW302_log_of_zero.py", ["--locate", "--mode", "train"], 1),
+        ("CW310_attention_scores_f16.py", ["--forecast", "f16"], 0),
+    ],
+)
 def test_cli_runs_a_fixture_with_the_documented_exit_code(name: str, args: list[str], code: int) -> None:
     result = CliRunner().invoke(numerics_command, [f"{FIXTURES / name}:build", *args, "--json", "-"])
     assert result.exit_code == code, result.output

@@ -47,8 +47,10 @@ def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any) -> tu
     if dev == "cuda" and not torch.cuda.is_available():
         raise AuditError(f"{what} runs on real tensors and this machine has no CUDA device; pass device='cpu'")
     if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
-        raise AuditError(f"{type(model).__name__} is on the meta device: {what} needs values; materialise it "
-                         "first (or pass a shrunk config)")
+        raise AuditError(
+            f"{type(model).__name__} is on the meta device: {what} needs values; materialise it "
+            "first (or pass a shrunk config)"
+        )
     if policy is None:
         return None, dev
     from castwise.policy import Policy
@@ -151,8 +153,9 @@ class RunResult:
     error: BaseException | None
 
 
-def traced(model: nn.Module, wrapper: Capture, inputs: Any, mode: str, device: str,
-           observers: Sequence[Observer]) -> RunResult:
+def traced(
+    model: nn.Module, wrapper: Capture, inputs: Any, mode: str, device: str, observers: Sequence[Observer]
+) -> RunResult:
     """One run of ``wrapper`` (forward, and backward in train mode) under a real-tensor tracer."""
     args, kwargs = split_inputs(inputs)
     tracer = Tracer(model, device, fake=False, record_ops=False, observers=observers)
@@ -173,8 +176,10 @@ def on_device(model: nn.Module, policy: Any, device: str) -> tuple[nn.Module, An
     try:
         dup = copy.deepcopy(model).to(device)
     except Exception as exc:
-        raise AuditError(f"cannot copy {type(model).__name__} to run it under a policy or on {device} "
-                         f"({type(exc).__name__}: {exc}); apply the policy yourself and pass policy=None") from exc
+        raise AuditError(
+            f"cannot copy {type(model).__name__} to run it under a policy or on {device} "
+            f"({type(exc).__name__}: {exc}); apply the policy yourself and pass policy=None"
+        ) from exc
     if policy is None:
         return dup, None
     from castwise.applied import apply
@@ -187,9 +192,14 @@ def on_device(model: nn.Module, policy: Any, device: str) -> tuple[nn.Module, An
 
 def nonfinite_state(model: nn.Module, inputs: Any) -> list[str]:
     """Parameters, buffers and inputs that already hold NaN/Inf (no op made them)."""
-    bad = [f"parameter {n}" for n, p in model.named_parameters()
-           if p.is_floating_point() and not bool(torch.isfinite(p).all())]
-    bad += [f"buffer {n}" for n, b in model.named_buffers() if b.is_floating_point() and not bool(torch.isfinite(b).all())]
+    bad = [
+        f"parameter {n}"
+        for n, p in model.named_parameters()
+        if p.is_floating_point() and not bool(torch.isfinite(p).all())
+    ]
+    bad += [
+        f"buffer {n}" for n, b in model.named_buffers() if b.is_floating_point() and not bool(torch.isfinite(b).all())
+    ]
 
     def walk(name: str, obj: Any) -> None:
         if isinstance(obj, torch.Tensor):

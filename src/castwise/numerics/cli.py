@@ -39,8 +39,16 @@ def _exit_code(report: Any) -> int:
 
 
 def _pick(locate: bool, forecast: str | None, compare: bool, tune: str | None) -> str:
-    chosen = [name for name, on in (("--locate", locate), ("--forecast", forecast is not None),
-                                    ("--compare", compare), ("--tune", tune is not None)) if on]
+    chosen = [
+        name
+        for name, on in (
+            ("--locate", locate),
+            ("--forecast", forecast is not None),
+            ("--compare", compare),
+            ("--tune", tune is not None),
+        )
+        if on
+    ]
     if len(chosen) != 1:
         said = ", ".join(chosen) if chosen else "none"
         raise click.UsageError(f"give exactly one of --compare, --forecast DT, --locate, --tune BUDGET (got {said})")
@@ -60,8 +68,15 @@ def _load(target: str) -> tuple[Any, Any, str | None]:
     return model, inputs, None
 
 
-def _run(target: str, which: str, forecast_dt: str | None, tune_budget: str | None, policy: str | None,
-         mode: str, device: str | None) -> Any:
+def _run(
+    target: str,
+    which: str,
+    forecast_dt: str | None,
+    tune_budget: str | None,
+    policy: str | None,
+    mode: str,
+    device: str | None,
+) -> Any:
     model, inputs, built = _load(target)
     if which == "--locate":
         from castwise.numerics.locate import locate_nonfinite
@@ -92,16 +107,30 @@ def _run(target: str, which: str, forecast_dt: str | None, tune_budget: str | No
 @click.command("numerics")
 @click.argument("target")
 @click.option("--locate", is_flag=True, help="The first op that made a NaN/Inf, and why (real tensors).")
-@click.option("--forecast", "forecast_dt", default=None, metavar="DT",
-              help="Where DT (f16, bf16, float8_e4m3fn, float8_e5m2) would overflow or flush to zero.")
+@click.option(
+    "--forecast",
+    "forecast_dt",
+    default=None,
+    metavar="DT",
+    help="Where DT (f16, bf16, float8_e4m3fn, float8_e5m2) would overflow or flush to zero.",
+)
 @click.option("--compare", is_flag=True, help="Error of --policy against 32-true, per module.")
 @click.option("--tune", "tune_budget", default=None, metavar="BUDGET", help="float32 islands meeting BUDGET.")
 @click.option("--policy", "-p", default=None, help="Precision policy (any string Policy.parse accepts).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default="train", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where to run (default: the model's).")
 @click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the JSON report.")
-def numerics_command(target: str, locate: bool, forecast_dt: str | None, compare: bool, tune_budget: str | None,
-                     policy: str | None, mode: str, device: str | None, json_path: str | None) -> None:
+def numerics_command(
+    target: str,
+    locate: bool,
+    forecast_dt: str | None,
+    compare: bool,
+    tune_budget: str | None,
+    policy: str | None,
+    mode: str,
+    device: str | None,
+    json_path: str | None,
+) -> None:
     """Values, not dtypes: run TARGET (file.py:function or module:function -> (model, inputs), or
     a transformers config.json) on real tensors."""
     which = _pick(locate, forecast_dt, compare, tune_budget)

@@ -30,10 +30,19 @@ from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.report import Finding, Report, Run
 
 TARGETS: dict[str, str] = {
-    "f16": "float16", "fp16": "float16", "float16": "float16", "half": "float16",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "float8_e4m3fn": "float8_e4m3fn", "e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
-    "float8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2",
+    "f16": "float16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "e4m3fn": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "float8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
 }
 THRESHOLD = 0.01  # the share of non-zero values flushed to zero that is worth a finding
 
@@ -70,8 +79,8 @@ def _flush_share(hist: list[float], flush_log2: float) -> tuple[float, float]:
     if not total:
         return 0.0, math.nan
     # bin i holds [2**(LO+i), 2**(LO+i+1)): it flushes whole when its top is at or below the line
-    cut = int(math.floor(flush_log2)) - HIST_LO
-    flushed = sum(hist[:max(cut, 0)])
+    cut = math.floor(flush_log2) - HIST_LO
+    flushed = sum(hist[: max(cut, 0)])
     lowest = next(i for i, c in enumerate(hist) if c)
     return flushed / total, float(HIST_LO + lowest)
 
@@ -104,32 +113,50 @@ def _where(module: str) -> str:
     return f"`{module}`" if module else "the model's top level"
 
 
-def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], t: Target,
-                       mode: str) -> list[Finding]:
+def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], t: Target, mode: str) -> list[Finding]:
     findings = []
     for (module, phase), ops in origins.items():
         absmax = max(a for _, a in ops)
         margin = math.log2(absmax / t.max)
         names = sorted({op for op, _ in ops})
         if phase == "forward":
-            fix = (f"Keep {_where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
-                   f"the castwise policy; or keep it in bfloat16.")
+            fix = (
+                f"Keep {_where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
+                f"the castwise policy; or keep it in bfloat16."
+            )
         else:
-            fix = ("Gradients overflow here: loss scaling (GradScaler) lowers the scale and skips the step; "
-                   f"or keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`), or train in bfloat16.")
-        findings.append(Finding(
-            code="CW310", module=module, op=names[0], modes=(mode,), fix=fix,
-            message=(f"{', '.join(names)} in {_where(module)} makes magnitudes up to {absmax:.4g} in {phase} from "
-                     f"inputs within {t.name}'s range: 2^{margin:.2f} past its largest {t.max:.6g}, so {t.name} "
-                     f"would make Inf here ({len(ops)} op call(s))."),
-            details=(("phase", phase), ("target", t.name), ("absmax", absmax), ("margin_pow2", margin),
-                     ("limit", t.max), ("ops", names)),
-        ))
+            fix = (
+                "Gradients overflow here: loss scaling (GradScaler) lowers the scale and skips the step; "
+                f"or keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`), or train in bfloat16."
+            )
+        findings.append(
+            Finding(
+                code="CW310",
+                module=module,
+                op=names[0],
+                modes=(mode,),
+                fix=fix,
+                message=(
+                    f"{', '.join(names)} in {_where(module)} makes magnitudes up to {absmax:.4g} in {phase} from "
+                    f"inputs within {t.name}'s range: 2^{margin:.2f} past its largest {t.max:.6g}, so {t.name} "
+                    f"would make Inf here ({len(ops)} op call(s))."
+                ),
+                details=(
+                    ("phase", phase),
+                    ("target", t.name),
+                    ("absmax", absmax),
+                    ("margin_pow2", margin),
+                    ("limit", t.max),
+                    ("ops", names),
+                ),
+            )
+        )
     return findings
 
 
-def _module_stats(rec: RangeRecord, t: Target, origins: dict[tuple[str, str], list[tuple[str, float]]],
-                  mode: str) -> tuple[dict[str, Any], list[Finding]]:
+def _module_stats(
+    rec: RangeRecord, t: Target, origins: dict[tuple[str, str], list[tuple[str, float]]], mode: str
+) -> tuple[dict[str, Any], list[Finding]]:
     stats: dict[str, Any] = {}
     findings: list[Finding] = []
     for (module, phase), mr in rec.modules.items():
@@ -137,28 +164,59 @@ def _module_stats(rec: RangeRecord, t: Target, origins: dict[tuple[str, str], li
         absmax = float(mr.absmax)
         share, lowest = _flush_share(hist, t.flush_log2)
         entry: dict[str, Any] = {
-            "absmax": absmax, "min_nonzero_pow2": None if math.isnan(lowest) else lowest,
-            "flush_share": share, "ops": mr.ops, "overflow_ops": len(origins.get((module, phase), [])),
+            "absmax": absmax,
+            "min_nonzero_pow2": None if math.isnan(lowest) else lowest,
+            "flush_share": share,
+            "ops": mr.ops,
+            "overflow_ops": len(origins.get((module, phase), [])),
             "margin_pow2": math.log2(absmax / t.max) if absmax > 0 else None,
         }
         stats.setdefault(module, {})[phase] = entry
         if t.float8 or share <= THRESHOLD:
             continue
         what = "activations" if phase == "forward" else "gradients"
-        message = (f"{100 * share:.1f}% of the non-zero {what} {_where(module)} makes in {phase} are below half of "
-                   f"{t.name}'s smallest subnormal (2^{t.flush_log2 + 1:.0f}) and would flush to zero (smallest "
-                   f"about 2^{lowest:.0f}).")
+        message = (
+            f"{100 * share:.1f}% of the non-zero {what} {_where(module)} makes in {phase} are below half of "
+            f"{t.name}'s smallest subnormal (2^{t.flush_log2 + 1:.0f}) and would flush to zero (smallest "
+            f"about 2^{lowest:.0f})."
+        )
         if phase == "forward":
-            findings.append(Finding(code="CW311", module=module, modes=(mode,), message=message,
-                                    details=(("phase", phase), ("target", t.name), ("flush_share", share),
-                                             ("min_nonzero_pow2", lowest))))
+            findings.append(
+                Finding(
+                    code="CW311",
+                    module=module,
+                    modes=(mode,),
+                    message=message,
+                    details=(
+                        ("phase", phase),
+                        ("target", t.name),
+                        ("flush_share", share),
+                        ("min_nonzero_pow2", lowest),
+                    ),
+                )
+            )
         else:
             k = _loss_scale(hist, t.flush_log2, absmax, t.max)
-            fix = (f"Use loss scaling: a scale of 2^{k} lifts the flushed gradients into {t.name}'s range "
-                   "(torch.amp.GradScaler finds it dynamically); or train in bfloat16.")
-            findings.append(Finding(code="CW312", module=module, modes=(mode,), message=message, fix=fix,
-                                    details=(("phase", phase), ("target", t.name), ("flush_share", share),
-                                             ("min_nonzero_pow2", lowest), ("loss_scale_pow2", k))))
+            fix = (
+                f"Use loss scaling: a scale of 2^{k} lifts the flushed gradients into {t.name}'s range "
+                "(torch.amp.GradScaler finds it dynamically); or train in bfloat16."
+            )
+            findings.append(
+                Finding(
+                    code="CW312",
+                    module=module,
+                    modes=(mode,),
+                    message=message,
+                    fix=fix,
+                    details=(
+                        ("phase", phase),
+                        ("target", t.name),
+                        ("flush_share", share),
+                        ("min_nonzero_pow2", lowest),
+                        ("loss_scale_pow2", k),
+                    ),
+                )
+            )
     return stats, findings
 
 
@@ -181,17 +239,32 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
         per[name] = {"flush_share": shares, "leave_out": bool(reasons)}
         if reasons:
             leave.append(name)
-            findings.append(Finding(code="CW313", module=name, modes=(mode,), details=(
-                ("target", t.name), ("flush_share", shares), ("reasons", reasons)),
-                message=f"Leave {_where(name)} out of {t.name}: " + "; ".join(reasons) + "."))
+            findings.append(
+                Finding(
+                    code="CW313",
+                    module=name,
+                    modes=(mode,),
+                    details=(("target", t.name), ("flush_share", shares), ("reasons", reasons)),
+                    message=f"Leave {_where(name)} out of {t.name}: " + "; ".join(reasons) + ".",
+                )
+            )
     policy = ",".join(f"keep[{n}]=bf16" for n in leave)
-    filter_src = ("def module_filter_fn(mod, fqn):\n"
-                  f"    return isinstance(mod, torch.nn.Linear) and fqn not in {sorted(leave)!r}\n")
+    filter_src = (
+        "def module_filter_fn(mod, fqn):\n"
+        f"    return isinstance(mod, torch.nn.Linear) and fqn not in {sorted(leave)!r}\n"
+    )
     return {"layers": per, "leave_out": leave, "policy": policy, "module_filter_fn": filter_src}, findings
 
 
-def forecast(model: nn.Module, inputs: Any, *, target: str = "f16", policy: Any = None, mode: str = "train",
-             device: str | None = None) -> Report:
+def forecast(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    target: str = "f16",
+    policy: Any = None,
+    mode: str = "train",
+    device: str | None = None,
+) -> Report:
     """Run ``model`` once on real tensors in its current precision (or under ``policy``) and report
     where ``target`` ("f16", "bf16", "float8_e4m3fn", "float8_e5m2") would overflow (the margin
     in powers of two) and the share of values it would flush to zero, per module, forward and
@@ -216,8 +289,11 @@ def forecast(model: nn.Module, inputs: Any, *, target: str = "f16", policy: Any 
 def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str) -> Report:
     inputs = _run.real_inputs(inputs, device)
     with torch.no_grad():
-        fixed = {id(x): x.detach().abs().float().amax() for x in (*model.parameters(), *model.buffers())
-                 if x.is_floating_point() and x.numel()}
+        fixed = {
+            id(x): x.detach().abs().float().amax()
+            for x in (*model.parameters(), *model.buffers())
+            if x.is_floating_point() and x.numel()
+        }
     scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
     observer = RangeObserver(fixed, scaled)
     result = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer])
@@ -235,9 +311,15 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         summary["numerics"]["error"] = f"{type(result.error).__name__}: {result.error}"
     return Report(
         findings=findings,
-        runs=[Run(mode, device, None if policy is None else str(policy),
-                  "incomplete" if result.error is not None else "ok")],
+        runs=[
+            Run(
+                mode,
+                device,
+                None if policy is None else str(policy),
+                "incomplete" if result.error is not None else "ok",
+            )
+        ],
         summary=summary,
         title=f"castwise numerics --forecast {t.name} (real tensors, device {device}, policy "
-              f"{policy if policy is not None else 'none'})",
+        f"{policy if policy is not None else 'none'})",
     )

@@ -39,8 +39,9 @@ def _set_rng(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
         torch.cuda.set_rng_state_all(state[1])
 
 
-def _wide_rerun(model: nn.Module, wrapper: _run.Capture, inputs: Any, mode: str, device: str,
-                p: Producer) -> bool | None:
+def _wide_rerun(
+    model: nn.Module, wrapper: _run.Capture, inputs: Any, mode: str, device: str, p: Producer
+) -> bool | None:
     """The whole run again in float32, autocast off: is the producer's op finite there? None: the
     rerun did not run that op (another code path in float32) and made nothing non-finite either
     way it is judged by whether float32 made any NaN/Inf at all."""
@@ -62,16 +63,18 @@ def _verdict(p: Producer, wide: bool | None) -> tuple[str, str]:
     lim = limits(p.out_dtype)
     if p.rerun_finite:
         if p.rerun_absmax is not None and p.rerun_absmax > lim["max"]:
-            return "precision", (f"overflow: the result's magnitude reaches {p.rerun_absmax:.4g}, past "
-                                 f"{lim['dtype']}'s largest {lim['max']:.6g}")
-        return "precision", (f"overflow inside the op: its result fits {lim['dtype']} but an intermediate "
-                             "does not")
+            return "precision", (
+                f"overflow: the result's magnitude reaches {p.rerun_absmax:.4g}, past "
+                f"{lim['dtype']}'s largest {lim['max']:.6g}"
+            )
+        return "precision", (f"overflow inside the op: its result fits {lim['dtype']} but an intermediate does not")
     if p.out_dtype not in _LOW:
-        return "bug", (f"{lim['dtype']} itself makes it: no training dtype is wider, the computation has to "
-                       "change")
+        return "bug", (f"{lim['dtype']} itself makes it: no training dtype is wider, the computation has to change")
     if wide:
-        return "precision", ("underflow or cancellation upstream: in float32 the same computation stays finite "
-                             f"(an input that is exactly zero or rounded in {lim['dtype']} is not)")
+        return "precision", (
+            "underflow or cancellation upstream: in float32 the same computation stays finite "
+            f"(an input that is exactly zero or rounded in {lim['dtype']} is not)"
+        )
     return "bug", "non-finite in a wider dtype too: the computation itself makes it, not the precision"
 
 
@@ -79,10 +82,17 @@ def _message(p: Producer, verdict: str, cause: str, absorbed: bool) -> str:
     what = {"nan": "NaN", "inf": "Inf", "nan+inf": "NaN and Inf"}[p.made]
     where = f"`{p.module}`" if p.module else "the model's top level"
     phase = f"backward ({p.node})" if p.phase == "backward" and p.node else p.phase
-    ins = ", ".join(f"{r['tensor']} absmax {r['absmax']:.4g}" + (f" min {r['min_nonzero']:.3g}" if r["min_nonzero"]
-                    else "") for r in p.inputs[:3]) or "no tensor inputs"
-    text = (f"{p.op} in {where} made {what} in {phase} from inputs without it ({ins}); "
-            f"{short_of(p.out_dtype)} holds up to {limits(p.out_dtype)['max']:.6g}. {cause}.")
+    ins = (
+        ", ".join(
+            f"{r['tensor']} absmax {r['absmax']:.4g}" + (f" min {r['min_nonzero']:.3g}" if r["min_nonzero"] else "")
+            for r in p.inputs[:3]
+        )
+        or "no tensor inputs"
+    )
+    text = (
+        f"{p.op} in {where} made {what} in {phase} from inputs without it ({ins}); "
+        f"{short_of(p.out_dtype)} holds up to {limits(p.out_dtype)['max']:.6g}. {cause}."
+    )
     if absorbed:
         text += " The model's outputs and gradients end finite (a later op clamped or masked it)."
     return text
@@ -92,22 +102,44 @@ def finding_of(p: Producer, verdict: str, cause: str, absorbed: bool, mode: str)
     code = "CW301" if verdict == "precision" else "CW302"
     fix = precision_fix(p) if verdict == "precision" else bug_fix(p)
     details: tuple[tuple[str, Any], ...] = (
-        ("phase", p.phase), ("verdict", verdict), ("cause", cause), ("made", p.made),
-        ("source", p.source), ("autograd_node", p.node), ("inputs", p.inputs), ("output", p.output),
-        ("nonfinite_scalars", p.scalars), ("limits", limits(p.out_dtype)), ("reaches_output", not absorbed),
+        ("phase", p.phase),
+        ("verdict", verdict),
+        ("cause", cause),
+        ("made", p.made),
+        ("source", p.source),
+        ("autograd_node", p.node),
+        ("inputs", p.inputs),
+        ("output", p.output),
+        ("nonfinite_scalars", p.scalars),
+        ("limits", limits(p.out_dtype)),
+        ("reaches_output", not absorbed),
     )
-    return Finding(code=code, module=p.module, op=p.op, modes=(mode,), message=_message(p, verdict, cause, absorbed),
-                   fix=fix, severity="warning" if absorbed else None, details=details)
+    return Finding(
+        code=code,
+        module=p.module,
+        op=p.op,
+        modes=(mode,),
+        message=_message(p, verdict, cause, absorbed),
+        fix=fix,
+        severity="warning" if absorbed else None,
+        details=details,
+    )
 
 
 def _state_finding(bad: list[str], mode: str) -> Finding:
     listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-    return Finding(code="CW303", module="", modes=(mode,), details=(("tensors", bad),),
-                   message=f"NaN/Inf before any op ran: {listed}. No op of the model made it.")
+    return Finding(
+        code="CW303",
+        module="",
+        modes=(mode,),
+        details=(("tensors", bad),),
+        message=f"NaN/Inf before any op ran: {listed}. No op of the model made it.",
+    )
 
 
-def locate_in(model: nn.Module, inputs: Any, *, policy: Any, mode: str, device: str,
-              fn: Callable[..., Any] | None = None) -> Report:
+def locate_in(
+    model: nn.Module, inputs: Any, *, policy: Any, mode: str, device: str, fn: Callable[..., Any] | None = None
+) -> Report:
     """locate_nonfinite on checked arguments; ``fn(model, *args, **kwargs)`` replaces the forward
     call (a training step's own loss). Global state is left as it was (castwise.auditor)."""
     from castwise.auditor import preserved_state
@@ -122,8 +154,9 @@ def locate_in(model: nn.Module, inputs: Any, *, policy: Any, mode: str, device: 
                 applied.remove()
 
 
-def _locate(model: nn.Module, inputs: Any, policy: Any, mode: str, device: str,
-            fn: Callable[..., Any] | None) -> Report:
+def _locate(
+    model: nn.Module, inputs: Any, policy: Any, mode: str, device: str, fn: Callable[..., Any] | None
+) -> Report:
     inputs = _run.real_inputs(inputs, device)
     findings: list[Finding] = []
     bad = _run.nonfinite_state(model, inputs)
@@ -132,8 +165,11 @@ def _locate(model: nn.Module, inputs: Any, policy: Any, mode: str, device: str,
     wrapper = _run.Capture(model, fn)
     result = _run.traced(model, wrapper, inputs, mode, device, [observer])
     p = observer.best
-    numerics: dict[str, Any] = {"ops_checked": observer.ops_checked, "final_nonfinite": result.final_nonfinite,
-                                "modules": {}}
+    numerics: dict[str, Any] = {
+        "ops_checked": observer.ops_checked,
+        "final_nonfinite": result.final_nonfinite,
+        "modules": {},
+    }
     if bad:
         findings.append(_state_finding(bad, mode))
     elif p is not None:
@@ -143,27 +179,51 @@ def _locate(model: nn.Module, inputs: Any, policy: Any, mode: str, device: str,
             wide = _wide_rerun(model, wrapper, inputs, mode, device, p)
         verdict, cause = _verdict(p, wide)
         findings.append(finding_of(p, verdict, cause, not result.final_nonfinite, mode))
-        numerics["modules"][p.module] = {"phase": p.phase, "op": p.op, "verdict": verdict, "inputs": p.inputs,
-                                         "output": p.output, "limits": limits(p.out_dtype)}
+        numerics["modules"][p.module] = {
+            "phase": p.phase,
+            "op": p.op,
+            "verdict": verdict,
+            "inputs": p.inputs,
+            "output": p.output,
+            "limits": limits(p.out_dtype),
+        }
     elif result.final_nonfinite:
-        findings.append(Finding(code="CW304", module="", modes=(mode,), message=(
-            "The outputs or gradients hold NaN/Inf but no traced op made it from finite inputs (it came "
-            "from outside the model's ops: a hook, an optimizer, a custom kernel the tracer cannot see).")))
+        findings.append(
+            Finding(
+                code="CW304",
+                module="",
+                modes=(mode,),
+                message=(
+                    "The outputs or gradients hold NaN/Inf but no traced op made it from finite inputs (it came "
+                    "from outside the model's ops: a hook, an optimizer, a custom kernel the tracer cannot see)."
+                ),
+            )
+        )
     if result.error is not None:
         numerics["error"] = f"{type(result.error).__name__}: {result.error}"
     return Report(
         findings=findings,
-        runs=[Run(mode, device, None if policy is None else str(policy),
-                  "error" if any(f.level == "error" for f in findings)
-                  else "incomplete" if result.error is not None else "ok")],
+        runs=[
+            Run(
+                mode,
+                device,
+                None if policy is None else str(policy),
+                "error"
+                if any(f.level == "error" for f in findings)
+                else "incomplete"
+                if result.error is not None
+                else "ok",
+            )
+        ],
         summary={"numerics": numerics},
         title=f"castwise numerics --locate (real tensors, device {device}, policy "
-              f"{policy if policy is not None else 'none'})",
+        f"{policy if policy is not None else 'none'})",
     )
 
 
-def locate_nonfinite(model: nn.Module, inputs: Any, *, policy: Any = None, mode: str = "train",
-                     device: str | None = None) -> Report:
+def locate_nonfinite(
+    model: nn.Module, inputs: Any, *, policy: Any = None, mode: str = "train", device: str | None = None
+) -> Report:
     """Run ``model`` on ``inputs`` on real tensors (forward, and backward in train mode) and
     report the first op, in execution order, that made a NaN/Inf from inputs without one.
 

@@ -23,12 +23,24 @@ if TYPE_CHECKING:
 
 _LOW = (torch.float16, torch.bfloat16)
 # frames that are plumbing, not the user's code: the innermost frame outside them is "the user's line"
-_PLUMBING = ("/torch/", "/castwise/", "/transformers/modeling_utils", "/transformers/utils/",
-             "/transformers/integrations/", "/transformers/pytorch_utils", "/transformers/masking_utils",
-             "/transformers/modeling_layers", "/transformers/generation/", "/lightning/", "/contextlib.py",
-             "/functools.py", "/timm/layers/_fx", "<")
-_SENTINEL = {torch.float32: float(torch.finfo(torch.float32).max), torch.float64: float(torch.finfo(torch.float64).max),
-             torch.float16: float(torch.finfo(torch.float16).max), torch.bfloat16: float(torch.finfo(torch.bfloat16).max)}
+_PLUMBING = (
+    "/torch/",
+    "/castwise/",
+    "/transformers/modeling_utils",
+    "/transformers/utils/",
+    "/transformers/integrations/",
+    "/transformers/pytorch_utils",
+    "/transformers/masking_utils",
+    "/transformers/modeling_layers",
+    "/transformers/generation/",
+    "/lightning/",
+    "/contextlib.py",
+    "/functools.py",
+    "/timm/layers/_fx",
+    "<",
+)
+# a dtype's own largest value: what a finfo(dtype).min/max mask fill writes
+_SENTINEL = {d: float(torch.finfo(d).max) for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 HIST_LO = -160  # log2 of the smallest magnitude binned (below float32's smallest subnormal, 2**-149)
 HIST_HI = 130  # above float32's largest finite value (2**128)
 HIST_BINS = HIST_HI - HIST_LO  # one bin per power of two: bin i holds [2**(LO+i), 2**(LO+i+1))
@@ -77,8 +89,12 @@ def tensor_range(t: torch.Tensor) -> dict[str, Any]:
 
 def limits(dtype: torch.dtype) -> dict[str, Any]:
     fi = torch.finfo(dtype)
-    return {"dtype": short_of(dtype), "max": float(fi.max), "smallest_normal": float(fi.smallest_normal),
-            "smallest_subnormal": float(fi.smallest_normal) * float(fi.eps)}
+    return {
+        "dtype": short_of(dtype),
+        "max": float(fi.max),
+        "smallest_normal": float(fi.smallest_normal),
+        "smallest_subnormal": float(fi.smallest_normal) * float(fi.eps),
+    }
 
 
 @dataclass
@@ -156,8 +172,9 @@ class NonfiniteObserver(Observer):
         else:
             in_kinds = [kinds(t) for t in _floats(call.tensors)]
         self._pre = None
-        scalars = [float(x) for x in (*call.args, *call.kwargs.values())
-                   if isinstance(x, float) and not math.isfinite(x)]
+        scalars = [
+            float(x) for x in (*call.args, *call.kwargs.values()) if isinstance(x, float) and not math.isfinite(x)
+        ]
         in_nan = any(n for n, _ in in_kinds) or any(math.isnan(s) for s in scalars)
         in_nonfinite = in_nan or any(i for _, i in in_kinds) or bool(scalars)
         made_nan = out_nan and not in_nan
@@ -165,8 +182,11 @@ class NonfiniteObserver(Observer):
         if not (made_nan or made_inf):
             return
         producer = self._producer(call, outs, index, made_nan, made_inf, scalars)
-        if call.phase == "forward" and torch.is_grad_enabled() and \
-                not any(t.requires_grad for t in _floats(call.tensors)):
+        if (
+            call.phase == "forward"
+            and torch.is_grad_enabled()
+            and not any(t.requires_grad for t in _floats(call.tensors))
+        ):
             if len(self.secondary) < 8:
                 self.secondary.append(producer)
             return
@@ -177,8 +197,9 @@ class NonfiniteObserver(Observer):
         """The first producer whose values carry a gradient, else the first at all."""
         return self.found or (self.secondary[0] if self.secondary else None)
 
-    def _producer(self, call: OpCall, outs: list[torch.Tensor], index: int, made_nan: bool, made_inf: bool,
-                  scalars: list[float]) -> Producer:
+    def _producer(
+        self, call: OpCall, outs: list[torch.Tensor], index: int, made_nan: bool, made_inf: bool, scalars: list[float]
+    ) -> Producer:
         in_place = bool(call.func._schema.is_mutable)
         rerun_finite: bool | None = None
         rerun_absmax: float | None = None
@@ -186,23 +207,33 @@ class NonfiniteObserver(Observer):
             try:
                 args, kwargs = tree_map(_widen, (call.args, call.kwargs))
                 wide = call.func(*args, **kwargs)
-                wides = _floats([wide] if isinstance(wide, torch.Tensor)
-                                else [w for w in wide if isinstance(w, torch.Tensor)])
+                wides = _floats(
+                    [wide] if isinstance(wide, torch.Tensor) else [w for w in wide if isinstance(w, torch.Tensor)]
+                )
                 rerun_finite = all(bool(torch.isfinite(w).all()) for w in wides)
                 rerun_absmax = max((float(w.abs().max()) for w in wides if w.numel()), default=0.0)
             except Exception:  # an op without a wider kernel: the whole-run rerun decides
                 rerun_finite = None
         node = None
         if call.phase == "backward":
-            n: Any = call.tracer.current_node if not call.tracer.use_engine_node \
-                else torch._C._current_autograd_node()
+            n: Any = call.tracer.current_node if not call.tracer.use_engine_node else torch._C._current_autograd_node()
             node = n.name() if n is not None else None
         made = "nan+inf" if made_nan and made_inf else "nan" if made_nan else "inf"
         return Producer(
-            module=call.module, op=call.name, phase=call.phase, made=made, out_dtype=outs[0].dtype,
-            output=tensor_range(outs[0]), inputs=[tensor_range(t) for t in _floats(call.tensors)],
-            scalars=scalars, source=user_line() if call.phase == "forward" else None, node=node,
-            index=index, rerun_finite=rerun_finite, rerun_absmax=rerun_absmax, in_place=in_place,
+            module=call.module,
+            op=call.name,
+            phase=call.phase,
+            made=made,
+            out_dtype=outs[0].dtype,
+            output=tensor_range(outs[0]),
+            inputs=[tensor_range(t) for t in _floats(call.tensors)],
+            scalars=scalars,
+            source=user_line() if call.phase == "forward" else None,
+            node=node,
+            index=index,
+            rerun_finite=rerun_finite,
+            rerun_absmax=rerun_absmax,
+            in_place=in_place,
         )
 
     def finish(self, trace: Trace) -> None:

@@ -29,9 +29,9 @@ def _build(config: Any) -> Any:
     from transformers import AutoModel, AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     except ValueError:
-        return AutoModel.from_config(config)
+        return AutoModel.from_config(config)  # type: ignore[no-untyped-call]
 
 
 def _param_bytes(config: Any) -> int:
@@ -39,7 +39,7 @@ def _param_bytes(config: Any) -> int:
 
     with torch.device("meta"):
         model = _build(config)
-    return sum(p.numel() for p in model.parameters()) * 4
+    return int(sum(p.numel() for p in model.parameters())) * 4
 
 
 def from_config(path: str) -> tuple[Any, Any, str]:
@@ -54,8 +54,10 @@ def from_config(path: str) -> tuple[Any, Any, str]:
         raw = json.loads(file.read_text(encoding="utf-8"))
         config = AutoConfig.for_model(**raw)
     except (ValueError, KeyError) as exc:
-        raise TargetError(f"target {path!r}: not a transformers config ({exc}); valid: a config.json with "
-                          "model_type, or file.py:function") from exc
+        raise TargetError(
+            f"target {path!r}: not a transformers config ({exc}); valid: a config.json with "
+            "model_type, or file.py:function"
+        ) from exc
     full = _param_bytes(config)
     how = f"random weights from {file.name} (values are those of a fresh initialisation, not a checkpoint's)"
     keys = [k for k in _LAYER_KEYS if isinstance(getattr(config, k, None), int) and getattr(config, k) > 1]
@@ -65,8 +67,10 @@ def from_config(path: str) -> tuple[Any, Any, str]:
         keep = max(1, min(max(layers.values()), int(_budget() // max(per_layer, 1)) - 1))
         for k in keys:
             setattr(config, k, min(layers[k], keep))
-        how = (f"shrunk config: {', '.join(f'{k} {v} -> {getattr(config, k)}' for k, v in layers.items())} "
-               f"({full / 2**20:.0f} MiB of float32 weights does not fit this machine); " + how)
+        how = (
+            f"shrunk config: {', '.join(f'{k} {v} -> {getattr(config, k)}' for k, v in layers.items())} "
+            f"({full / 2**20:.0f} MiB of float32 weights does not fit this machine); " + how
+        )
     torch.manual_seed(0)
     model = _build(config)
     vocab = int(getattr(config, "vocab_size", 0) or 0)

@@ -48,8 +48,13 @@ class _Step:
 
 def _is_nonfinite(x: Any) -> bool:
     if isinstance(x, torch.Tensor):
-        return x.is_floating_point() and x.numel() > 0 and not math.isfinite(
-            float(x.detach().sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)))
+        return (
+            x.is_floating_point()
+            and x.numel() > 0
+            and not math.isfinite(
+                float(x.detach().sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))
+            )
+        )
     if isinstance(x, float):
         return not math.isfinite(x)
     return False
@@ -72,13 +77,16 @@ class Watch:
     """The armed watch (see :func:`watch`). ``report``: the replay's report once a step went
     non-finite; ``steps``: the training steps seen."""
 
-    def __init__(self, model: nn.Module, on_nonfinite: str | Callable[[Report], Any], replay: Any,
-                 check_outputs: bool) -> None:
+    def __init__(
+        self, model: nn.Module, on_nonfinite: str | Callable[[Report], Any], replay: Any, check_outputs: bool
+    ) -> None:
         if not isinstance(model, nn.Module):
             raise CastwiseError(f"watch needs a torch.nn.Module, got {type(model).__name__}")
         if not callable(on_nonfinite) and on_nonfinite not in ACTIONS:
-            raise CastwiseError(f"on_nonfinite={on_nonfinite!r} is not valid; valid: {', '.join(ACTIONS)} or a "
-                                "callable taking the Report")
+            raise CastwiseError(
+                f"on_nonfinite={on_nonfinite!r} is not valid; valid: {', '.join(ACTIONS)} or a "
+                "callable taking the Report"
+            )
         self.model = model
         self.on_nonfinite = on_nonfinite
         self.replay_fn = replay
@@ -129,8 +137,13 @@ class Watch:
 
     # -- checking ------------------------------------------------------------------------------
 
-    def check(self, loss: Any = None, *, grad_norm: Any = None, replay: Callable[[nn.Module], Any] | None = None,
-              ) -> Report | None:
+    def check(
+        self,
+        loss: Any = None,
+        *,
+        grad_norm: Any = None,
+        replay: Callable[[nn.Module], Any] | None = None,
+    ) -> Report | None:
         """Look at a loss and/or a gradient norm the loop computed anyway (call it before
         ``optimizer.step()``); on the first non-finite one, replay the step and act. ``replay``:
         how the step computes its loss from the model (``lambda m: criterion(m(x), y)``), when
@@ -145,12 +158,16 @@ class Watch:
     def fire(self, what: str, replay: Callable[[nn.Module], Any] | None = None) -> Report | None:
         step = self._last
         if step is None:
-            raise CastwiseError("watch saw a non-finite value but no training forward ran while it was armed: "
-                                "call the model inside `with castwise.watch(model):` in train mode")
+            raise CastwiseError(
+                "watch saw a non-finite value but no training forward ran while it was armed: "
+                "call the model inside `with castwise.watch(model):` in train mode"
+            )
         report = self._replay(step, replay or self.replay_fn)
         self.report = report
-        message = (f"castwise.watch: {what} went non-finite at step {step.number}; the replay (same inputs, random "
-                   f"state and weights, before the optimizer step) says:\n{report}")
+        message = (
+            f"castwise.watch: {what} went non-finite at step {step.number}; the replay (same inputs, random "
+            f"state and weights, before the optimizer step) says:\n{report}"
+        )
         if callable(self.on_nonfinite):
             self.on_nonfinite(report)
         elif self.on_nonfinite == "warn":
@@ -182,21 +199,35 @@ class Watch:
                     inputs = ()
                 else:
                     fn = None  # type: ignore[assignment]
-                report = locate_in(self.model, inputs, policy=None, mode="train",
-                                   device=model_device(self.model), fn=fn)
+                report = locate_in(
+                    self.model, inputs, policy=None, mode="train", device=model_device(self.model), fn=fn
+                )
         finally:
             self._replaying = False
             now_autocast.restore()
             torch.set_rng_state(now_rng)
         if not report.findings:
-            report.findings.append(Finding(code="CW305", module="", modes=("train",), message=(
-                f"Step {step.number} went non-finite, but its replay (same inputs, random state and weights) "
-                "made no NaN/Inf in the model's ops.")))
+            report.findings.append(
+                Finding(
+                    code="CW305",
+                    module="",
+                    modes=("train",),
+                    message=(
+                        f"Step {step.number} went non-finite, but its replay (same inputs, random state and weights) "
+                        "made no NaN/Inf in the model's ops."
+                    ),
+                )
+            )
         return report
 
 
-def watch(model: nn.Module, *, on_nonfinite: str | Callable[[Report], Any] = "raise",
-          replay: Callable[[nn.Module], Any] | None = None, check_outputs: bool = True) -> Watch:
+def watch(
+    model: nn.Module,
+    *,
+    on_nonfinite: str | Callable[[Report], Any] = "raise",
+    replay: Callable[[nn.Module], Any] | None = None,
+    check_outputs: bool = True,
+) -> Watch:
     """A context manager for a training loop: ``with castwise.watch(model) as w: ...``.
 
     While open, every training-mode forward of ``model`` (grad enabled) is recorded (input
@@ -217,8 +248,13 @@ class StepWatch:
     index)`` is how the trainer runs a step (a LightningModule's ``training_step``); ``context()``
     the context it runs it in (the trainer's autocast), re-entered for the replay."""
 
-    def __init__(self, model: nn.Module, on_nonfinite: str | Callable[[Report], Any],
-                 step: Callable[[nn.Module, Any, int], Any], context: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        on_nonfinite: str | Callable[[Report], Any],
+        step: Callable[[Any, Any, int], Any],
+        context: Callable[[], Any] | None = None,
+    ) -> None:
         self.watch = Watch(model, on_nonfinite, None, check_outputs=False)
         self.step = step
         self.context = context

@@ -6,8 +6,10 @@ from castwise.rules import Rule
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        code="CW301", name="nonfinite-from-precision",
-        category="FP16_RANGE_OVERFLOW", severity="error",
+        code="CW301",
+        name="nonfinite-from-precision",
+        category="FP16_RANGE_OVERFLOW",
+        severity="error",
         summary="An op made NaN/Inf that a wider dtype computes finite: precision caused it.",
         detects=(
             "locate_nonfinite (or watch's replay of a non-finite step) ran the model on real tensors "
@@ -33,8 +35,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW302", name="nonfinite-real-bug",
-        category=None, severity="error",
+        code="CW302",
+        name="nonfinite-real-bug",
+        category=None,
+        severity="error",
         summary="An op made NaN/Inf that float32 makes too: a bug in the computation, not the precision.",
         detects=(
             "The first op that made a NaN/Inf from inputs without it (found as for CW301) still "
@@ -57,8 +61,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW303", name="nonfinite-weights-or-inputs",
-        category=None, severity="error",
+        code="CW303",
+        name="nonfinite-weights-or-inputs",
+        category=None,
+        severity="error",
         summary="NaN/Inf is already in the parameters, buffers or inputs before any op runs.",
         detects=(
             "Before the run, a parameter, a buffer or a model input holds NaN/Inf: no op of the "
@@ -80,8 +86,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW304", name="nonfinite-outside-traced-ops",
-        category=None, severity="warning",
+        code="CW304",
+        name="nonfinite-outside-traced-ops",
+        category=None,
+        severity="warning",
         summary="Outputs or gradients are non-finite, but no traced op made NaN/Inf from finite inputs.",
         detects=(
             "The run ends with NaN/Inf in the outputs or the gradients, yet every op the tracer saw "
@@ -90,15 +98,14 @@ RULES: tuple[Rule, ...] = (
             "hook, a custom kernel that writes in place)."
         ),
         why="The producer is outside the model's ops; the usual hunt has to look at hooks and extensions.",
-        example=(
-            "p.register_hook(lambda g: g / 0)\n"
-            "castwise.locate_nonfinite(model, x)  # CW304"
-        ),
+        example=("p.register_hook(lambda g: g / 0)\ncastwise.locate_nonfinite(model, x)  # CW304"),
         fix="Check gradient hooks, custom autograd Functions' backward and extensions that write into tensors.",
     ),
     Rule(
-        code="CW305", name="nonfinite-step-not-reproduced",
-        category=None, severity="warning",
+        code="CW305",
+        name="nonfinite-step-not-reproduced",
+        category=None,
+        severity="warning",
         summary="A training step went non-finite, but its replay (same batch, RNG and weights) stayed finite.",
         detects=(
             "castwise.watch saw a non-finite loss or gradient norm and replayed the step under "
@@ -110,18 +117,17 @@ RULES: tuple[Rule, ...] = (
             "the model, a loss computed outside the watched call), or the NaN came from state the "
             "replay does not restore."
         ),
-        example=(
-            "with castwise.watch(model) as w:\n"
-            "    ...  # CW305: the replay of step 41230 stayed finite"
-        ),
+        example=("with castwise.watch(model) as w:\n    ...  # CW305: the replay of step 41230 stayed finite"),
         fix=(
             "Pass the step's own loss computation to watch (`replay=`), turn on deterministic "
             "algorithms, and run locate_nonfinite on the saved batch."
         ),
     ),
     Rule(
-        code="CW310", name="forecast-overflow",
-        category="FP16_RANGE_OVERFLOW", severity="warning",
+        code="CW310",
+        name="forecast-overflow",
+        category="FP16_RANGE_OVERFLOW",
+        severity="warning",
         summary="A module's values would overflow the target dtype (forecast from a wider run).",
         detects=(
             "forecast ran the model once in its current precision, streaming every op's absmax: an "
@@ -143,8 +149,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW311", name="forecast-flush-to-zero",
-        category=None, severity="warning",
+        code="CW311",
+        name="forecast-flush-to-zero",
+        category=None,
+        severity="warning",
         summary="A share of a module's non-zero activations would flush to zero in the target dtype.",
         detects=(
             "The power-of-two histogram of the module's outputs (forecast's streamed reduction) puts "
@@ -162,8 +170,10 @@ RULES: tuple[Rule, ...] = (
         fix="Keep the module in float32 (`keep[<module>]=f32`), or use bfloat16, whose range is float32's.",
     ),
     Rule(
-        code="CW312", name="forecast-gradient-underflow",
-        category=None, severity="warning",
+        code="CW312",
+        name="forecast-gradient-underflow",
+        category=None,
+        severity="warning",
         summary="A share of a module's gradients would flush to zero in the target dtype without loss scaling.",
         detects=(
             "In the backward half of forecast's run, more than the threshold share of the non-zero "
@@ -183,8 +193,10 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
-        code="CW313", name="float8-leave-out",
-        category=None, severity="warning",
+        code="CW313",
+        name="float8-leave-out",
+        category=None,
+        severity="warning",
         summary="A Linear layer to leave out of float8 training.",
         detects=(
             "For a float8 target (e4m3fn, e5m2), forecast scores each Linear's input and weight as "
