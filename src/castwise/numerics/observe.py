@@ -55,6 +55,20 @@ def user_line() -> str | None:
     return None
 
 
+# ops whose output is uninitialised memory (overwritten next): garbage NaNs are not made values
+_UNINITIALISED = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+                            "aten.new_empty_strided", "aten.empty_permuted"})
+
+
+def _inputs(call: OpCall) -> list[torch.Tensor]:
+    """The op's floating tensor inputs: an ``out=`` tensor is a destination, not an input."""
+    if "out" not in call.kwargs:
+        return _floats(call.tensors)
+    out = call.kwargs["out"]
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return _floats([t for t in call.tensors if not any(t is o for o in outs)])
+
+
 def _floats(ts: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t for t in ts if t.is_floating_point() and not t.is_nested and t.numel()]
 
@@ -148,7 +162,7 @@ class NonfiniteObserver(Observer):
     def check(self, call: OpCall) -> None:
         # an in-place op overwrites its inputs: look at them before it runs
         if self.found is None and call.func._schema.is_mutable:
-            self._pre = (call, [kinds(t) for t in _floats(call.tensors)])
+            self._pre = (call, [kinds(t) for t in _inputs(call)])
         return None
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
@@ -157,8 +171,8 @@ class NonfiniteObserver(Observer):
         key = (call.module, call.name, call.phase)
         index = self.counts.get(key, 0)
         self.counts[key] = index + 1
-        if call.func.is_view:
-            return  # a view shows its base's values: never a producer
+        if call.func.is_view or call.name in _UNINITIALISED:
+            return  # a view shows its base's values; empty memory holds no computed value
         outs = _floats(outputs)
         self.ops_checked += 1
         if not outs or all(_sum_is_finite(o) for o in outs):
@@ -170,7 +184,7 @@ class NonfiniteObserver(Observer):
         if self._pre is not None and self._pre[0] is call:
             in_kinds = self._pre[1]
         else:
-            in_kinds = [kinds(t) for t in _floats(call.tensors)]
+            in_kinds = [kinds(t) for t in _inputs(call)]
         self._pre = None
         scalars = [
             float(x) for x in (*call.args, *call.kwargs.values()) if isinstance(x, float) and not math.isfinite(x)
@@ -185,7 +199,7 @@ class NonfiniteObserver(Observer):
         if (
             call.phase == "forward"
             and torch.is_grad_enabled()
-            and not any(t.requires_grad for t in _floats(call.tensors))
+            and not any(t.requires_grad for t in _inputs(call))
         ):
             if len(self.secondary) < 8:
                 self.secondary.append(producer)
@@ -226,7 +240,7 @@ class NonfiniteObserver(Observer):
             made=made,
             out_dtype=outs[0].dtype,
             output=tensor_range(outs[0]),
-            inputs=[tensor_range(t) for t in _floats(call.tensors)],
+            inputs=[tensor_range(t) for t in _inputs(call)],
             scalars=scalars,
             source=user_line() if call.phase == "forward" else None,
             node=node,
