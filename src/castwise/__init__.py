@@ -22,6 +22,9 @@ _LAZY: dict[str, str] = {
     "Explanation": "castwise.diagnosis.explain",
     "diagnose": "castwise.diagnosis.context",
     "lint_config": "castwise.lint",
+    "locate_nonfinite": "castwise.numerics.locate",
+    "forecast": "castwise.numerics.forecast",
+    "watch": "castwise.numerics.watch",
     "Report": "castwise.report",
     "Finding": "castwise.report",
     "Origin": "castwise.report",
@@ -54,7 +57,10 @@ __all__ = [
     "audit",
     "diagnose",
     "explain",
+    "forecast",
     "lint_config",
+    "locate_nonfinite",
+    "watch",
 ]
 
 if TYPE_CHECKING:
@@ -72,6 +78,9 @@ if TYPE_CHECKING:
         TargetError,
     )
     from castwise.lint import lint_config
+    from castwise.numerics.forecast import forecast
+    from castwise.numerics.locate import locate_nonfinite
+    from castwise.numerics.watch import watch
     from castwise.policy import ModuleRule, Policy
     from castwise.report import Finding, Origin, Report
 
