@@ -145,7 +145,7 @@ def widen_inputs(obj: Any) -> Any:
     return obj
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
     trace: Any
     out: Any

@@ -111,7 +111,7 @@ def limits(dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Producer:
     """The first op that made a NaN or Inf its inputs did not have."""
 

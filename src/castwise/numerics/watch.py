@@ -36,7 +36,7 @@ class NonfiniteError(CastwiseError, FloatingPointError):
         self.report = report
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Step:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
