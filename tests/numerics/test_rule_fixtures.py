@@ -70,7 +70,7 @@ def test_cli_runs_a_fixture_with_the_documented_exit_code(name: str, args: list[
     assert result.exit_code == code, result.output
     import json
 
-    payload = json.loads(result.output)
+    payload = json.loads(result.stdout)
     assert payload["findings"][0]["code"] == name.split("_")[0]
     assert "numerics" in payload["summary"]
 
@@ -84,3 +84,23 @@ def test_cli_usage_errors_exit_2() -> None:
     assert bad.exit_code == 2 and "valid:" in bad.output
     assert runner.invoke(numerics_command, ["nowhere.py:build", "--locate"]).exit_code == 2
     assert torch.is_grad_enabled()
+
+
+def test_config_json_target_too_large_is_shrunk_and_the_report_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {"model_type": "gpt2", "n_layer": 12, "n_embd": 32, "n_head": 4, "vocab_size": 64, "n_positions": 32}
+        )
+    )
+    monkeypatch.setenv("CASTWISE_NUMERICS_MAX_BYTES", "200000")  # room for about two of the twelve layers
+    result = CliRunner().invoke(numerics_command, [str(config), "--forecast", "bf16", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    built = json.loads(result.stdout)["summary"]["numerics"]["built"]
+    assert built.startswith("shrunk config: num_hidden_layers 12 -> ") and "random weights" in built
+    kept = int(built.split("num_hidden_layers 12 -> ")[1].split(",")[0])
+    assert 1 <= kept < 12
