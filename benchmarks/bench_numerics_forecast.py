@@ -32,12 +32,12 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_numerics_locate import ScaleGrad, candidates  # noqa: E402
-from numerics_zoo import MODELS, call, half_inputs, loss_of  # noqa: E402
+from bench_numerics_locate import ScaleGrad, candidates
+from numerics_zoo import MODELS, call, half_inputs, loss_of
 
-from castwise.numerics import _run  # noqa: E402
-from castwise.numerics.forecast import forecast  # noqa: E402
-from castwise.trace.observers import Observer, OpCall  # noqa: E402
+from castwise.numerics import _run
+from castwise.numerics.forecast import forecast
+from castwise.trace.observers import Observer, OpCall
 
 
 class OverflowSites(Observer):

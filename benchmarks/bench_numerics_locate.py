@@ -19,6 +19,7 @@ kinds; ``--held-out`` scores an unseen set (another seed range) the same way.
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import sys
 import time
@@ -29,9 +30,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from numerics_zoo import MODELS, call, half_inputs, loss_of  # noqa: E402
+from numerics_zoo import MODELS, call, half_inputs, loss_of
 
-from castwise.numerics.locate import locate_nonfinite  # noqa: E402
+from castwise.numerics.locate import locate_nonfinite
 
 KINDS = ("fwd_precision", "fwd_bug", "bwd_precision", "bwd_bug")
 
@@ -122,17 +123,15 @@ def plant(model: nn.Module, name: str, kind: str, stats: tuple[float, float], rn
     module.forward = forward  # type: ignore[method-assign]
 
 
-def one_fault(model_name: str, kind: str, rng: random.Random) -> dict[str, Any] | None:
-    torch.manual_seed(rng.randrange(1 << 30))
-    model, inputs = MODELS[model_name]()
-    cands = candidates(model, inputs)
-    if not cands:
-        return None
+def one_fault(base: nn.Module, inputs: Any, cands: dict[str, tuple[float, float]], model_name: str, kind: str,
+              rng: random.Random) -> dict[str, Any]:
     target = rng.choice(sorted(cands))
+    model = copy.deepcopy(base)
     half = kind.endswith("precision") or rng.random() < 0.5
     if half:
         model, inputs = model.half(), half_inputs(inputs)
     plant(model, target, kind, cands[target], rng)
+    torch.manual_seed(rng.randrange(1 << 30))
     start = time.perf_counter()
     report = locate_nonfinite(model, inputs)
     seconds = time.perf_counter() - start
@@ -158,10 +157,11 @@ def main() -> None:
     rows = []
     for m_index, model_name in enumerate(args.models.split(",")):
         rng = random.Random(seed * 1000 + m_index)
+        torch.manual_seed(rng.randrange(1 << 30))
+        base, inputs = MODELS[model_name]()
+        cands = candidates(base, inputs)  # a fresh copy of this model per fault
         for i in range(args.per_model):
-            row = one_fault(model_name, KINDS[i % len(KINDS)], rng)
-            if row is None:
-                continue
+            row = one_fault(base, inputs, cands, model_name, KINDS[i % len(KINDS)], rng)
             rows.append(row)
             if args.verbose or not row["located"] or not row["verdict"]:
                 print(("ok  " if row["located"] and row["verdict"] else "MISS"), row, flush=True)

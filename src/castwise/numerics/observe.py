@@ -56,8 +56,16 @@ def user_line() -> str | None:
 
 
 # ops whose output is uninitialised memory (overwritten next): garbage NaNs are not made values
-_UNINITIALISED = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
-                            "aten.new_empty_strided", "aten.empty_permuted"})
+_UNINITIALISED = frozenset(
+    {
+        "aten.empty",
+        "aten.empty_like",
+        "aten.empty_strided",
+        "aten.new_empty",
+        "aten.new_empty_strided",
+        "aten.empty_permuted",
+    }
+)
 
 
 def _inputs(call: OpCall) -> list[torch.Tensor]:
@@ -181,10 +189,8 @@ class NonfiniteObserver(Observer):
         for o in outs:
             n, i = kinds(o)
             out_nan, out_inf = out_nan or n, out_inf or i
-        if self._pre is not None and self._pre[0] is call:
-            in_kinds = self._pre[1]
-        else:
-            in_kinds = [kinds(t) for t in _inputs(call)]
+        pre = self._pre
+        in_kinds = pre[1] if pre is not None and pre[0] is call else [kinds(t) for t in _inputs(call)]
         self._pre = None
         scalars = [
             float(x) for x in (*call.args, *call.kwargs.values()) if isinstance(x, float) and not math.isfinite(x)
@@ -196,11 +202,7 @@ class NonfiniteObserver(Observer):
         if not (made_nan or made_inf):
             return
         producer = self._producer(call, outs, index, made_nan, made_inf, scalars)
-        if (
-            call.phase == "forward"
-            and torch.is_grad_enabled()
-            and not any(t.requires_grad for t in _inputs(call))
-        ):
+        if call.phase == "forward" and torch.is_grad_enabled() and not any(t.requires_grad for t in _inputs(call)):
             if len(self.secondary) < 8:
                 self.secondary.append(producer)
             return
