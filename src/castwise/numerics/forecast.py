@@ -96,15 +96,27 @@ def _loss_scale(hist: list[float], flush_log2: float, absmax: float, tmax: float
     return max(min(headroom, 24), 0) if sum(hist) / total else 0
 
 
-def _origins(rec: RangeRecord, tmax: float) -> dict[tuple[str, str], list[tuple[str, float]]]:
-    """(module, phase) -> [(op, output absmax)] for ops that pass ``tmax`` from inputs within it."""
+_LIBRARIES = ("torch", "transformers", "timm", "torchvision", "open_clip")
+
+
+def computes_in_float32(module: nn.Module) -> bool:
+    """Normalisation layers of torch and the model libraries compute in float32 inside (fused
+    kernels accumulate in float32; transformers' and timm's norms upcast explicitly): their
+    internal intermediates are not stored in the target dtype. A user's own norm is not assumed to."""
+    cls = type(module)
+    return "Norm" in cls.__name__ and cls.__module__.split(".")[0] in _LIBRARIES
+
+
+def _origins(rec: RangeRecord, tmax: float, skip: set[str]) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """(module, phase) -> [(op, output absmax)] for ops that pass ``tmax`` from inputs within it
+    (ops directly in a module of ``skip``, which computes in float32, are left out)."""
     if not rec.op_out:
         return {}
     outs = torch.stack(rec.op_out).tolist()
     ins = torch.stack(rec.op_in).tolist()
     found: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for (module, op, phase), o, i in zip(rec.op_keys, outs, ins, strict=True):
-        if o > tmax and i <= tmax:
+        if o > tmax and i <= tmax and module not in skip:
             found.setdefault((module, phase), []).append((op, o))
     return found
 
@@ -298,7 +310,8 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
     observer = RangeObserver(fixed, scaled)
     result = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer])
     rec = observer.rec
-    origins = {} if t.float8 else _origins(rec, t.max)  # per-tensor float8 scaling does not overflow
+    wide = {name for name, m in model.named_modules() if computes_in_float32(m)}
+    origins = {} if t.float8 else _origins(rec, t.max, wide)  # per-tensor float8 scaling does not overflow
     findings = _overflow_findings(origins, t, mode)
     stats, more = _module_stats(rec, t, origins, mode)
     findings += more
