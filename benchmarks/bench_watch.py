@@ -74,6 +74,19 @@ def overhead(model: nn.Module, batches: list[dict[str, torch.Tensor]]) -> tuple[
     return statistics.median(plain), statistics.median(watched)
 
 
+def own_work(model: nn.Module, batch: dict[str, torch.Tensor], repeats: int = 200) -> float:
+    """Seconds watch adds to one step, timed by itself: the forward wrapper's record (input
+    references, random and autocast state) and the loss check. Robust to a busy machine, where
+    two whole-step medians differ by more than this."""
+    loss = torch.tensor(2.5)
+    with watch(model) as w:
+        start = time.perf_counter()
+        for _ in range(repeats):
+            w.record((), batch)
+            w.check(loss)
+        return (time.perf_counter() - start) / repeats
+
+
 def planted_run(model: nn.Module, seq: int, rng: random.Random) -> tuple[str, str | None, int, int, float]:
     leaves = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "mlp.act", "ln_1", "ln_2")
     names = [n for n, _ in model.named_modules() if n.startswith("transformer.h.") and n.endswith(leaves)]
@@ -118,6 +131,8 @@ def main() -> None:
     plain, watched = overhead(model, batches)
     print(f"GPT-2 {n_params / 1e6:.0f}M parameters, batch 2 x {args.seq}, {args.steps} interleaved steps each")
     print(f"plain step {plain:.3f} s, watched step {watched:.3f} s: watch = {watched / plain:.3f}x (target <= 1.01x)")
+    own = own_work(model, batches[0])
+    print(f"watch's own work per step {own * 1e6:.1f} us = {1 + own / plain:.5f}x a plain step")
 
     batch = batches[0]
     start = time.perf_counter()
