@@ -151,13 +151,17 @@ def main() -> None:
     tp = sum(len(r["predicted"] & r["real"]) for r in rows)
     n_real = sum(len(r["real"]) for r in rows)
     n_pred = sum(len(r["predicted"]) for r in rows)
-    print(f"\nforecast(f16) vs a real float16 run: {len(rows)} cases across {len(ratios)} models (seed {seed}"
-          f"{', held-out' if args.held_out else ''}), {n_real} real overflow sites")
+    print(
+        f"\nforecast(f16) vs a real float16 run: {len(rows)} cases across {len(ratios)} models (seed {seed}"
+        f"{', held-out' if args.held_out else ''}), {n_real} real overflow sites"
+    )
     for kind in kinds:
         sub = [r for r in rows if r["kind"] == kind]
         k_tp = sum(len(r["predicted"] & r["real"]) for r in sub)
-        print(f"  {kind:9s} {len(sub):3d} cases  real sites {sum(len(r['real']) for r in sub):3d}  "
-              f"forecast {sum(len(r['predicted']) for r in sub):3d}  both {k_tp:3d}")
+        print(
+            f"  {kind:9s} {len(sub):3d} cases  real sites {sum(len(r['real']) for r in sub):3d}  "
+            f"forecast {sum(len(r['predicted']) for r in sub):3d}  both {k_tp:3d}"
+        )
     print(f"recall:    {tp}/{n_real} = {tp / max(n_real, 1):.1%} (target >= 95%)")
     print(f"precision: {tp}/{n_pred} = {tp / max(n_pred, 1):.1%} (target >= 90%)")
     for name, ratio in ratios.items():

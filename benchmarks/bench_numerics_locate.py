@@ -123,8 +123,9 @@ def plant(model: nn.Module, name: str, kind: str, stats: tuple[float, float], rn
     module.forward = forward  # type: ignore[method-assign]
 
 
-def one_fault(base: nn.Module, inputs: Any, cands: dict[str, tuple[float, float]], model_name: str, kind: str,
-              rng: random.Random) -> dict[str, Any]:
+def one_fault(
+    base: nn.Module, inputs: Any, cands: dict[str, tuple[float, float]], model_name: str, kind: str, rng: random.Random
+) -> dict[str, Any]:
     target = rng.choice(sorted(cands))
     model = copy.deepcopy(base)
     half = kind.endswith("precision") or rng.random() < 0.5
@@ -138,9 +139,14 @@ def one_fault(base: nn.Module, inputs: Any, cands: dict[str, tuple[float, float]
     first = next((f for f in report.findings if f.code in ("CW301", "CW302")), None)
     want = "CW301" if kind.endswith("precision") else "CW302"
     return {
-        "model": model_name, "kind": kind, "module": target, "dtype": "f16" if half else "f32",
-        "found": None if first is None else first.module, "code": None if first is None else first.code,
-        "located": first is not None and first.module == target, "verdict": first is not None and first.code == want,
+        "model": model_name,
+        "kind": kind,
+        "module": target,
+        "dtype": "f16" if half else "f32",
+        "found": None if first is None else first.module,
+        "code": None if first is None else first.code,
+        "located": first is not None and first.module == target,
+        "verdict": first is not None and first.code == want,
         "seconds": seconds,
     }
 
@@ -168,16 +174,22 @@ def main() -> None:
     n = len(rows)
     located = sum(r["located"] for r in rows)
     verdicts = sum(r["verdict"] for r in rows)
-    print(f"\nlocate_nonfinite on {n} planted faults across {len(set(r['model'] for r in rows))} models "
-          f"(seed {seed}{', held-out' if args.held_out else ''}):")
+    print(
+        f"\nlocate_nonfinite on {n} planted faults across {len(set(r['model'] for r in rows))} models "
+        f"(seed {seed}{', held-out' if args.held_out else ''}):"
+    )
     for kind in KINDS:
         sub = [r for r in rows if r["kind"] == kind]
-        print(f"  {kind:14s} {len(sub):4d} faults  located {sum(r['located'] for r in sub) / max(len(sub), 1):.1%}"
-              f"  verdict {sum(r['verdict'] for r in sub) / max(len(sub), 1):.1%}")
+        print(
+            f"  {kind:14s} {len(sub):4d} faults  located {sum(r['located'] for r in sub) / max(len(sub), 1):.1%}"
+            f"  verdict {sum(r['verdict'] for r in sub) / max(len(sub), 1):.1%}"
+        )
     for model_name in dict.fromkeys(r["model"] for r in rows):
         sub = [r for r in rows if r["model"] == model_name]
-        print(f"  {model_name:26s} located {sum(r['located'] for r in sub)}/{len(sub)}"
-              f"  verdict {sum(r['verdict'] for r in sub)}/{len(sub)}")
+        print(
+            f"  {model_name:26s} located {sum(r['located'] for r in sub)}/{len(sub)}"
+            f"  verdict {sum(r['verdict'] for r in sub)}/{len(sub)}"
+        )
     print(f"producing module named: {located}/{n} = {located / max(n, 1):.1%} (target >= 95%)")
     print(f"right verdict:          {verdicts}/{n} = {verdicts / max(n, 1):.1%} (target >= 95%)")
     print(f"median locate time: {sorted(r['seconds'] for r in rows)[n // 2]:.2f} s")

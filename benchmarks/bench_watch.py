@@ -28,8 +28,9 @@ from castwise.numerics.watch import NonfiniteError, watch
 def build(seq: int) -> tuple[nn.Module, int]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(n_layer=10, n_embd=768, n_head=12, n_positions=max(seq, 128), resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0)
+    cfg = GPT2Config(
+        n_layer=10, n_embd=768, n_head=12, n_positions=max(seq, 128), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     model = GPT2LMHeadModel(cfg)
     return model, sum(p.numel() for p in model.parameters())
 
@@ -145,9 +146,11 @@ def main() -> None:
     print(f"forecast(f16) {forecast_s:.3f} s = {forecast_s / plain:.2f}x a plain step (target <= 1.5x)")
 
     target, found, fault_step, stopped, replay = planted_run(model, args.seq, random.Random(args.seed))
-    print(f"NaN planted in `{target}` at step {fault_step}: watch stopped at step {stopped}, named `{found}` "
-          f"({'right' if found == target and stopped == fault_step else 'WRONG'}); that step with its replay took "
-          f"{replay:.3f} s = {replay / plain:.2f}x a plain step")
+    print(
+        f"NaN planted in `{target}` at step {fault_step}: watch stopped at step {stopped}, named `{found}` "
+        f"({'right' if found == target and stopped == fault_step else 'WRONG'}); that step with its replay took "
+        f"{replay:.3f} s = {replay / plain:.2f}x a plain step"
+    )
 
 
 if __name__ == "__main__":

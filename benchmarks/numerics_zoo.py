@@ -18,9 +18,16 @@ def _ids(vocab: int, n: int = 16, batch: int = 2) -> torch.Tensor:
 def bert() -> tuple[nn.Module, Any]:
     from transformers import BertConfig, BertForMaskedLM
 
-    cfg = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     ids = _ids(128)
     return BertForMaskedLM(cfg), {"input_ids": ids, "labels": ids}
 
@@ -28,8 +35,9 @@ def bert() -> tuple[nn.Module, Any]:
 def gpt2() -> tuple[nn.Module, Any]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = GPT2Config(
+        vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     ids = _ids(128)
     return GPT2LMHeadModel(cfg), {"input_ids": ids, "labels": ids}
 
@@ -37,8 +45,15 @@ def gpt2() -> tuple[nn.Module, Any]:
 def llama() -> tuple[nn.Module, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     ids = _ids(128)
     return LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
 
@@ -46,8 +61,15 @@ def llama() -> tuple[nn.Module, Any]:
 def qwen2() -> tuple[nn.Module, Any]:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = Qwen2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     ids = _ids(128)
     return Qwen2ForCausalLM(cfg), {"input_ids": ids, "labels": ids}
 
@@ -55,8 +77,17 @@ def qwen2() -> tuple[nn.Module, Any]:
 def t5() -> tuple[nn.Module, Any]:
     from transformers import T5Config, T5ForConditionalGeneration
 
-    cfg = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
-                   decoder_start_token_id=0, pad_token_id=0)
+    cfg = T5Config(
+        vocab_size=128,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
     ids = _ids(128)
     return T5ForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
 
@@ -64,10 +95,18 @@ def t5() -> tuple[nn.Module, Any]:
 def vit() -> tuple[nn.Module, Any]:
     from transformers import ViTConfig, ViTForImageClassification
 
-    cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=64, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return ViTForImageClassification(cfg), {"pixel_values": torch.randn(2, 3, 32, 32),
-                                            "labels": torch.tensor([1, 2])}
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return ViTForImageClassification(cfg), {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([1, 2])}
 
 
 def timm_convnext() -> tuple[nn.Module, Any]:
@@ -99,8 +138,15 @@ class Seq2Seq(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.transformer = nn.Transformer(d_model=32, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
-                                          dim_feedforward=64, dropout=0.0, batch_first=True)
+        self.transformer = nn.Transformer(
+            d_model=32,
+            nhead=4,
+            num_encoder_layers=2,
+            num_decoder_layers=2,
+            dim_feedforward=64,
+            dropout=0.0,
+            batch_first=True,
+        )
         self.head = nn.Linear(32, 8)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
@@ -128,10 +174,18 @@ def nn_lstm() -> tuple[nn.Module, Any]:
 
 
 MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {
-    "bert": bert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "t5": t5, "vit": vit,
-    "timm_convnext": timm_convnext, "timm_efficientnet": timm_efficientnet,
-    "torchvision_resnet18": torchvision_resnet, "torchvision_mobilenet_v3": torchvision_mobilenet,
-    "nn_transformer": nn_transformer, "nn_lstm": nn_lstm,
+    "bert": bert,
+    "gpt2": gpt2,
+    "llama": llama,
+    "qwen2": qwen2,
+    "t5": t5,
+    "vit": vit,
+    "timm_convnext": timm_convnext,
+    "timm_efficientnet": timm_efficientnet,
+    "torchvision_resnet18": torchvision_resnet,
+    "torchvision_mobilenet_v3": torchvision_mobilenet,
+    "nn_transformer": nn_transformer,
+    "nn_lstm": nn_lstm,
 }
 
 

@@ -78,6 +78,7 @@ def _run(
     device: str | None,
 ) -> Any:
     model, inputs, built = _load(target)
+    report: Any
     if which == "--locate":
         from castwise.numerics.locate import locate_nonfinite
 
