@@ -307,11 +307,11 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
             if x.is_floating_point() and x.numel()
         }
     scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
-    observer = RangeObserver(fixed, scaled)
+    wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
+    observer = RangeObserver(fixed, scaled, wide)
     result = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer])
     rec = observer.rec
-    wide = {name for name, m in model.named_modules() if computes_in_float32(m)}
-    origins = {} if t.float8 else _origins(rec, t.max, wide)  # per-tensor float8 scaling does not overflow
+    origins = {} if t.float8 else _origins(rec, t.max, set(wide))  # per-tensor float8 scaling does not overflow
     findings = _overflow_findings(origins, t, mode)
     stats, more = _module_stats(rec, t, origins, mode)
     findings += more

@@ -348,13 +348,27 @@ class RangeObserver(Observer):
 
     name = "ranges"
 
-    def __init__(self, fixed: dict[int, torch.Tensor], scaled_limit: tuple[float, float] | None = None) -> None:
+    def __init__(
+        self,
+        fixed: dict[int, torch.Tensor],
+        scaled_limit: tuple[float, float] | None = None,
+        wide: frozenset[str] = frozenset(),
+    ) -> None:
         from castwise.trace.tracer import _AttrMap
 
         self.fixed = fixed  # id(parameter or buffer) -> absmax, computed once before the run
         self.amax = _AttrMap("amax")
+        # the largest magnitude anywhere in a tensor's lineage: once a value passed the target's
+        # limit the target holds Inf there, and everything computed from it inherits it, even
+        # where the wider run shrinks it back into range
+        self.reach = _AttrMap("reach")
         self.rec = RangeRecord()
         self.scaled_limit = scaled_limit
+        self.wide = wide  # modules that compute in float32 inside: their intermediates add no reach
+
+    def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
+        got: torch.Tensor | None = self.reach.get(t)
+        return self._absmax_of(t) if got is None else got
 
     def _absmax_of(self, t: torch.Tensor) -> torch.Tensor:
         got = self.fixed.get(id(t))
@@ -370,18 +384,22 @@ class RangeObserver(Observer):
         if not outs:
             return
         if call.func.is_view:
-            base = self._absmax_of(call.tensors[0]) if call.tensors else None
-            for o in outs:
-                if base is not None:
+            if call.tensors:
+                base, reach = self._absmax_of(call.tensors[0]), self._reach_of(call.tensors[0])
+                for o in outs:
                     self.amax[o] = base  # a view's values are within its base's
+                    self.reach[o] = reach
             return
-        ins = [self._absmax_of(t) for t in _floats(call.tensors)]
+        ins = [self._reach_of(t) for t in _floats(call.tensors)]
+        in_reach = torch.stack(ins).amax() if ins else torch.zeros(())
+        inside_wide = call.module in self.wide
         rec = self.rec
         key = (call.module, call.phase)
         mr = rec.modules.get(key)
         for o in outs:
             amax = absmax(o)
             self.amax[o] = amax
+            self.reach[o] = in_reach if inside_wide else torch.maximum(in_reach, amax)
             sa, step = _sample(o)
             h = log2_hist(sa, step)
             if mr is None:
@@ -392,7 +410,7 @@ class RangeObserver(Observer):
             mr.ops += 1
             rec.op_keys.append((call.module, call.name, call.phase))
             rec.op_out.append(amax)
-            rec.op_in.append(torch.stack(ins).amax() if ins else torch.zeros(()))
+            rec.op_in.append(in_reach)
 
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
         if self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
