@@ -381,7 +381,7 @@ class RangeObserver(Observer):
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         outs = _floats(outputs)
-        if not outs:
+        if not outs or call.name in _UNINITIALISED:  # empty memory: garbage, not a magnitude
             return
         if call.func.is_view:
             if call.tensors:
