@@ -17,6 +17,7 @@ largest magnitude and a histogram of powers of two, per module and phase. From t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,8 @@ def _loss_scale(hist: list[float], flush_log2: float, absmax: float, tmax: float
 
 
 _LIBRARIES = ("torch", "transformers", "timm", "torchvision", "open_clip")
+# LayerNorm, BatchNorm2d, LlamaRMSNorm, LayerNorm2d; not Conv2dNormActivation (a conv block)
+_NORM = re.compile(r"Norm(\d+d)?$")
 
 
 def computes_in_float32(module: nn.Module) -> bool:
@@ -104,7 +107,7 @@ def computes_in_float32(module: nn.Module) -> bool:
     kernels accumulate in float32; transformers' and timm's norms upcast explicitly): their
     internal intermediates are not stored in the target dtype. A user's own norm is not assumed to."""
     cls = type(module)
-    return "Norm" in cls.__name__ and cls.__module__.split(".")[0] in _LIBRARIES
+    return _NORM.search(cls.__name__) is not None and cls.__module__.split(".")[0] in _LIBRARIES
 
 
 def _origins(rec: RangeRecord, tmax: float, skip: set[str]) -> dict[tuple[str, str], list[tuple[str, float]]]:
