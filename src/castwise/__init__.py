@@ -22,6 +22,9 @@ _LAZY: dict[str, str] = {
     "Explanation": "castwise.diagnosis.explain",
     "diagnose": "castwise.diagnosis.context",
     "lint_config": "castwise.lint",
+    "locate_nonfinite": "castwise.numerics.locate",
+    "forecast": "castwise.numerics.forecast",
+    "watch": "castwise.numerics.watch",
     "Report": "castwise.report",
     "Finding": "castwise.report",
     "Origin": "castwise.report",
@@ -59,8 +62,11 @@ __all__ = [
     "compare",
     "diagnose",
     "explain",
+    "forecast",
     "lint_config",
+    "locate_nonfinite",
     "tune",
+    "watch",
 ]
 
 if TYPE_CHECKING:
@@ -79,7 +85,10 @@ if TYPE_CHECKING:
     )
     from castwise.lint import lint_config
     from castwise.numerics.compare import compare
+    from castwise.numerics.forecast import forecast
+    from castwise.numerics.locate import locate_nonfinite
     from castwise.numerics.tune import Tuned, tune
+    from castwise.numerics.watch import watch
     from castwise.policy import ModuleRule, Policy
     from castwise.report import Finding, Origin, Report
 

@@ -6,7 +6,7 @@ findings, 1 error findings, 2 usage or internal error, 3 the audit could not che
 model, 130 interrupted.
 
 Registering a subcommand that lives elsewhere is one entry in ``COMMANDS``:
-``"numerics": ("castwise.numerics.cli", "numerics_command")``.
+``"numerics": ("castwise.cli.numerics", "numerics_command")``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("castwise.cli.demo", "demo"),
     "explain": ("castwise.cli.explain", "explain"),
     "lint-config": ("castwise.cli.lint_config", "lint_config"),
+    "numerics": ("castwise.cli.numerics", "numerics_command"),
     "rules": ("castwise.cli.rules", "rules"),
 }
 

@@ -64,7 +64,33 @@ def _audited(module: pl.LightningModule, mode: str, precision: str) -> str:
 class CastwiseCallback(GatedCallback, pl.Callback):
     """Audit the LightningModule at fit start; stop on a dtype error, or ``fix=True`` to apply
     the suggested policy and continue. ``mode``: which loops to audit ("both", "train", "eval").
-    Findings name modules as the LightningModule does (``encoder.layers.0``)."""
+    Findings name modules as the LightningModule does (``encoder.layers.0``).
+    ``watch``: also watch every training step's loss (``castwise.watch``); the first non-finite
+    one is replayed under ``castwise.locate_nonfinite`` and raises ``NonfiniteError`` (or
+    ``"warn"``, or a callable given the report)."""
+
+    def __init__(self, *, fix: bool = False, mode: str = "both", watch: Any = False) -> None:
+        super().__init__(fix=fix, mode=mode)
+        self.watch = watch
+        self._watch: Any = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.watch and self._watch is None:
+            from castwise.numerics.watch import StepWatch
+
+            self._watch = StepWatch(pl_module, "raise" if self.watch is True else self.watch,
+                                    lambda m, b, i: m.training_step(b, i), trainer.precision_plugin.train_step_context)
+        if self._watch is not None:
+            self._watch.begin(batch, batch_idx)
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        if self._watch is not None:
+            trainer_ref, pl_module._trainer = pl_module._trainer, None  # the replay's self.log stays out of it
+            try:
+                self._watch.check(loss)
+            finally:
+                pl_module._trainer = trainer_ref
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from castwise.auditor import audit

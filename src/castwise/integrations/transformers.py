@@ -37,7 +37,14 @@ def _audited(mode: str, precision: str | None) -> str:
 
 class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[misc]
     """Audit the model at train begin; stop on an error, or ``fix=True`` to apply the suggested
-    policy and continue."""
+    policy and continue. ``watch``: also watch every training step's loss (``castwise.watch``
+    on the model's forward); the first non-finite one is replayed under
+    ``castwise.locate_nonfinite`` and raises ``NonfiniteError`` (or ``"warn"``, or a callable)."""
+
+    def __init__(self, *, fix: bool = False, mode: str = "both", watch: Any = False) -> None:
+        super().__init__(fix=fix, mode=mode)
+        self.watch = watch
+        self._watch: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         from castwise.auditor import audit
@@ -60,6 +67,13 @@ class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[m
             audited=_audited(self.mode, trainer_precision(args)),
             log=bool(getattr(state, "is_world_process_zero", True)),
         )
+        if self.watch:
+            from castwise.numerics.watch import watch
+
+            self._watch = watch(model, on_nonfinite="raise" if self.watch is True else self.watch).__enter__()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._gate.restore()
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None

@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 
 Phase = Literal["forward", "backward"]
 Mode = Literal["train", "eval"]
+
+
+def as_mode(mode: str) -> Mode:
+    """A run mode, checked ("train" or "eval")."""
+    if mode == "train":
+        return "train"
+    if mode == "eval":
+        return "eval"
+    raise ValueError(f"mode={mode!r} is not a run mode; valid: eval, train")
+
 RunStatus = Literal["ok", "error", "incomplete"]
 
 ProvKind = Literal["param", "buffer", "attribute", "input", "created", "cast", "autocast", "op", "backward"]

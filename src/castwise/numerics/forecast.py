@@ -1,0 +1,342 @@
+"""``castwise.forecast``: where a narrower dtype would overflow or flush to zero, from one run.
+
+The model runs once in its current precision (or under ``policy``) on real tensors. Every op's
+floating output, forward and backward, is reduced as it is made (no activation kept) to its
+largest magnitude and a histogram of powers of two, per module and phase. From these:
+
+- overflow *origins*: ops whose output passes the target's largest finite value while their
+  inputs are within it (a real target run makes Inf exactly there; later ops only inherit it),
+  with the margin in powers of two (CW310);
+- the share of non-zero values below half the target's smallest subnormal, which the target
+  rounds to zero: activations (CW311) and gradients (CW312, with the loss scale that lifts them);
+- for float8 targets, each Linear's input and weight scored as per-tensor scaling sees them
+  (scaled by their own absmax), and layers to leave out of float8 (CW313), as a castwise policy
+  and a torchao ``module_filter_fn``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from castwise._dtypes import short_of
+from castwise.errors import AuditError
+from castwise.numerics import _run
+from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
+from castwise.report import Finding, Report, Run
+from castwise.trace.events import as_mode
+
+TARGETS: dict[str, str] = {
+    "f16": "float16",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "e4m3fn": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e4m3": "float8_e4m3fn",
+    "float8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
+}
+THRESHOLD = 0.01  # the share of non-zero values flushed to zero that is worth a finding
+
+
+@dataclass(frozen=True)
+class Target:
+    dtype: torch.dtype
+    max: float
+    flush_log2: float  # log2 of half the smallest subnormal: magnitudes below it round to zero
+
+    @property
+    def name(self) -> str:
+        return short_of(self.dtype)
+
+    @property
+    def float8(self) -> bool:
+        return "float8" in str(self.dtype)
+
+
+def parse_target(target: Any) -> Target:
+    key = str(target).strip().lower().removeprefix("torch.")
+    name = TARGETS.get(key)
+    if name is None:
+        raise AuditError(f"target={target!r} is not valid; valid: {', '.join(sorted(TARGETS))}")
+    dtype = getattr(torch, name)
+    fi = torch.finfo(dtype)
+    sub = float(fi.smallest_normal) * float(fi.eps)
+    return Target(dtype, float(fi.max), math.log2(sub) - 1)
+
+
+def _flush_share(hist: list[float], flush_log2: float) -> tuple[float, float]:
+    """(share of non-zero values that flush, log2 of the smallest non-zero magnitude's bin)."""
+    total = sum(hist)
+    if not total:
+        return 0.0, math.nan
+    # bin i holds [2**(LO+i), 2**(LO+i+1)): it flushes whole when its top is at or below the line
+    cut = math.floor(flush_log2) - HIST_LO
+    flushed = sum(hist[: max(cut, 0)])
+    lowest = next(i for i, c in enumerate(hist) if c)
+    return flushed / total, float(HIST_LO + lowest)
+
+
+def _loss_scale(hist: list[float], flush_log2: float, absmax: float, tmax: float) -> int:
+    """The power of two that lifts all but THRESHOLD of the gradients above the flush line
+    without pushing the largest past the target's maximum (0: none helps)."""
+    total = sum(hist) or 1.0
+    headroom = math.floor(math.log2(tmax / absmax)) if absmax > 0 else 64
+    for k in range(1, max(headroom, 0) + 1):
+        if _flush_share(hist, flush_log2 - k)[0] < THRESHOLD:
+            return k
+    return max(min(headroom, 24), 0) if sum(hist) / total else 0
+
+
+_LIBRARIES = ("torch", "transformers", "timm", "torchvision", "open_clip")
+# LayerNorm, BatchNorm2d, LlamaRMSNorm, LayerNorm2d; not Conv2dNormActivation (a conv block)
+_NORM = re.compile(r"Norm(\d+d)?$")
+
+
+def computes_in_float32(module: nn.Module) -> bool:
+    """Normalisation layers of torch and the model libraries compute in float32 inside (fused
+    kernels accumulate in float32; transformers' and timm's norms upcast explicitly): their
+    internal intermediates are not stored in the target dtype. A user's own norm is not assumed to."""
+    cls = type(module)
+    return _NORM.search(cls.__name__) is not None and cls.__module__.split(".")[0] in _LIBRARIES
+
+
+def _origins(rec: RangeRecord, tmax: float, skip: set[str]) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """(module, phase) -> [(op, output absmax)] for ops that pass ``tmax`` from inputs within it
+    (ops directly in a module of ``skip``, which computes in float32, are left out)."""
+    if not rec.op_out:
+        return {}
+    outs = torch.stack(rec.op_out).tolist()
+    ins = torch.stack(rec.op_in).tolist()
+    found: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for (module, op, phase), o, i in zip(rec.op_keys, outs, ins, strict=True):
+        if o > tmax and i <= tmax and module not in skip:
+            found.setdefault((module, phase), []).append((op, o))
+    return found
+
+
+def _where(module: str) -> str:
+    return f"`{module}`" if module else "the model's top level"
+
+
+def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], t: Target, mode: str) -> list[Finding]:
+    findings = []
+    for (module, phase), ops in origins.items():
+        absmax = max(a for _, a in ops)
+        margin = math.log2(absmax / t.max)
+        names = sorted({op for op, _ in ops})
+        if phase == "forward":
+            fix = (
+                f"Keep {_where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
+                f"the castwise policy; or keep it in bfloat16."
+            )
+        else:
+            fix = (
+                "Gradients overflow here: loss scaling (GradScaler) lowers the scale and skips the step; "
+                f"or keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`), or train in bfloat16."
+            )
+        findings.append(
+            Finding(
+                code="CW310",
+                module=module,
+                op=names[0],
+                modes=(as_mode(mode),),
+                fix=fix,
+                message=(
+                    f"{', '.join(names)} in {_where(module)} makes magnitudes up to {absmax:.4g} in {phase} from "
+                    f"inputs within {t.name}'s range: 2^{margin:.2f} past its largest {t.max:.6g}, so {t.name} "
+                    f"would make Inf here ({len(ops)} op call(s))."
+                ),
+                details=(
+                    ("phase", phase),
+                    ("target", t.name),
+                    ("absmax", absmax),
+                    ("margin_pow2", margin),
+                    ("limit", t.max),
+                    ("ops", names),
+                ),
+            )
+        )
+    return findings
+
+
+def _module_stats(
+    rec: RangeRecord, t: Target, origins: dict[tuple[str, str], list[tuple[str, float]]], mode: str
+) -> tuple[dict[str, Any], list[Finding]]:
+    stats: dict[str, Any] = {}
+    findings: list[Finding] = []
+    for (module, phase), mr in rec.modules.items():
+        hist = mr.hist.tolist()
+        absmax = float(mr.absmax)
+        share, lowest = _flush_share(hist, t.flush_log2)
+        entry: dict[str, Any] = {
+            "absmax": absmax,
+            "min_nonzero_pow2": None if math.isnan(lowest) else lowest,
+            "flush_share": share,
+            "ops": mr.ops,
+            "overflow_ops": len(origins.get((module, phase), [])),
+            "margin_pow2": math.log2(absmax / t.max) if absmax > 0 else None,
+        }
+        stats.setdefault(module, {})[phase] = entry
+        if t.float8 or share <= THRESHOLD:
+            continue
+        what = "activations" if phase == "forward" else "gradients"
+        message = (
+            f"{100 * share:.1f}% of the non-zero {what} {_where(module)} makes in {phase} are below half of "
+            f"{t.name}'s smallest subnormal (2^{t.flush_log2 + 1:.0f}) and would flush to zero (smallest "
+            f"about 2^{lowest:.0f})."
+        )
+        if phase == "forward":
+            findings.append(
+                Finding(
+                    code="CW311",
+                    module=module,
+                    modes=(as_mode(mode),),
+                    message=message,
+                    details=(
+                        ("phase", phase),
+                        ("target", t.name),
+                        ("flush_share", share),
+                        ("min_nonzero_pow2", lowest),
+                    ),
+                )
+            )
+        else:
+            k = _loss_scale(hist, t.flush_log2, absmax, t.max)
+            fix = (
+                f"Use loss scaling: a scale of 2^{k} lifts the flushed gradients into {t.name}'s range "
+                "(torch.amp.GradScaler finds it dynamically); or train in bfloat16."
+            )
+            findings.append(
+                Finding(
+                    code="CW312",
+                    module=module,
+                    modes=(as_mode(mode),),
+                    message=message,
+                    fix=fix,
+                    details=(
+                        ("phase", phase),
+                        ("target", t.name),
+                        ("flush_share", share),
+                        ("min_nonzero_pow2", lowest),
+                        ("loss_scale_pow2", k),
+                    ),
+                )
+            )
+    return stats, findings
+
+
+def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[dict[str, Any], list[Finding]]:
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    leave: list[str] = []
+    findings: list[Finding] = []
+    per: dict[str, Any] = {}
+    for name, layer in linears.items():
+        reasons = []
+        shares: dict[str, float] = {}
+        for what, flush, nonzero in rec.scaled.get(name, []):
+            n = float(nonzero)
+            shares[what] = max(shares.get(what, 0.0), float(flush) / n if n else 0.0)
+        for what, share in shares.items():
+            if share > THRESHOLD:
+                reasons.append(f"{100 * share:.1f}% of its {what} flushes to zero after per-tensor scaling")
+        if layer.in_features % 16 or layer.out_features % 16:
+            reasons.append(f"its dimensions ({layer.in_features}, {layer.out_features}) are not multiples of 16")
+        per[name] = {"flush_share": shares, "leave_out": bool(reasons)}
+        if reasons:
+            leave.append(name)
+            findings.append(
+                Finding(
+                    code="CW313",
+                    module=name,
+                    modes=(as_mode(mode),),
+                    details=(("target", t.name), ("flush_share", shares), ("reasons", reasons)),
+                    message=f"Leave {_where(name)} out of {t.name}: " + "; ".join(reasons) + ".",
+                )
+            )
+    policy = ",".join(f"keep[{n}]=bf16" for n in leave)
+    filter_src = (
+        "def module_filter_fn(mod, fqn):\n"
+        f"    return isinstance(mod, torch.nn.Linear) and fqn not in {sorted(leave)!r}\n"
+    )
+    return {"layers": per, "leave_out": leave, "policy": policy, "module_filter_fn": filter_src}, findings
+
+
+def forecast(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    target: str = "f16",
+    policy: Any = None,
+    mode: str = "train",
+    device: str | None = None,
+) -> Report:
+    """Run ``model`` once on real tensors in its current precision (or under ``policy``) and report
+    where ``target`` ("f16", "bf16", "float8_e4m3fn", "float8_e5m2") would overflow (the margin
+    in powers of two) and the share of values it would flush to zero, per module, forward and
+    backward. ``summary["numerics"]`` holds every module's ranges; for float8 targets
+    ``summary["float8"]`` names the layers to leave out, as a castwise policy and as a torchao
+    ``module_filter_fn``. The model, its gradients and the random state are left as they were.
+    """
+    t = parse_target(target)
+    pol, dev = _run.check_args("forecast", model, policy, device, mode)
+    from castwise.auditor import preserved_state
+
+    with preserved_state():
+        run_model, applied = _run.on_device(model, pol, dev)
+        try:
+            with _run.kept_as_is(run_model):
+                return _forecast(run_model, inputs, t, pol, mode, dev)
+        finally:
+            if applied is not None:
+                applied.remove()
+
+
+def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str) -> Report:
+    inputs = _run.real_inputs(inputs, device)
+    with torch.no_grad():
+        fixed = {
+            id(x): x.detach().abs().float().amax()
+            for x in (*model.parameters(), *model.buffers())
+            if x.is_floating_point() and x.numel()
+        }
+    scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
+    wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
+    observer = RangeObserver(fixed, scaled, wide)
+    result = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer])
+    rec = observer.rec
+    origins = {} if t.float8 else _origins(rec, t.max, set(wide))  # per-tensor float8 scaling does not overflow
+    findings = _overflow_findings(origins, t, mode)
+    stats, more = _module_stats(rec, t, origins, mode)
+    findings += more
+    summary: dict[str, Any] = {"numerics": {"target": t.name, "modules": stats}}
+    if t.float8:
+        f8, f8_findings = _float8(model, rec, t, mode)
+        findings += f8_findings
+        summary["float8"] = f8
+    if result.error is not None:
+        summary["numerics"]["error"] = f"{type(result.error).__name__}: {result.error}"
+    return Report(
+        findings=findings,
+        runs=[
+            Run(
+                as_mode(mode),
+                device,
+                None if policy is None else str(policy),
+                "incomplete" if result.error is not None else "ok",
+            )
+        ],
+        summary=summary,
+        title=f"castwise numerics --forecast {t.name} (real tensors, device {device}, policy "
+        f"{policy if policy is not None else 'none'})",
+    )

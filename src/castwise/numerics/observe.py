@@ -1,0 +1,437 @@
+"""Numerics observers on the tracer: the first op that made a NaN/Inf, and streamed value ranges.
+
+Both run on real tensors (``Tracer(..., fake=False)``). Neither keeps an activation: the first
+only looks at an op's inputs when its output is non-finite, the second reduces each output to a
+maximum and a histogram of powers of two as it is made.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from castwise._dtypes import short_of
+from castwise.trace.observers import Observer, OpCall
+
+if TYPE_CHECKING:
+    from castwise.trace.events import Trace
+
+_LOW = (torch.float16, torch.bfloat16)
+# frames that are plumbing, not the user's code: the innermost frame outside them is "the user's line"
+_PLUMBING = (
+    "/torch/",
+    "/castwise/",
+    "/transformers/modeling_utils",
+    "/transformers/utils/",
+    "/transformers/integrations/",
+    "/transformers/pytorch_utils",
+    "/transformers/masking_utils",
+    "/transformers/modeling_layers",
+    "/transformers/generation/",
+    "/lightning/",
+    "/contextlib.py",
+    "/functools.py",
+    "/timm/layers/_fx",
+    "<",
+)
+# a dtype's own largest value: what a finfo(dtype).min/max mask fill writes
+_SENTINEL = {d: float(torch.finfo(d).max) for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
+HIST_LO = -160  # log2 of the smallest magnitude binned (below float32's smallest subnormal, 2**-149)
+HIST_HI = 130  # above float32's largest finite value (2**128)
+HIST_BINS = HIST_HI - HIST_LO  # one bin per power of two: bin i holds [2**(LO+i), 2**(LO+i+1))
+
+
+def user_line() -> str | None:
+    """``file:line`` of the innermost stack frame outside torch, castwise and library plumbing."""
+    for frame in reversed(traceback.extract_stack()):
+        name = frame.filename.replace("\\", "/")
+        if not any(p in name for p in _PLUMBING):
+            return f"{frame.filename}:{frame.lineno}"
+    return None
+
+
+# ops whose output is uninitialised memory (overwritten next): garbage NaNs are not made values
+_UNINITIALISED = frozenset(
+    {
+        "aten.empty",
+        "aten.empty_like",
+        "aten.empty_strided",
+        "aten.new_empty",
+        "aten.new_empty_strided",
+        "aten.empty_permuted",
+    }
+)
+
+
+def _inputs(call: OpCall) -> list[torch.Tensor]:
+    """The op's floating tensor inputs: an ``out=`` tensor is a destination, not an input."""
+    if "out" not in call.kwargs:
+        return _floats(call.tensors)
+    out = call.kwargs["out"]
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return _floats([t for t in call.tensors if not any(t is o for o in outs)])
+
+
+def _floats(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t for t in ts if t.is_floating_point() and not t.is_nested and t.numel()]
+
+
+def _sum_is_finite(t: torch.Tensor) -> bool:
+    # any NaN or Inf makes the sum NaN or Inf; a finite sum proves every element finite (the
+    # accumulation runs in float32 at least, so a finite fp16 tensor does not overflow it)
+    s = t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+    return math.isfinite(s.item())
+
+
+def kinds(t: torch.Tensor) -> tuple[bool, bool]:
+    """(has NaN, has +-Inf)."""
+    return bool(torch.isnan(t).any()), bool(torch.isinf(t).any())
+
+
+def tensor_range(t: torch.Tensor) -> dict[str, Any]:
+    """absmax over the finite values, the smallest non-zero magnitude, and the non-finite counts."""
+    a = t.detach().abs().float()  # float32: every floating dtype's magnitudes fit, f64 aside
+    finite = torch.isfinite(a)
+    fin = torch.where(finite, a, torch.zeros((), dtype=a.dtype))
+    nz = torch.where(fin > 0, fin, torch.full((), math.inf, dtype=a.dtype))
+    smallest = float(nz.min()) if nz.numel() else math.inf
+    return {
+        "tensor": f"{short_of(t.dtype)}[{', '.join(str(s) for s in t.shape)}]",
+        "absmax": float(fin.max()) if fin.numel() else 0.0,
+        "min_nonzero": None if math.isinf(smallest) else smallest,
+        "nan": int(torch.isnan(t).sum()),
+        "inf": int(torch.isinf(t).sum()),
+    }
+
+
+def limits(dtype: torch.dtype) -> dict[str, Any]:
+    fi = torch.finfo(dtype)
+    return {
+        "dtype": short_of(dtype),
+        "max": float(fi.max),
+        "smallest_normal": float(fi.smallest_normal),
+        "smallest_subnormal": float(fi.smallest_normal) * float(fi.eps),
+    }
+
+
+@dataclass(frozen=True)
+class Producer:
+    """The first op that made a NaN or Inf its inputs did not have."""
+
+    module: str
+    op: str
+    phase: str
+    made: str  # "nan", "inf", "nan+inf"
+    out_dtype: torch.dtype
+    output: dict[str, Any]
+    inputs: list[dict[str, Any]]
+    scalars: list[float]  # non-finite Python scalars among the arguments (a -inf fill value)
+    source: str | None
+    node: str | None  # the autograd node of a backward op
+    index: int  # the (module, op, phase) occurrence, to find the same op in a rerun
+    rerun_finite: bool | None  # the op on the same inputs in a wider dtype: finite?
+    rerun_absmax: float | None
+    in_place: bool
+
+
+def _widen(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        # a wider dtype on the same values: the verdict's question is whether range/precision caused it
+        return x.detach().to(torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32)
+    if isinstance(x, torch.dtype) and x.is_floating_point:
+        return torch.float64 if x in (torch.float32, torch.float64) else torch.float32
+    return x
+
+
+class NonfiniteObserver(Observer):
+    """Finds the first op whose output holds a NaN (or Inf) that none of its inputs held.
+
+    An Inf counts as made only when every input, tensors and scalars, was finite (so a ``-inf``
+    fill value of an attention mask is not a producer); a NaN counts when no input held a NaN
+    (``softmax`` over a row that is all ``-inf`` makes one). Checking stops at the first.
+    """
+
+    name = "nonfinite"
+
+    def __init__(self) -> None:
+        self.found: Producer | None = None
+        # producers in forward whose values carry no gradient (position buckets, masks: T5's
+        # log of a zero distance): kept, but the search goes on for one that does
+        self.secondary: list[Producer] = []
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self._pre: tuple[OpCall, list[tuple[bool, bool]]] | None = None
+        self.ops_checked = 0
+
+    def check(self, call: OpCall) -> None:
+        # an in-place op overwrites its inputs: look at them before it runs
+        if self.found is None and call.func._schema.is_mutable:
+            self._pre = (call, [kinds(t) for t in _inputs(call)])
+        return None
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        if self.found is not None:
+            return
+        key = (call.module, call.name, call.phase)
+        index = self.counts.get(key, 0)
+        self.counts[key] = index + 1
+        if call.func.is_view or call.name in _UNINITIALISED:
+            return  # a view shows its base's values; empty memory holds no computed value
+        outs = _floats(outputs)
+        self.ops_checked += 1
+        if not outs or all(_sum_is_finite(o) for o in outs):
+            return
+        out_nan = out_inf = False
+        for o in outs:
+            n, i = kinds(o)
+            out_nan, out_inf = out_nan or n, out_inf or i
+        pre = self._pre
+        in_kinds = pre[1] if pre is not None and pre[0] is call else [kinds(t) for t in _inputs(call)]
+        self._pre = None
+        scalars = [
+            float(x) for x in (*call.args, *call.kwargs.values()) if isinstance(x, float) and not math.isfinite(x)
+        ]
+        in_nan = any(n for n, _ in in_kinds) or any(math.isnan(s) for s in scalars)
+        in_nonfinite = in_nan or any(i for _, i in in_kinds) or bool(scalars)
+        made_nan = out_nan and not in_nan
+        made_inf = out_inf and not in_nonfinite
+        if not (made_nan or made_inf):
+            return
+        producer = self._producer(call, outs, index, made_nan, made_inf, scalars)
+        if call.phase == "forward" and torch.is_grad_enabled() and not any(t.requires_grad for t in _inputs(call)):
+            if len(self.secondary) < 8:
+                self.secondary.append(producer)
+            return
+        self.found = producer
+
+    @property
+    def best(self) -> Producer | None:
+        """The first producer whose values carry a gradient, else the first at all."""
+        return self.found or (self.secondary[0] if self.secondary else None)
+
+    def _producer(
+        self, call: OpCall, outs: list[torch.Tensor], index: int, made_nan: bool, made_inf: bool, scalars: list[float]
+    ) -> Producer:
+        in_place = bool(call.func._schema.is_mutable)
+        rerun_finite: bool | None = None
+        rerun_absmax: float | None = None
+        if not in_place and outs[0].dtype in _LOW:  # an in-place op's inputs are gone: the whole-run rerun decides
+            try:
+                args, kwargs = tree_map(_widen, (call.args, call.kwargs))
+                wide = call.func(*args, **kwargs)
+                wides = _floats(
+                    [wide] if isinstance(wide, torch.Tensor) else [w for w in wide if isinstance(w, torch.Tensor)]
+                )
+                rerun_finite = all(bool(torch.isfinite(w).all()) for w in wides)
+                rerun_absmax = max((float(w.abs().max()) for w in wides if w.numel()), default=0.0)
+            except Exception:  # an op without a wider kernel: the whole-run rerun decides
+                rerun_finite = None
+        node = None
+        if call.phase == "backward":
+            n: Any = call.tracer.current_node if not call.tracer.use_engine_node else torch._C._current_autograd_node()
+            node = n.name() if n is not None else None
+        made = "nan+inf" if made_nan and made_inf else "nan" if made_nan else "inf"
+        return Producer(
+            module=call.module,
+            op=call.name,
+            phase=call.phase,
+            made=made,
+            out_dtype=outs[0].dtype,
+            output=tensor_range(outs[0]),
+            inputs=[tensor_range(t) for t in _inputs(call)],
+            scalars=scalars,
+            source=user_line() if call.phase == "forward" else None,
+            node=node,
+            index=index,
+            rerun_finite=rerun_finite,
+            rerun_absmax=rerun_absmax,
+            in_place=in_place,
+        )
+
+    def finish(self, trace: Trace) -> None:
+        trace.observed[self.name] = self.best
+
+
+class OpFinder(Observer):
+    """In a rerun: whether the ``index``-th ``op`` of ``module`` in ``phase`` made non-finite values."""
+
+    name = "op_finder"
+
+    def __init__(self, module: str, op: str, phase: str, index: int) -> None:
+        self.want = (module, op, phase)
+        self.index = index
+        self.seen = 0
+        self.finite: bool | None = None
+        self.absmax: float | None = None
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        if self.finite is not None or (call.module, call.name, call.phase) != self.want:
+            return
+        if self.seen == self.index:
+            outs = _floats(outputs)
+            self.finite = all(bool(torch.isfinite(o).all()) for o in outs)
+            self.absmax = max((float(o.abs().max()) for o in outs if o.numel()), default=0.0)
+        self.seen += 1
+
+
+# -- ranges (forecast) ---------------------------------------------------------------------------
+
+
+@dataclass
+class ModuleRange:
+    """What one module's ops made in one phase: the largest magnitude and a power-of-two histogram."""
+
+    absmax: torch.Tensor
+    hist: torch.Tensor
+    ops: int = 0
+
+
+@dataclass
+class RangeRecord:
+    """Per module and phase: ranges; per op: its output's absmax and its inputs' largest absmax."""
+
+    modules: dict[tuple[str, str], ModuleRange] = field(default_factory=dict)
+    op_keys: list[tuple[str, str, str]] = field(default_factory=list)  # (module, op, phase)
+    op_out: list[torch.Tensor] = field(default_factory=list)
+    op_in: list[torch.Tensor] = field(default_factory=list)
+    scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+
+
+SAMPLE = 1 << 14  # elements per tensor the histogram looks at (strided: the shares are estimates)
+
+
+def _sample(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Up to SAMPLE magnitudes of ``t`` in float32 (a strided view: no copy of the whole tensor),
+    and how many elements each stands for."""
+    flat = t.detach().reshape(-1)
+    step = max(flat.numel() // SAMPLE, 1)
+    # float32: frexp and the comparisons below want one dtype; every 16-bit magnitude fits
+    return flat[::step].abs().float(), step
+
+
+def absmax(t: torch.Tensor) -> torch.Tensor:
+    """The largest finite magnitude below the dtype's own limit, as a 0-d float32 tensor: one
+    pass (aminmax, no temporary) when no Inf or limit value (a mask fill) is present; else from
+    the sample, with those values left out (in the target they are its own -inf / finfo.min)."""
+    lo, hi = torch.aminmax(t.detach())
+    raw = torch.maximum(-lo, hi).float()
+    sentinel = _SENTINEL.get(t.dtype, math.inf)
+    if t.numel() <= SAMPLE:
+        a = t.detach().abs().float()
+        return torch.where(a < sentinel, a, 0.0).amax()
+    sa, _ = _sample(t)
+    return torch.where(raw < sentinel, raw, torch.where(sa < sentinel, sa, 0.0).amax())
+
+
+def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
+    """Counts of non-zero finite magnitudes per power of two, bin i holding [2**(LO+i), 2**(LO+i+1))
+    (zeros, NaN and Inf are left out), each sampled element counting ``weight``."""
+    _, e = torch.frexp(sa)  # sa = m * 2**e with m in [0.5, 1): sa in [2**(e-1), 2**e)
+    idx = (e.long() - 1 - HIST_LO).clamp_(0, HIST_BINS - 1)
+    idx = torch.where((sa > 0) & (sa < math.inf), idx, HIST_BINS)  # a dump bin, dropped below
+    return torch.bincount(idx, minlength=HIST_BINS + 1)[:HIST_BINS].float() * weight
+
+
+class RangeObserver(Observer):
+    """Streams every floating output (forward and backward) into per-module maxima and histograms,
+    and per op its output's absmax against its inputs' (an overflow *origin* is an op whose
+    output passes a limit its inputs are within).
+
+    ``scaled_limit``: for float8, (log2 of the target's largest, log2 of half its smallest
+    subnormal): the inputs and weight of every Linear are scored as float8 scales them, by their
+    own absmax, and the share of non-zero values that would flush to zero is kept.
+    """
+
+    name = "ranges"
+
+    def __init__(
+        self,
+        fixed: dict[int, torch.Tensor],
+        scaled_limit: tuple[float, float] | None = None,
+        wide: frozenset[str] = frozenset(),
+    ) -> None:
+        from castwise.trace.tracer import _AttrMap
+
+        self.fixed = fixed  # id(parameter or buffer) -> absmax, computed once before the run
+        self.amax = _AttrMap("amax")
+        # the largest magnitude anywhere in a tensor's lineage: once a value passed the target's
+        # limit the target holds Inf there, and everything computed from it inherits it, even
+        # where the wider run shrinks it back into range
+        self.reach = _AttrMap("reach")
+        self.rec = RangeRecord()
+        self.scaled_limit = scaled_limit
+        self.wide = wide  # modules that compute in float32 inside: their intermediates add no reach
+
+    def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
+        got: torch.Tensor | None = self.reach.get(t)
+        return self._absmax_of(t) if got is None else got
+
+    def _absmax_of(self, t: torch.Tensor) -> torch.Tensor:
+        got = self.fixed.get(id(t))
+        if got is None:
+            got = self.amax.get(t)
+        if got is None:
+            got = absmax(t) if t.numel() else torch.zeros(())
+            self.amax[t] = got
+        return got
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        outs = _floats(outputs)
+        if not outs or call.name in _UNINITIALISED:  # empty memory: garbage, not a magnitude
+            return
+        if call.func.is_view:
+            if call.tensors:
+                base, reach = self._absmax_of(call.tensors[0]), self._reach_of(call.tensors[0])
+                for o in outs:
+                    self.amax[o] = base  # a view's values are within its base's
+                    self.reach[o] = reach
+            return
+        ins = [self._reach_of(t) for t in _floats(call.tensors)]
+        in_reach = torch.stack(ins).amax() if ins else torch.zeros(())
+        inside_wide = call.module in self.wide
+        rec = self.rec
+        key = (call.module, call.phase)
+        mr = rec.modules.get(key)
+        for o in outs:
+            amax = absmax(o)
+            self.amax[o] = amax
+            self.reach[o] = in_reach if inside_wide else torch.maximum(in_reach, amax)
+            sa, step = _sample(o)
+            h = log2_hist(sa, step)
+            if mr is None:
+                mr = rec.modules[key] = ModuleRange(amax, h)
+            else:
+                mr.absmax = torch.maximum(mr.absmax, amax)
+                mr.hist = mr.hist + h
+            mr.ops += 1
+            rec.op_keys.append((call.module, call.name, call.phase))
+            rec.op_out.append(amax)
+            rec.op_in.append(in_reach)
+
+    def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
+        if self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
+            return
+        parts = [("input", frame.inputs[0])] if frame.inputs else []
+        parts.append(("weight", frame.module.weight))
+        for what, t in parts:
+            flush, nonzero = self.scaled_flush(t)
+            self.rec.scaled.setdefault(frame.name, []).append((what, flush, nonzero))
+
+    def scaled_flush(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values that would flush to zero, non-zero values) once ``t`` is scaled by its absmax."""
+        assert self.scaled_limit is not None  # only called when set (not user input)
+        top, bottom = self.scaled_limit
+        a = t.detach().abs().float()  # float32 for the comparison; the values fit
+        amax = a.amax()
+        # scaled x = x * 2**top / amax: it flushes when below 2**bottom
+        threshold = amax * (2.0 ** (bottom - top))
+        nonzero = (a > 0).sum()
+        flush = nonzero - (a >= threshold).sum() if float(amax) > 0 else torch.zeros((), dtype=torch.long)
+        return flush, nonzero
+
+    def finish(self, trace: Trace) -> None:
+        trace.observed[self.name] = self.rec
