@@ -68,8 +68,10 @@ def main() -> None:
     t0 = time.perf_counter()
     model = build(opts.layers)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"built LlamaForCausalLM on meta: {n_params / 1e9:.2f}B parameters, {opts.layers} layers "
-          f"in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"built LlamaForCausalLM on meta: {n_params / 1e9:.2f}B parameters, {opts.layers} layers "
+        f"in {time.perf_counter() - t0:.1f}s"
+    )
     ids = torch.randint(0, 32000, (1, opts.seq))
 
     def audit() -> tuple[float, castwise.Report]:
@@ -87,7 +89,7 @@ def main() -> None:
         took, report = audit()
         tooks.append(took)
     base, took = min(bases), min(tooks)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2  # KiB -> GiB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
     print(f"bare fake train+eval: {base:.2f}s")
     print(f"castwise.audit:       {took:.2f}s  (ratio {took / base:.2f}x, target <= 2x; best of {opts.rounds})")
     print(f"peak RSS:             {rss:.2f} GiB (target < 2 GiB)")

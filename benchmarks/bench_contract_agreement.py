@@ -77,11 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     for family, (count, t_ok, f_ok) in sorted(per_family.items()):
         print(f"{family:<12} {count:>6} {t_ok / count:>8.1%} {f_ok / count:>8.1%}")
     print(f"{'all':<12} {n:>6} {table / n:>8.1%} {fake / n:>8.1%}")
-    print(f"table agrees with real CPU kernels on {table}/{n} cases ({table / n:.1%}); "
-          f"fake kernels alone on {fake}/{n} ({fake / n:.1%})")
+    print(
+        f"table agrees with real CPU kernels on {table}/{n} cases ({table / n:.1%}); "
+        f"fake kernels alone on {fake}/{n} ({fake / n:.1%})"
+    )
     ok_us, bad_us = _lookup_cost(cases)
-    print(f"three-way run of all cases: {elapsed:.1f} s; one table lookup (check + result_dtype): "
-          f"{ok_us:.1f} us when the kernel accepts, {bad_us:.1f} us when it refuses")
+    print(
+        f"three-way run of all cases: {elapsed:.1f} s; one table lookup (check + result_dtype): "
+        f"{ok_us:.1f} us when the kernel accepts, {bad_us:.1f} us when it refuses"
+    )
     if opts.show_disagreements:
         print("table disagrees:", ", ".join(table_wrong) or "none")
         print("fake disagrees:", ", ".join(fake_wrong) or "none")

@@ -98,8 +98,10 @@ def main() -> None:
     per_call = max(cm - empty, 0.0) / n
     print(f"enter/exit of diagnose(): {per_call * 1e6:.3f} us = {per_call / step_s * 100:.4f}% of a step")
     q = statistics.quantiles(floor, n=10)
-    print(f"noise floor, bare vs the same bare loop: median {statistics.median(floor):.4f}, "
-          f"10-90% {q[0]:.3f}..{q[-1]:.3f}")
+    print(
+        f"noise floor, bare vs the same bare loop: median {statistics.median(floor):.4f}, "
+        f"10-90% {q[0]:.3f}..{q[-1]:.3f}"
+    )
     print(f"wall-time ratio (median of rounds): {statistics.median(wall):.4f}")
     print(f"diagnose overhead ratio (CPU time, median of rounds): {statistics.median(cpu):.4f} (target <= 1.02)")
 

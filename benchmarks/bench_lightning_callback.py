@@ -49,9 +49,17 @@ class Stop(pl.Callback):
 def time_to_first_step(module: Big, with_castwise: bool) -> float:
     stop = Stop()
     callbacks: list[pl.Callback] = [stop] + ([CastwiseCallback()] if with_castwise else [])
-    trainer = pl.Trainer(precision="bf16-mixed", accelerator="cpu", max_steps=1, callbacks=callbacks, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        precision="bf16-mixed",
+        accelerator="cpu",
+        max_steps=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     data = DataLoader(TensorDataset(torch.randn(4, 16, 768)), batch_size=2)
     start = time.perf_counter()
     trainer.fit(module, data)

@@ -61,8 +61,10 @@ def main() -> None:
         model, inputs = build()
         base = timed(lambda: bare(model, inputs), repeat)  # noqa: B023
         with_tracer = timed(lambda: traced(model, inputs), repeat)  # noqa: B023
-        print(f"{name:<18} bare {base * 1e3:8.1f} ms   traced {with_tracer * 1e3:8.1f} ms   "
-              f"overhead ratio {with_tracer / base:.2f}x")
+        print(
+            f"{name:<18} bare {base * 1e3:8.1f} ms   traced {with_tracer * 1e3:8.1f} ms   "
+            f"overhead ratio {with_tracer / base:.2f}x"
+        )
 
 
 if __name__ == "__main__":

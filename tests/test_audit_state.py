@@ -21,14 +21,30 @@ def model_state(model: nn.Module) -> dict[str, Any]:
     for kind, named in (("param", model.named_parameters()), ("buffer", model.named_buffers())):
         for name, t in named:
             grad = t.grad
-            tensors.append((
-                kind, name, id(t), t.dtype, t.device, t.requires_grad, t._version,
-                t.data_ptr() if t.device.type != "meta" else None,
-                None if grad is None else (id(grad), grad._version, grad.dtype),
-            ))
+            tensors.append(
+                (
+                    kind,
+                    name,
+                    id(t),
+                    t.dtype,
+                    t.device,
+                    t.requires_grad,
+                    t._version,
+                    t.data_ptr() if t.device.type != "meta" else None,
+                    None if grad is None else (id(grad), grad._version, grad.dtype),
+                )
+            )
     modules = [
-        (name, type(m), m.training, dict(m._forward_hooks), dict(m._forward_pre_hooks), dict(m._backward_hooks),
-         dict(m._backward_pre_hooks), m.__dict__.get("forward"))
+        (
+            name,
+            type(m),
+            m.training,
+            dict(m._forward_hooks),
+            dict(m._forward_pre_hooks),
+            dict(m._backward_hooks),
+            dict(m._backward_pre_hooks),
+            m.__dict__.get("forward"),
+        )
         for name, m in model.named_modules()
     ]
     return {"tensors": tensors, "modules": modules}
@@ -41,8 +57,11 @@ def values(model: nn.Module) -> list[torch.Tensor]:
 def global_state() -> dict[str, Any]:
     import torch.autograd as autograd_pkg
 
-    registries = {name: dict(getattr(module_mod, name)) for name in dir(module_mod)
-                  if name.startswith("_global_") and isinstance(getattr(module_mod, name), dict)}
+    registries = {
+        name: dict(getattr(module_mod, name))
+        for name in dir(module_mod)
+        if name.startswith("_global_") and isinstance(getattr(module_mod, name), dict)
+    }
     return {
         "autocast": AutocastState.capture(),
         "autocast_nesting": (torch.autocast_increment_nesting(), torch.autocast_decrement_nesting()),

@@ -183,7 +183,8 @@ def test_not_a_module_is_an_audit_error() -> None:
 
 def test_cli_audit_exit_codes_human_report_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "target.py"
-    target.write_text(textwrap.dedent("""
+    target.write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
 
@@ -192,7 +193,8 @@ def test_cli_audit_exit_codes_human_report_and_json(tmp_path: Path, capsys: pyte
 
         def fine():
             return nn.Sequential(nn.Linear(8, 2)), (torch.randn(2, 8),)
-    """))
+    """)
+    )
     out = tmp_path / "report.json"
     code = main(["audit", f"{target}:build", "--mode", "eval", "--json", str(out)])
     assert code == 1
@@ -592,8 +594,15 @@ def test_a_forward_hook_that_changes_dtype_names_the_hooked_module() -> None:
 def test_a_tied_weight_is_named_after_the_module_that_ties_it_with_every_holder() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.lm_head.float()  # the user keeps the head in float32: the embedding shares its Parameter
     report = castwise.audit(model, {"input_ids": torch.randint(0, 64, (1, 8))}, mode="eval")
@@ -636,8 +645,9 @@ def test_qkv_with_one_projection_kept_fp32_names_that_projection() -> None:
     assert f.code == "CW102" and f.module == "0"
     assert f.origin is not None and f.origin.module == "0.k_proj.inner"
     assert "receives ," not in f.message
-    assert str(report.suggested_policy) == "bf16-true,keep[*.k_proj.inner]=f32" or \
-        "k_proj" in str(report.suggested_policy)
+    assert str(report.suggested_policy) == "bf16-true,keep[*.k_proj.inner]=f32" or "k_proj" in str(
+        report.suggested_policy
+    )
 
 
 class _RaisesKeyError(nn.Module):

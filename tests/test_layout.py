@@ -70,8 +70,7 @@ def _cycles(adjacency: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle() -> None:
     graph = grimp.build_graph("castwise", exclude_type_checking_imports=True)
     adjacency = {
-        m: {x for x in graph.find_modules_directly_imported_by(m) if x.startswith("castwise")}
-        for m in graph.modules
+        m: {x for x in graph.find_modules_directly_imported_by(m) if x.startswith("castwise")} for m in graph.modules
     }
     assert _cycles(adjacency) == []
 
@@ -86,7 +85,8 @@ def test_functions_stay_short(path: Path) -> None:
     long = [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert long == []

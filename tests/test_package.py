@@ -41,6 +41,7 @@ def test_python_dash_m_and_help() -> None:
 def test_usage_error_exits_2() -> None:
     p = subprocess.run([sys.executable, "-m", "castwise", "audit"], capture_output=True, text=True)
     assert p.returncode == 2
-    p = subprocess.run([sys.executable, "-m", "castwise", "audit", "no_such_module:build"], capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "castwise", "audit", "no_such_module:build"], capture_output=True, text=True
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr

@@ -25,8 +25,17 @@ def test_bad_severity_and_unknown_code_are_refused() -> None:
 
 def test_json_shape_and_ok() -> None:
     report = Report(
-        findings=[Finding("CW120", "w"), Finding("CW103", "e", module="encoder.layers.0", op="aten.x",
-                                                 origin=Origin("proj", "aten.addmm", "bf16[40, 32]"), modes=("eval",))],
+        findings=[
+            Finding("CW120", "w"),
+            Finding(
+                "CW103",
+                "e",
+                module="encoder.layers.0",
+                op="aten.x",
+                origin=Origin("proj", "aten.addmm", "bf16[40, 32]"),
+                modes=("eval",),
+            ),
+        ],
         runs=[Run("eval", "cpu", "bf16-mixed", "error")],
     )
     d = json.loads(report.to_json())

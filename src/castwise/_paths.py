@@ -10,7 +10,7 @@ def short_path(path: str) -> str:
     ("transformers/models/t5/modeling_t5.py")."""
     cwd = os.getcwd() + os.sep
     if path.startswith(cwd):
-        return path[len(cwd):]
+        return path[len(cwd) :]
     marker = f"site-packages{os.sep}"
     at = path.find(marker)
-    return path[at + len(marker):] if at >= 0 else path
+    return path[at + len(marker) :] if at >= 0 else path

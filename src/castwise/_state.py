@@ -20,8 +20,9 @@ def preserved_state() -> Iterator[None]:
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     log_level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)  # fake kernels log the shape errors the audit reports itself
-    registries = [name for name in dir(module_mod) if name.startswith("_global_") and
-                  isinstance(getattr(module_mod, name), dict)]
+    registries = [
+        name for name in dir(module_mod) if name.startswith("_global_") and isinstance(getattr(module_mod, name), dict)
+    ]
     saved = {name: dict(getattr(module_mod, name)) for name in registries}
     autocast_state = _autocast.AutocastState.capture()
     default_dtype = torch.get_default_dtype()

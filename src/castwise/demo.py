@@ -183,8 +183,11 @@ def _numerics_story(out: _Out) -> bool:
     import math
 
     out.head("Story 6. T5 in float16: `wo` overflows; which layers must stay float32?")
-    out.field("setup", "T5 encoder, float32 weights, block 2's `wo` with weights past float16's 65504; trained "
-                       "under 16-true,keep_in_fp32=off (transformers' hard-coded float32 `wo` turned off)")
+    out.field(
+        "setup",
+        "T5 encoder, float32 weights, block 2's `wo` with weights past float16's 65504; trained "
+        "under 16-true,keep_in_fp32=off (transformers' hard-coded float32 `wo` turned off)",
+    )
     from castwise.stories import build_t5_overflow
 
     if importlib.util.find_spec("transformers") is None:
@@ -215,8 +218,9 @@ def _numerics_story(out: _Out) -> bool:
         out.field(what, "no finding" if first is None else f"{first.code} at `{first.module}`")
     tuned = _timed(out, "tuning float32 islands (real runs)", lambda: tune(model, inputs, policy=policy, budget=1e-2))
     out.field("islands", ", ".join(tuned.islands) or "none")
-    out.field("policy", f"{tuned.policy}  ({100 * tuned.low_precision_share:.1f}% of FLOPs in f16, "
-                        f"{tuned.runs} real runs)")
+    out.field(
+        "policy", f"{tuned.policy}  ({100 * tuned.low_precision_share:.1f}% of FLOPs in f16, {tuned.runs} real runs)"
+    )
     fixed, _ = loss_only(model, inputs, parse_target(tuned.policy), "train", None)
     if not (tuned.met and math.isfinite(fixed)):
         out.bad("after fix", f"loss {fixed}, error {tuned.error:.2e}")

@@ -87,7 +87,17 @@ def get(device: str | Device) -> Device:
     return found
 
 
-CPU = register(Device("cpu", autocast_type="cpu", kernels="cpu", tensor_prefix="torch.", label="CPU",
-                      fake_device="cpu"))
-CUDA = register(Device("cuda", autocast_type="cuda", kernels="cuda", tensor_prefix="torch.cuda.", label="CUDA",
-                       fake_device="cuda", capability=(9, 0)))  # an H100: what MoE training runs on
+CPU = register(
+    Device("cpu", autocast_type="cpu", kernels="cpu", tensor_prefix="torch.", label="CPU", fake_device="cpu")
+)
+CUDA = register(
+    Device(
+        "cuda",
+        autocast_type="cuda",
+        kernels="cuda",
+        tensor_prefix="torch.cuda.",
+        label="CUDA",
+        fake_device="cuda",
+        capability=(9, 0),
+    )
+)  # an H100: what MoE training runs on

@@ -21,9 +21,15 @@ from castwise.trace.contracts import Violation, tensor_args
 # -- a toy rule: everything it needs is here ---------------------------------------------------
 
 _TOY_META = Rule(
-    code="CW199", name="toy-relu-in-bfloat16", category="MODEL_INPUT_DTYPE_MISMATCH", severity="error",
-    summary="A toy rule for the extension test.", detects="relu refused in bf16 on the toy device.",
-    why="It shows a rule plugs in.", example="model(x)", fix="Run relu in float32.",
+    code="CW199",
+    name="toy-relu-in-bfloat16",
+    category="MODEL_INPUT_DTYPE_MISMATCH",
+    severity="error",
+    summary="A toy rule for the extension test.",
+    detects="relu refused in bf16 on the toy device.",
+    why="It shows a rule plugs in.",
+    example="model(x)",
+    fix="Run relu in float32.",
 )
 
 
@@ -41,13 +47,25 @@ TOY_RULE = AuditRule(_TOY_META, checks=(Check("CW199", _toy_match),), before="CW
 def _relu_without_bf16(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], dev: devices.Device) -> Any:
     x = args[0]
     if x.dtype == torch.bfloat16:
-        return Violation(op, "unsupported", "\"relu_toy\" not implemented for 'BFloat16'",
-                         (tensor_args(args, kwargs).index(x),), "float32")
+        return Violation(
+            op,
+            "unsupported",
+            "\"relu_toy\" not implemented for 'BFloat16'",
+            (tensor_args(args, kwargs).index(x),),
+            "float32",
+        )
     return x.dtype
 
 
-TOY_DEVICE = devices.Device("toy", autocast_type="cpu", kernels="cpu", tensor_prefix="torch.toy.", label="TOY",
-                            fake_device="cpu", contracts={"aten.relu": _relu_without_bf16})
+TOY_DEVICE = devices.Device(
+    "toy",
+    autocast_type="cpu",
+    kernels="cpu",
+    tensor_prefix="torch.toy.",
+    label="TOY",
+    fake_device="cpu",
+    contracts={"aten.relu": _relu_without_bf16},
+)
 
 
 @pytest.fixture

@@ -39,24 +39,33 @@ def _cli(*args: str | Path, columns: int | None = None, **kw: object) -> subproc
         env["COLUMNS"] = str(columns)
     if args[0] == "explain":  # torch-free: a memory cap is safe (torch's thread pools need more)
         kw["preexec_fn"] = _limit_memory
-    return subprocess.run([sys.executable, "-m", "castwise", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, env=env, **kw)  # type: ignore[call-overload]
+    return subprocess.run(
+        [sys.executable, "-m", "castwise", *map(str, args)], capture_output=True, text=True, timeout=120, env=env, **kw
+    )  # type: ignore[call-overload]
 
 
 def test_unknown_subcommand_names_the_valid_ones() -> None:
     p = _cli("audti")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == (
-        f"Error: no such command 'audti'; valid commands: {', '.join(sorted(COMMANDS))}")
+        f"Error: no such command 'audti'; valid commands: {', '.join(sorted(COMMANDS))}"
+    )
     assert "audit, demo, explain, lint-config" in p.stderr
 
 
 def test_every_subcommand_is_registered_and_loads_lazily() -> None:
-    code = ("import sys\nfrom castwise.cli import cli, main\n"
-            "assert main(['rules', 'CW101']) == 0\n"
-            "print(sorted(m for m in sys.modules if m.startswith('castwise.cli.')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(SRC)}).stdout
+    code = (
+        "import sys\nfrom castwise.cli import cli, main\n"
+        "assert main(['rules', 'CW101']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('castwise.cli.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    ).stdout
     assert out.strip().splitlines()[-1] == "['castwise.cli.rules']"  # only the command that ran
     assert {"audit", "demo", "explain", "lint-config", "rules"} <= set(COMMANDS)
 
@@ -64,9 +73,11 @@ def test_every_subcommand_is_registered_and_loads_lazily() -> None:
 def test_explain_caps_an_endless_file_and_stdin() -> None:
     p = _cli("explain", "/dev/zero")
     assert p.returncode == 2, p.stderr[-500:]
-    assert p.stderr == ("castwise: error: /dev/zero: more than 4 MiB of input; castwise explain reads an error "
-                        "message, a traceback or the end of a log: pass the end (tail -n 300 train.log | "
-                        "castwise explain -)\n")
+    assert p.stderr == (
+        "castwise: error: /dev/zero: more than 4 MiB of input; castwise explain reads an error "
+        "message, a traceback or the end of a log: pass the end (tail -n 300 train.log | "
+        "castwise explain -)\n"
+    )
     with open("/dev/zero", "rb") as zero:
         p = _cli("explain", "-", stdin=zero)
     assert p.returncode == 2 and p.stderr.startswith("castwise: error: stdin: more than 4 MiB of input")
@@ -85,16 +96,23 @@ def test_explain_reads_the_end_of_a_huge_log(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
-    (tmp_path / "slow.py").write_text(textwrap.dedent("""
+    (tmp_path / "slow.py").write_text(
+        textwrap.dedent("""
         import time
 
         def build():
             print("building", flush=True)
             time.sleep(120)
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.Popen([sys.executable, "-m", "castwise", "audit", f"{tmp_path / 'slow.py'}:build"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "castwise", "audit", f"{tmp_path / 'slow.py'}:build"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "building\n"
     proc.send_signal(signal.SIGINT)
@@ -105,19 +123,23 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
 
 def test_an_unwritable_json_path_is_refused_before_the_audit(tmp_path: Path) -> None:
     marker = tmp_path / "built"
-    (tmp_path / "model.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "model.py").write_text(
+        textwrap.dedent(f"""
         import torch
         from torch import nn
 
         def build():
             open({str(marker)!r}, "w").close()
             return nn.Linear(2, 2), torch.randn(1, 2)
-    """))
+    """)
+    )
     target = f"{tmp_path / 'model.py'}:build"
     p = _cli("audit", target, "--json", tmp_path / "no" / "such" / "report.json")
     assert p.returncode == 2
-    assert p.stderr == (f"castwise: error: --json {tmp_path / 'no' / 'such' / 'report.json'}: no folder "
-                        f"'{tmp_path / 'no' / 'such'}'; create it or give another path\n")
+    assert p.stderr == (
+        f"castwise: error: --json {tmp_path / 'no' / 'such' / 'report.json'}: no folder "
+        f"'{tmp_path / 'no' / 'such'}'; create it or give another path\n"
+    )
     p = _cli("audit", target, "--json", tmp_path)
     assert p.returncode == 2 and "is a folder; give a file path" in p.stderr
     assert not marker.exists()  # refused before the model was built
@@ -129,7 +151,8 @@ def test_an_unwritable_json_path_is_refused_before_the_audit(tmp_path: Path) -> 
 def test_a_huge_policy_is_not_echoed_back_whole(tmp_path: Path) -> None:
     marker = tmp_path / "built"
     (tmp_path / "model.py").write_text(
-        f"def build():\n    open({str(marker)!r}, 'w').close()\n    raise SystemExit('never here')\n")
+        f"def build():\n    open({str(marker)!r}, 'w').close()\n    raise SystemExit('never here')\n"
+    )
     p = _cli("audit", f"{tmp_path / 'model.py'}:build", "--policy", "x" * 100_000)
     assert p.returncode == 2
     (line,) = p.stderr.splitlines()

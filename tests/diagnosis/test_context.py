@@ -39,11 +39,14 @@ def _run_story_under_diagnose(number: int) -> tuple[BaseException, nn.Module, di
     return info.value, model, dtypes
 
 
-@pytest.mark.parametrize(("number", "module", "category"), [
-    (1, "visual.ln_pre", "KEEP_FP32_MODULE_DOWNCAST"),
-    (2, "encoder.block.1.layer.0.layer_norm", "KEEP_FP32_MODULE_LEAK"),
-    (3, "encoder.layers.0", "FASTPATH_BYPASSES_AUTOCAST"),
-])
+@pytest.mark.parametrize(
+    ("number", "module", "category"),
+    [
+        (1, "visual.ln_pre", "KEEP_FP32_MODULE_DOWNCAST"),
+        (2, "encoder.block.1.layer.0.layer_norm", "KEEP_FP32_MODULE_LEAK"),
+        (3, "encoder.layers.0", "FASTPATH_BYPASSES_AUTOCAST"),
+    ],
+)
 def test_story_failures_carry_module_cause_and_fix(number: int, module: str, category: str) -> None:
     exc, model, dtypes = _run_story_under_diagnose(number)
     notes = _notes(exc)

@@ -11,8 +11,13 @@ FIX = Path(__file__).parent / "fixtures"
 
 
 def castwise(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "castwise", "lint-config", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "castwise", "lint-config", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def test_story5_exit_1_and_json(tmp_path: Path) -> None:
@@ -65,7 +70,8 @@ def test_unreadable_files_exit_2_with_one_line(tmp_path: Path) -> None:
     with (tmp_path / "huge.json").open("wb") as fh:
         fh.truncate(50 * 1024 * 1024)
     (tmp_path / "default_config.yaml").write_text(
-        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: gone.json\n")
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: gone.json\n"
+    )
     for name in [*cases, "garbage.yaml", "huge.json", "default_config.yaml", "absent.env"]:
         p = castwise(tmp_path / name)
         assert p.returncode == 2, (name, p.stdout, p.stderr)
@@ -76,9 +82,20 @@ def test_unreadable_files_exit_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_never_imports_torch() -> None:
-    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "castwise", "lint-config",
-                        str(FIX / "accelerate" / "deepspeed_ok" / "default_config.yaml")],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "castwise",
+            "lint-config",
+            str(FIX / "accelerate" / "deepspeed_ok" / "default_config.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if "|" in line]
     assert "castwise.lint" in imported
@@ -86,9 +103,11 @@ def test_never_imports_torch() -> None:
 
 
 def test_api_never_imports_torch() -> None:
-    code = ("import sys, castwise\n"
-            f"r = castwise.lint_config({str(FIX / 'simpletuner' / 'story5.env')!r})\n"
-            "assert [f.code for f in r.findings] == ['CW201'], r.findings\n"
-            "assert 'torch' not in sys.modules\n")
+    code = (
+        "import sys, castwise\n"
+        f"r = castwise.lint_config({str(FIX / 'simpletuner' / 'story5.env')!r})\n"
+        "assert [f.code for f in r.findings] == ['CW201'], r.findings\n"
+        "assert 'torch' not in sys.modules\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -24,12 +24,15 @@ def write(tmp_path: Path, name: str, text: str | bytes) -> Path:
     return p
 
 
-@pytest.mark.parametrize(("name", "text", "line"), [
-    ("default_config.yaml", "mixed_precision: bf16\ndistributed_type: [DEEPSPEED\nuse_cpu: false\n", 3),
-    ("ds_config.json", '{\n  "fp16": {"enabled": true,}\n}\n', 2),
-    ("config.toml", '"--mixed_precision" = "bf16"\n"--gradient_precision" = \n', 2),
-    ("config.env", 'export MIXED_PRECISION="bf16\nexport X=1\n', 1),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "line"),
+    [
+        ("default_config.yaml", "mixed_precision: bf16\ndistributed_type: [DEEPSPEED\nuse_cpu: false\n", 3),
+        ("ds_config.json", '{\n  "fp16": {"enabled": true,}\n}\n', 2),
+        ("config.toml", '"--mixed_precision" = "bf16"\n"--gradient_precision" = \n', 2),
+        ("config.env", 'export MIXED_PRECISION="bf16\nexport X=1\n', 1),
+    ],
+)
 def test_broken_syntax_names_file_and_line(tmp_path: Path, name: str, text: str, line: int) -> None:
     path = write(tmp_path, name, text)
     with pytest.raises(ConfigError) as info:
@@ -70,9 +73,12 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_missing_referenced_file_names_the_setting(tmp_path: Path) -> None:
-    path = write(tmp_path, "default_config.yaml",
-                 "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: missing/ds.json\n"
-                 "mixed_precision: bf16\n")
+    path = write(
+        tmp_path,
+        "default_config.yaml",
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: missing/ds.json\n"
+        "mixed_precision: bf16\n",
+    )
     with pytest.raises(ConfigError, match=r"deepspeed_config\.deepspeed_config_file") as info:
         lint_config(path)
     assert (info.value.path, info.value.line) == (str(path), 3)
@@ -85,23 +91,29 @@ def test_missing_deepspeed_file_of_training_args(tmp_path: Path) -> None:
     assert info.value.line == 3
 
 
-@pytest.mark.parametrize(("name", "text"), [
-    ("notes.txt", "just some words\n"),
-    ("settings.yaml", "colour: blue\nsize: 3\n"),
-    ("data.json", '{"a": 1}'),
-    ("pyproject.toml", '[project]\nname = "x"\n'),
-])
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("notes.txt", "just some words\n"),
+        ("settings.yaml", "colour: blue\nsize: 3\n"),
+        ("data.json", '{"a": 1}'),
+        ("pyproject.toml", '[project]\nname = "x"\n'),
+    ],
+)
 def test_unknown_format_lists_the_formats(tmp_path: Path, name: str, text: str) -> None:
     with pytest.raises(ConfigError, match="castwise reads: Accelerate config") as info:
         lint_config(write(tmp_path, name, text))
     assert "DeepSpeed" in str(info.value) and "SimpleTuner" in str(info.value)
 
 
-@pytest.mark.parametrize(("name", "text"), [
-    ("default_config.yaml", "- a\n- b\n"),
-    ("ds_config.json", "[1, 2]"),
-    ("trainer.yaml", ""),
-])
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("default_config.yaml", "- a\n- b\n"),
+        ("ds_config.json", "[1, 2]"),
+        ("trainer.yaml", ""),
+    ],
+)
 def test_document_that_is_not_a_mapping(tmp_path: Path, name: str, text: str) -> None:
     with pytest.raises(ConfigError, match="mapping"):
         lint_config(write(tmp_path, name, text))
@@ -114,16 +126,35 @@ def test_deep_nesting(tmp_path: Path) -> None:
         lint_config(write(tmp_path, "default_config.yaml", "a: " + "[" * 50_000 + "]" * 50_000))
 
 
-NAMES = ["config.env", "config.json", "config.toml", "default_config.yaml", "ds_config.json",
-         "trainer.yaml", "training_args.json", "run.sh", "other.yml"]
-PREFIXES = ["", "export MIXED_PRECISION=", "{", '{"fp16": ', "trainer:\n  precision: ", "mixed_precision: ",
-            '"--mixed_precision" = ',
-            "compute_environment: LOCAL_MACHINE\ndeepspeed_config:\n  deepspeed_config_file: "]
+NAMES = [
+    "config.env",
+    "config.json",
+    "config.toml",
+    "default_config.yaml",
+    "ds_config.json",
+    "trainer.yaml",
+    "training_args.json",
+    "run.sh",
+    "other.yml",
+]
+PREFIXES = [
+    "",
+    "export MIXED_PRECISION=",
+    "{",
+    '{"fp16": ',
+    "trainer:\n  precision: ",
+    "mixed_precision: ",
+    '"--mixed_precision" = ',
+    "compute_environment: LOCAL_MACHINE\ndeepspeed_config:\n  deepspeed_config_file: ",
+]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(NAMES), prefix=st.sampled_from(PREFIXES),
-       body=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200))
+@given(
+    name=st.sampled_from(NAMES),
+    prefix=st.sampled_from(PREFIXES),
+    body=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200),
+)
 def test_random_text_gives_report_or_config_error(tmp_path: Path, name: str, prefix: str, body: str) -> None:
     path = tmp_path / name
     path.write_text(prefix + body, encoding="utf-8")
@@ -137,8 +168,7 @@ def test_random_text_gives_report_or_config_error(tmp_path: Path, name: str, pre
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(NAMES),
-       body=st.text(alphabet='{}[]":,\n -=$\'#\\tfalseuo0123{}bf16p.', max_size=120))
+@given(name=st.sampled_from(NAMES), body=st.text(alphabet="{}[]\":,\n -=$'#\\tfalseuo0123{}bf16p.", max_size=120))
 def test_random_syntax_soup_gives_report_or_config_error(tmp_path: Path, name: str, body: str) -> None:
     path = tmp_path / name
     path.write_text(body, encoding="utf-8")
@@ -163,26 +193,94 @@ def test_yaml_alias_bomb_is_quick(tmp_path: Path) -> None:
 # any JSON-like value, placed under the keys the readers look at: wrong types must be ignored
 # (or refused with ConfigError), never crash a reader
 VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 70000) | st.floats(allow_nan=False)
-    | st.sampled_from(["auto", "bf16", "fp16", "fp32", "no", "16-mixed", "bf16-true", "16", "cpu", "true",
-                       "ml.p3.2xlarge", "DEEPSPEED", "MULTI_CPU", "float16", "nope.json", "HalfPrecision",
-                       "lightning.pytorch.strategies.DeepSpeedStrategy", ""]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["enabled", "class_path", "init_args", "precision", "loss_scale", "config", "fp16",
-                         "bf16", "deepspeed_config_file", "x"]), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 70000)
+    | st.floats(allow_nan=False)
+    | st.sampled_from(
+        [
+            "auto",
+            "bf16",
+            "fp16",
+            "fp32",
+            "no",
+            "16-mixed",
+            "bf16-true",
+            "16",
+            "cpu",
+            "true",
+            "ml.p3.2xlarge",
+            "DEEPSPEED",
+            "MULTI_CPU",
+            "float16",
+            "nope.json",
+            "HalfPrecision",
+            "lightning.pytorch.strategies.DeepSpeedStrategy",
+            "",
+        ]
+    ),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "enabled",
+                    "class_path",
+                    "init_args",
+                    "precision",
+                    "loss_scale",
+                    "config",
+                    "fp16",
+                    "bf16",
+                    "deepspeed_config_file",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=3,
+        )
+    ),
     max_leaves=8,
 )
-KEYS = ["fp16", "bf16", "bfloat16", "zero_optimization", "communication_data_type", "data_types",
-        "mixed_precision", "distributed_type", "use_cpu", "ec2_instance_type", "deepspeed_config", "fsdp_config",
-        "trainer", "precision", "plugins", "strategy", "accelerator", "output_dir", "deepspeed", "torch_dtype",
-        "model_init_kwargs", "use_cpu", "fp16_full_eval", "bf16_full_eval", "--mixed_precision",
-        "gradient_precision", "base_model_precision", "compute_environment"]
+KEYS = [
+    "fp16",
+    "bf16",
+    "bfloat16",
+    "zero_optimization",
+    "communication_data_type",
+    "data_types",
+    "mixed_precision",
+    "distributed_type",
+    "use_cpu",
+    "ec2_instance_type",
+    "deepspeed_config",
+    "fsdp_config",
+    "trainer",
+    "precision",
+    "plugins",
+    "strategy",
+    "accelerator",
+    "output_dir",
+    "deepspeed",
+    "torch_dtype",
+    "model_init_kwargs",
+    "use_cpu",
+    "fp16_full_eval",
+    "bf16_full_eval",
+    "--mixed_precision",
+    "gradient_precision",
+    "base_model_precision",
+    "compute_environment",
+]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(["ds_config.json", "training_args.json", "config.json", "default_config.yaml",
-                             "trainer.yaml", "x.yaml"]),
-       data=st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=6))
+@given(
+    name=st.sampled_from(
+        ["ds_config.json", "training_args.json", "config.json", "default_config.yaml", "trainer.yaml", "x.yaml"]
+    ),
+    data=st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=6),
+)
 def test_random_values_under_known_keys(tmp_path: Path, name: str, data: dict[str, object]) -> None:
     import json
 

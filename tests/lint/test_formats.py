@@ -16,28 +16,41 @@ def codes(path: Path | list[Path]) -> list[str]:
     return sorted(f.code for f in lint_config(path).findings)
 
 
-@pytest.mark.parametrize("name", [
-    "simpletuner/clean.env", "simpletuner/clean.json", "simpletuner/clean.toml",
-    "accelerate/single_gpu_bf16.yaml", "accelerate/fsdp_fp16.yaml", "accelerate/deepspeed_ok/default_config.yaml",
-    "deepspeed/zero2_fp16.json", "deepspeed/bf16_fp32_accum.json",
-    "lightning/cli_bf16.yaml", "lightning/plugin_only.yaml",
-    "hf/clean_bf16.json", "hf/with_ds/training_args.json",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "simpletuner/clean.env",
+        "simpletuner/clean.json",
+        "simpletuner/clean.toml",
+        "accelerate/single_gpu_bf16.yaml",
+        "accelerate/fsdp_fp16.yaml",
+        "accelerate/deepspeed_ok/default_config.yaml",
+        "deepspeed/zero2_fp16.json",
+        "deepspeed/bf16_fp32_accum.json",
+        "lightning/cli_bf16.yaml",
+        "lightning/plugin_only.yaml",
+        "hf/clean_bf16.json",
+        "hf/with_ds/training_args.json",
+    ],
+)
 def test_realistic_file_lints_clean(name: str) -> None:
     report = lint_config(FIX / name)
     assert report.findings == []
     assert report.ok
 
 
-@pytest.mark.parametrize(("name", "code"), [
-    ("simpletuner/story5.env", "CW201"),
-    ("simpletuner/grad_fp32.json", "CW201"),
-    ("simpletuner/grad_fp32.toml", "CW201"),
-    ("accelerate/deepspeed_mismatch/default_config.yaml", "CW203"),
-    ("deepspeed/both_enabled.json", "CW202"),
-    ("lightning/plugin_and_precision.yaml", "CW205"),
-    ("hf/both_fp16_bf16.json", "CW202"),
-])
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [
+        ("simpletuner/story5.env", "CW201"),
+        ("simpletuner/grad_fp32.json", "CW201"),
+        ("simpletuner/grad_fp32.toml", "CW201"),
+        ("accelerate/deepspeed_mismatch/default_config.yaml", "CW203"),
+        ("deepspeed/both_enabled.json", "CW202"),
+        ("lightning/plugin_and_precision.yaml", "CW205"),
+        ("hf/both_fp16_bf16.json", "CW202"),
+    ],
+)
 def test_contradiction_is_found(name: str, code: str) -> None:
     report = lint_config(FIX / name)
     assert codes(FIX / name) == [code]
@@ -71,8 +84,10 @@ def test_story5_precision_model() -> None:
 def test_adam_bfloat16_skips_the_gradient_cast(tmp_path: Path) -> None:
     # SimpleTuner converts gradients to fp32 only when the optimizer is not adam_bfloat16
     env = tmp_path / "config.env"
-    env.write_text('export MIXED_PRECISION="bf16"\nexport OPTIMIZER="adam_bfloat16"\n'
-                   'export TRAINER_EXTRA_ARGS="--gradient_precision=fp32"\n')
+    env.write_text(
+        'export MIXED_PRECISION="bf16"\nexport OPTIMIZER="adam_bfloat16"\n'
+        'export TRAINER_EXTRA_ARGS="--gradient_precision=fp32"\n'
+    )
     assert codes(env) == []
 
 
@@ -87,13 +102,15 @@ def test_trainer_extra_args_last_value_wins(tmp_path: Path) -> None:
     env.write_text(
         "export MIXED_PRECISION=bf16\n"
         "export TRAINER_EXTRA_ARGS='--gradient_precision=fp32'\n"
-        'export TRAINER_EXTRA_ARGS="${TRAINER_EXTRA_ARGS} --gradient_precision=unmodified"\n')
+        'export TRAINER_EXTRA_ARGS="${TRAINER_EXTRA_ARGS} --gradient_precision=unmodified"\n'
+    )
     assert codes(env) == []
     env.write_text(
         "export MIXED_PRECISION=bf16\n"
         "export TRAINER_EXTRA_ARGS=''   # reset\n"
-        "export TRAINER_EXTRA_ARGS=\"$TRAINER_EXTRA_ARGS --lora_rank=4\"\n"
-        "export TRAINER_EXTRA_ARGS=\"${TRAINER_EXTRA_ARGS} \\\n  --gradient_precision=fp32\"\n")
+        'export TRAINER_EXTRA_ARGS="$TRAINER_EXTRA_ARGS --lora_rank=4"\n'
+        'export TRAINER_EXTRA_ARGS="${TRAINER_EXTRA_ARGS} \\\n  --gradient_precision=fp32"\n'
+    )
     (f,) = lint_config(env).findings
     assert f.locations[-1] == f"{env}:5"  # the continuation line where the argument is written
 
@@ -103,10 +120,11 @@ def test_shell_quoting_comments_and_defaults(tmp_path: Path) -> None:
     env.write_text(
         "# a comment mentioning MIXED_PRECISION=fp16\n"
         "PRECISION_CHOICE=bf16\n"
-        "export MIXED_PRECISION=\"${PRECISION_CHOICE:-fp16}\"  # trailing comment\n"
+        'export MIXED_PRECISION="${PRECISION_CHOICE:-fp16}"  # trailing comment\n'
         "export NOTE='single quotes keep ${PRECISION_CHOICE} literal'\n"
         "if [ -n \"$X\" ]; then echo 'skipped'; fi\n"
-        "export TRAINER_EXTRA_ARGS=\"${EXTRA:---gradient_precision=fp32}\"\n")
+        'export TRAINER_EXTRA_ARGS="${EXTRA:---gradient_precision=fp32}"\n'
+    )
     model = build_model(read_config(env))
     assert model.weights is not None and model.weights.value == "bfloat16"
     assert model.weights.settings[0].line == 3
@@ -115,8 +133,10 @@ def test_shell_quoting_comments_and_defaults(tmp_path: Path) -> None:
 
 def test_quantised_base_uses_default_dtype(tmp_path: Path) -> None:
     env = tmp_path / "config.env"
-    env.write_text('export MIXED_PRECISION="bf16"\nexport BASE_MODEL_PRECISION="int8-quanto"\n'
-                   'export TRAINER_EXTRA_ARGS="--base_model_default_dtype=fp32 --gradient_precision=fp32"\n')
+    env.write_text(
+        'export MIXED_PRECISION="bf16"\nexport BASE_MODEL_PRECISION="int8-quanto"\n'
+        'export TRAINER_EXTRA_ARGS="--base_model_default_dtype=fp32 --gradient_precision=fp32"\n'
+    )
     model = build_model(read_config(env))
     assert model.weights is not None and model.weights.value == "float32"
     assert codes(env) == []  # fp32 weights with fp32 gradients: consistent
@@ -145,8 +165,9 @@ def test_accelerate_deepspeed_mismatch_names_both_files() -> None:
 def test_accelerate_no_with_deepspeed_fp16_warns(tmp_path: Path) -> None:
     (tmp_path / "ds.json").write_text('{"fp16": {"enabled": true}, "zero_optimization": {"stage": 1}}')
     cfg = tmp_path / "default_config.yaml"
-    cfg.write_text("distributed_type: DEEPSPEED\nmixed_precision: 'no'\n"
-                   "deepspeed_config:\n  deepspeed_config_file: ds.json\n")
+    cfg.write_text(
+        "distributed_type: DEEPSPEED\nmixed_precision: 'no'\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+    )
     (f,) = lint_config(cfg).findings
     assert (f.code, f.level) == ("CW203", "warning")
 
@@ -257,13 +278,17 @@ def test_hf_fsdp_reduces_in_the_amp_dtype(tmp_path: Path) -> None:
 
 def test_tf32_and_bf16_on_a_v100_instance_across_two_files(tmp_path: Path) -> None:
     acc = tmp_path / "default_config.yaml"
-    acc.write_text("compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\n"
-                   "ec2_instance_type: ml.p3.8xlarge\nmixed_precision: 'no'\n")
+    acc.write_text(
+        "compute_environment: AMAZON_SAGEMAKER\ndistributed_type: 'NO'\n"
+        "ec2_instance_type: ml.p3.8xlarge\nmixed_precision: 'no'\n"
+    )
     args = tmp_path / "training_args.json"
     args.write_text('{"output_dir": "o", "bf16": true, "tf32": true}')
     findings = lint_config([acc, args]).findings
     assert sorted((f.code, f.settings) for f in findings) == [
-        ("CW207", ("bf16", "ec2_instance_type")), ("CW207", ("tf32", "ec2_instance_type"))]
+        ("CW207", ("bf16", "ec2_instance_type")),
+        ("CW207", ("tf32", "ec2_instance_type")),
+    ]
     assert all(f.level == "error" for f in findings)
 
 
@@ -278,9 +303,11 @@ def test_bf16_on_an_a100_instance_is_clean(tmp_path: Path) -> None:
 def test_lightning_deepspeed_strategy_config_file_is_read(tmp_path: Path) -> None:
     (tmp_path / "ds.json").write_text('{"bf16": {"enabled": true}, "zero_optimization": {"stage": 3}}')
     cfg = tmp_path / "cli.yaml"
-    cfg.write_text("trainer:\n  precision: bf16-mixed\n  strategy:\n"
-                   "    class_path: lightning.pytorch.strategies.DeepSpeedStrategy\n"
-                   "    init_args:\n      stage: 3\n      config: ds.json\n")
+    cfg.write_text(
+        "trainer:\n  precision: bf16-mixed\n  strategy:\n"
+        "    class_path: lightning.pytorch.strategies.DeepSpeedStrategy\n"
+        "    init_args:\n      stage: 3\n      config: ds.json\n"
+    )
     files = read_config(cfg)
     assert [cf.format for cf in files] == ["lightning", "deepspeed"]
     assert lint_config(cfg).findings == []
@@ -294,9 +321,11 @@ def test_lightning_deepspeed_strategy_config_file_is_read(tmp_path: Path) -> Non
 
 def test_lightning_inline_deepspeed_dict_disabled_block_warns(tmp_path: Path) -> None:
     cfg = tmp_path / "cli.yaml"
-    cfg.write_text("trainer:\n  precision: 16-mixed\n  strategy:\n"
-                   "    class_path: lightning.pytorch.strategies.DeepSpeedStrategy\n"
-                   "    init_args:\n      config:\n        fp16:\n          enabled: false\n")
+    cfg.write_text(
+        "trainer:\n  precision: 16-mixed\n  strategy:\n"
+        "    class_path: lightning.pytorch.strategies.DeepSpeedStrategy\n"
+        "    init_args:\n      config:\n        fp16:\n          enabled: false\n"
+    )
     (f,) = lint_config(cfg).findings
     assert (f.code, f.level) == ("CW209", "warning")
     assert f.settings == ("trainer.precision", "trainer.strategy.init_args.config.fp16.enabled")

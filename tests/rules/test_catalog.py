@@ -19,8 +19,9 @@ CODES = sorted(rules.REGISTRY)
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # piped output: 100 columns
-    return subprocess.run([sys.executable, "-m", "castwise", *args], capture_output=True, text=True,
-                          timeout=60, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "castwise", *args], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
 
 
 def test_registry_is_not_empty_and_sorted() -> None:

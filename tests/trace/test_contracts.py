@@ -176,8 +176,9 @@ def test_cuda_layer_and_group_norm_refuse_the_cpu_mixed_dtype_path() -> None:
     cpu, cuda = both(aten.native_group_norm.default, (x3, w, w, 2, 4, 3, 2, 1e-5))
     assert cpu is None and cuda is not None and cuda.message == "expected scalar type Half but found Float"
     # f32 input with bf16 parameters: group_norm.cpp's mixed check runs on every device
-    cuda = check(aten.native_group_norm.default, (m(2, 4, 3), m(4, dtype=BF16), m(4, dtype=BF16), 2, 4, 3, 2, 1e-5),
-                 {}, "cuda")
+    cuda = check(
+        aten.native_group_norm.default, (m(2, 4, 3), m(4, dtype=BF16), m(4, dtype=BF16), 2, 4, 3, 2, 1e-5), {}, "cuda"
+    )
     assert cuda is not None and cuda.message == "mixed dtype (CPU): expect parameter to have scalar type of Float"
 
 
@@ -207,8 +208,9 @@ def test_cuda_convolution_wants_input_weight_and_bias_in_one_type() -> None:
     assert cuda.message == "Input type (torch.cuda.FloatTensor) and bias type (CUDABFloat16Type) should be the same"
     cuda = check(aten.convolution.default, (m(1, 2, 5, dtype=F16), w, None, [1], [0], [1], False, [0], 1), {}, "cuda")
     assert cuda is not None
-    assert cuda.message == ("Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be "
-                            "the same")
+    assert cuda.message == (
+        "Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same"
+    )
 
 
 def test_cuda_convolution_backward_refuses_the_onednn_mixed_weight() -> None:
@@ -299,8 +301,26 @@ def test_cuda_fused_encoder_layer_wants_norm_weights_in_the_activation_dtype() -
     def w(*shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
         return m(*shape, dtype=dtype)
 
-    args = (x, e, 2, w(12, e), w(12), w(e, e), w(e), False, False, 1e-5, w(e, dtype=F32), w(e, dtype=F32),
-            w(e, dtype=F32), w(e, dtype=F32), w(8, e), w(8), w(e, 8), w(e))
+    args = (
+        x,
+        e,
+        2,
+        w(12, e),
+        w(12),
+        w(e, e),
+        w(e),
+        False,
+        False,
+        1e-5,
+        w(e, dtype=F32),
+        w(e, dtype=F32),
+        w(e, dtype=F32),
+        w(e, dtype=F32),
+        w(8, e),
+        w(8),
+        w(e, 8),
+        w(e),
+    )
     cpu, cuda = both(aten._transformer_encoder_layer_fwd.default, args)
     assert cpu is None and cuda is not None and cuda.kind == "norm" and cuda.culprits == (5, 6)
 
@@ -428,7 +448,7 @@ def test_linalg_without_half_kernels_refuses_on_both_devices(dtype: torch.dtype)
     assert cpu is not None and cuda is not None
     assert cpu.kind == cuda.kind == "unsupported"
     assert cpu.message == f"\"geqrf_cpu\" not implemented for '{'BFloat16' if dtype == BF16 else 'Half'}'"
-    assert cuda.message.startswith("\"geqrf_cuda\" not implemented")
+    assert cuda.message.startswith('"geqrf_cuda" not implemented')
     assert cpu.expected == "float32" and cpu.culprits == (0,)
     assert result_dtype(aten.linalg_qr.default, (m(4, 4),), {}, "cuda") == F32
 
@@ -436,7 +456,8 @@ def test_linalg_without_half_kernels_refuses_on_both_devices(dtype: torch.dtype)
 def test_cuda_fft_takes_half_with_power_of_two_sizes_but_never_bf16() -> None:
     r2c = aten._fft_r2c.default
     assert check(r2c, (m(8, dtype=BF16), [0], 0, True), {}, "cuda").message == (  # type: ignore[union-attr]
-        "cuFFT doesn't support tensor of type: BFloat16")
+        "cuFFT doesn't support tensor of type: BFloat16"
+    )
     assert check(r2c, (m(8, dtype=F16), [0], 0, True), {}, "cuda") is None
     assert result_dtype(r2c, (m(8, dtype=F16), [0], 0, True), {}, "cuda") == torch.complex32
     odd = check(r2c, (m(6, dtype=F16), [0], 0, True), {}, "cuda")

@@ -57,14 +57,16 @@ def test_table_predicts_real_cpu_kernel(case: Case) -> None:
     assert violation.op == f"aten.{case.func._opname}"
     if _family(case) not in OWN_WORDING:
         assert message is not None and message.startswith(violation.message), (
-            f"{case.id}: kernel says {message!r}, table says {violation.message!r}")
+            f"{case.id}: kernel says {message!r}, table says {violation.message!r}"
+        )
     flat = tensor_args(args, kwargs)
     assert all(0 <= i < len(flat) for i in violation.culprits)
     if violation.kind != "unsupported":
         assert violation.culprits, f"{case.id}: a dtype mismatch must name the operand at fault"
         if violation.expected is not None:
             assert all(_name(flat[i].dtype) != violation.expected for i in violation.culprits), (
-                f"{case.id}: a culprit already has the expected dtype {violation.expected}")
+                f"{case.id}: a culprit already has the expected dtype {violation.expected}"
+            )
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -74,8 +76,21 @@ def _name(dtype: torch.dtype) -> str:
 def test_cases_cover_every_family_and_enough_combinations() -> None:
     families = collections.Counter(c.family for c in CASES)
     assert len(CASES) >= 150
-    for family in ("matmul", "conv", "norm", "sdpa", "embedding", "index", "inplace", "promotion", "backward",
-                   "fused", "softmax", "loss", "nokernel"):
+    for family in (
+        "matmul",
+        "conv",
+        "norm",
+        "sdpa",
+        "embedding",
+        "index",
+        "inplace",
+        "promotion",
+        "backward",
+        "fused",
+        "softmax",
+        "loss",
+        "nokernel",
+    ):
         assert families[family] >= 5, f"family {family!r} has only {families[family]} cases"
     # raising and accepting cases both matter: a table that always says "raise" must fail
     outcomes = collections.Counter(run(c).raised for c in CASES if c.family == "matmul")
@@ -97,8 +112,13 @@ def test_fake_kernels_alone_miss_what_the_table_catches() -> None:
     # the measured gap the table exists for: a fake linear(f32, bf16 weight) returns f32
     from .contract_cases import run_fake
 
-    wanted = ("linear[f32-bf16-none]", "addmm[f32-bf16-bf16]", "native_layer_norm[f32-bf16-bf16]",
-              "index_put[f32-bf16]", "convolution[bf16-f32-none]")
+    wanted = (
+        "linear[f32-bf16-none]",
+        "addmm[f32-bf16-bf16]",
+        "native_layer_norm[f32-bf16-bf16]",
+        "index_put[f32-bf16]",
+        "convolution[bf16-f32-none]",
+    )
     gap = [c for c in CASES if c.id in wanted]
     assert len(gap) == 5
     for case in gap:

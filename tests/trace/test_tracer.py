@@ -28,8 +28,9 @@ class Net(nn.Module):
         return self.b(self.up(self.a(x)).to(self.b.weight.dtype))
 
 
-def _trace(model: nn.Module, x: torch.Tensor, mode: str = "train", device: str = "cpu",
-           autocast: torch.dtype | None = None) -> tuple[Tracer, object]:
+def _trace(
+    model: nn.Module, x: torch.Tensor, mode: str = "train", device: str = "cpu", autocast: torch.dtype | None = None
+) -> tuple[Tracer, object]:
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, device)
     fx = fake_mod.fake_inputs(x, fmode, device, {})
@@ -63,8 +64,9 @@ def test_backward_ops_are_attributed_through_node_metadata() -> None:
     assert ("b", "aten.mm") in backward
 
 
-def _live(model: nn.Module, x: torch.Tensor,
-          autocast: torch.dtype | None = None) -> tuple[Tracer, dict[str, torch.Tensor]]:
+def _live(
+    model: nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None
+) -> tuple[Tracer, dict[str, torch.Tensor]]:
     """Run under the tracer and keep intermediate tensors alive (forward hooks of our own)."""
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, "cpu")

@@ -24,8 +24,15 @@ from castwise.policy import Policy
 from castwise.report import Report
 
 
-def audit(model: nn.Module, inputs: Any, *, policy: Policy | str | None = None, device: str | None = None,
-          mode: str = "both", fake: bool = True) -> Report:
+def audit(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    policy: Policy | str | None = None,
+    device: str | None = None,
+    mode: str = "both",
+    fake: bool = True,
+) -> Report:
     """Run ``model`` on ``inputs`` (forward, and backward in train mode) and report its dtype flow.
 
     ``inputs``: a tensor, a tuple of positional args or a dict of keyword args. ``policy``: a

@@ -86,22 +86,43 @@ class Ctx:
     def modules(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p.module for p in self.culprit_provs if p.module))
 
-    def diag(self, code: str, message: str, fix: str, origin: Origin | bool | None = True,
-             modules: tuple[str, ...] | None = None, source: str | bool | None = True,
-             code_fix: tuple[str, int, str, str | None] | None = None) -> Diag:
+    def diag(
+        self,
+        code: str,
+        message: str,
+        fix: str,
+        origin: Origin | bool | None = True,
+        modules: tuple[str, ...] | None = None,
+        source: str | bool | None = True,
+        code_fix: tuple[str, int, str, str | None] | None = None,
+    ) -> Diag:
         """A diagnosis at this op; ``origin=True``: the culprit's origin (and its source line)."""
         org = self.origin if origin is True else origin if isinstance(origin, Origin) else None
         line = self.source if source is True else source if isinstance(source, str) else None
-        return Diag(code, self.module, self.op, org, message, fix,
-                    self.modules if modules is None else modules, self.expected, line, code_fix)
+        return Diag(
+            code,
+            self.module,
+            self.op,
+            org,
+            message,
+            fix,
+            self.modules if modules is None else modules,
+            self.expected,
+            line,
+            code_fix,
+        )
 
 
 def _own(p: Prov, module: str) -> bool:
     return p.kind in ("param", "buffer") and is_ancestor(p.module, module)
 
 
-def culprits_of(dtypes: tuple[torch.dtype, ...], given: tuple[int, ...], compute: torch.dtype,
-                own: dict[str, torch.dtype] | None = None) -> list[int]:
+def culprits_of(
+    dtypes: tuple[torch.dtype, ...],
+    given: tuple[int, ...],
+    compute: torch.dtype,
+    own: dict[str, torch.dtype] | None = None,
+) -> list[int]:
     """Which operands are at fault: the table's answer, else those off the expected dtype."""
     if given:
         return list(given)
@@ -123,43 +144,92 @@ def culprits_of(dtypes: tuple[torch.dtype, ...], given: tuple[int, ...], compute
     return floats
 
 
-def _blame(module: str, dtypes: tuple[torch.dtype, ...], provs: tuple[Prov | None, ...], culprits: list[int],
-           compute: torch.dtype, stray: bool) -> tuple[list[int], list[Prov]]:
+def _blame(
+    module: str,
+    dtypes: tuple[torch.dtype, ...],
+    provs: tuple[Prov | None, ...],
+    culprits: list[int],
+    compute: torch.dtype,
+    stray: bool,
+) -> tuple[list[int], list[Prov]]:
     """The culprits' provenance; when the table blames this module's own weights, the operand that
     differs from them instead, unless the weights are the odd ones (off the compute dtype)."""
     culprit_provs = [p for p in (provs[i] for i in culprits if i < len(provs)) if p is not None]
     causes = [p for p in culprit_provs if not _own(p, module)]
     if culprit_provs and not causes and not stray:
         wrong = culprit_provs[0].dtype
-        others = [p for i, p in enumerate(provs) if p is not None and i < len(dtypes)
-                  and dtypes[i].is_floating_point and dtypes[i] != wrong and not _own(p, module)]
+        others = [
+            p
+            for i, p in enumerate(provs)
+            if p is not None
+            and i < len(dtypes)
+            and dtypes[i].is_floating_point
+            and dtypes[i] != wrong
+            and not _own(p, module)
+        ]
         if others and not (wrong != compute and all(p.dtype == compute for p in others)):
             causes = others
             culprits = [i for i, p in enumerate(provs) if p is not None and p in causes]
     return culprits, causes or culprit_provs
 
 
-def make_ctx(*, phase: str, module: str, op: str | None, kind: str | None, text: str,
-             dtypes: tuple[torch.dtype, ...], provs: tuple[Prov | None, ...], culprits: list[int],
-             is_fast: bool, autocast: torch.dtype | None, compute: torch.dtype, expected: str | None,
-             device: Device, dominant: torch.dtype | None = None, unsupported: torch.dtype | None = None,
-             off_policy: frozenset[str] = frozenset(), disabled_by: str | None = None,
-             region_module: Any = None) -> Ctx:
+def make_ctx(
+    *,
+    phase: str,
+    module: str,
+    op: str | None,
+    kind: str | None,
+    text: str,
+    dtypes: tuple[torch.dtype, ...],
+    provs: tuple[Prov | None, ...],
+    culprits: list[int],
+    is_fast: bool,
+    autocast: torch.dtype | None,
+    compute: torch.dtype,
+    expected: str | None,
+    device: Device,
+    dominant: torch.dtype | None = None,
+    unsupported: torch.dtype | None = None,
+    off_policy: frozenset[str] = frozenset(),
+    disabled_by: str | None = None,
+    region_module: Any = None,
+) -> Ctx:
     floats = [i for i in range(min(len(dtypes), len(provs))) if dtypes[i].is_floating_point]
-    stray = [i for i in floats if (p := provs[i]) is not None and p.tensor in off_policy
-             and any(dtypes[j] != dtypes[i] for j in floats)]
+    stray = [
+        i
+        for i in floats
+        if (p := provs[i]) is not None and p.tensor in off_policy and any(dtypes[j] != dtypes[i] for j in floats)
+    ]
     if stray:
         # a tensor the policy left off its dtype (CW122) is the odd one wherever it meets others
         culprits = stray
-    if not stray and autocast is None and culprits and all(dtypes[i] == compute for i in culprits
-                                                         if i < len(dtypes)):
+    if not stray and autocast is None and culprits and all(dtypes[i] == compute for i in culprits if i < len(dtypes)):
         # outside autocast the model's own dtype is the norm: the operand off it is the odd one
         odd = [i for i in floats if dtypes[i] != compute]
         if odd:
             culprits = odd
     culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray))
-    return Ctx(phase, module, op, kind, text, dtypes, provs, culprits, is_fast, autocast, compute, expected,
-               device, dominant, unsupported, bool(stray), culprit_provs, disabled_by, region_module)
+    return Ctx(
+        phase,
+        module,
+        op,
+        kind,
+        text,
+        dtypes,
+        provs,
+        culprits,
+        is_fast,
+        autocast,
+        compute,
+        expected,
+        device,
+        dominant,
+        unsupported,
+        bool(stray),
+        culprit_provs,
+        disabled_by,
+        region_module,
+    )
 
 
 @dataclass

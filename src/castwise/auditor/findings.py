@@ -31,18 +31,32 @@ _UNSUPPORTED_TEXT = re.compile(
     r"not implemented for '(\w+)'|[Uu]nsupported dtype:? '?(\w+)|not supported for (?:dtype )?'?(\w+)'?|"
     r"does(?: not|n't) support (?:dtype |tensors of type:? )?'?(\w+)'?|dtypes not supported\. Got (\w+)",
 )
-_SCALAR_NAMES = {"BFloat16": torch.bfloat16, "Half": torch.float16, "Float": torch.float32,
-                 "Double": torch.float64, "ComplexHalf": torch.complex32, "Long": torch.int64,
-                 "Int": torch.int32, "Bool": torch.bool, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SCALAR_NAMES = {
+    "BFloat16": torch.bfloat16,
+    "Half": torch.float16,
+    "Float": torch.float32,
+    "Double": torch.float64,
+    "ComplexHalf": torch.complex32,
+    "Long": torch.int64,
+    "Int": torch.int32,
+    "Bool": torch.bool,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 _CUDA_RUNTIME = re.compile(
     r"nvidia driver|cuda driver|cuda error|torch not compiled with cuda|no cuda gpus|cudaerror|"
     r"cuda runtime|cuda_visible_devices|cudnn",
     re.IGNORECASE,
 )
-_FAKE_LIMITS = frozenset({
-    "DataDependentOutputException", "DynamicOutputShapeException", "UnsupportedOperatorException",
-    "UnsupportedFakeTensorException", "GuardOnDataDependentSymNode",
-})
+_FAKE_LIMITS = frozenset(
+    {
+        "DataDependentOutputException",
+        "DynamicOutputShapeException",
+        "UnsupportedOperatorException",
+        "UnsupportedFakeTensorException",
+        "GuardOnDataDependentSymNode",
+    }
+)
 
 
 def is_dtype_error(exc: BaseException) -> bool:
@@ -72,16 +86,18 @@ def _cuda_runtime_error(exc: BaseException) -> bool:
 def _data_dependent(exc: BaseException) -> bool:
     names = {c.__name__ for c in type(exc).__mro__}
     text = str(exc).lower()
-    return bool(names & {"DataDependentOutputException", "DynamicOutputShapeException",
-                         "GuardOnDataDependentSymNode"}) or "data-dependent" in text or "data dependent" in text
+    return (
+        bool(names & {"DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode"})
+        or "data-dependent" in text
+        or "data dependent" in text
+    )
 
 
 def _fake_limit(exc: BaseException) -> bool:
     """The fake-tensor machinery could not run an op: a limit of the audit, not a model error."""
     names = {c.__name__ for c in type(exc).__mro__}
     text = str(exc).lower()
-    return bool(names & _FAKE_LIMITS) or "nestedtensorimpl" in text or "fake tensor" in text \
-        or _data_dependent(exc)
+    return bool(names & _FAKE_LIMITS) or "nestedtensorimpl" in text or "fake tensor" in text or _data_dependent(exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -91,8 +107,9 @@ def _first_line(exc: BaseException) -> str:
 
 def classify(r: RunRecord, **event: Any) -> Diag:
     """The first rule check (in precedence order) that explains this refused op."""
-    ctx = make_ctx(**event, compute=r.compute, device=r.device or devices.CPU, dominant=r.dominant,
-                   off_policy=r.off_policy())
+    ctx = make_ctx(
+        **event, compute=r.compute, device=r.device or devices.CPU, dominant=r.dominant, off_policy=r.off_policy()
+    )
     for check in ordered_checks():
         diag = check.match(ctx)
         if diag is not None:
@@ -104,10 +121,22 @@ def _from_event(ev: Event, r: RunRecord) -> Diag:
     v = ev.violation
     text = v.message if v is not None else f"{type(ev.error).__name__}: {ev.error}"
     culprits = culprits_of(ev.dtypes, v.culprits if v is not None else (), r.compute)
-    return classify(r, phase=ev.phase, module=ev.module, op=ev.op, kind=v.kind if v is not None else None,
-                    text=text, dtypes=ev.dtypes, provs=ev.provs, culprits=culprits, is_fast=ev.fastpath,
-                    autocast=ev.autocast, expected=v.expected if v is not None else None,
-                    disabled_by=ev.disabled_by, region_module=r.submodule(ev.disabled_by))
+    return classify(
+        r,
+        phase=ev.phase,
+        module=ev.module,
+        op=ev.op,
+        kind=v.kind if v is not None else None,
+        text=text,
+        dtypes=ev.dtypes,
+        provs=ev.provs,
+        culprits=culprits,
+        is_fast=ev.fastpath,
+        autocast=ev.autocast,
+        expected=v.expected if v is not None else None,
+        disabled_by=ev.disabled_by,
+        region_module=r.submodule(ev.disabled_by),
+    )
 
 
 def _forward_echo(ev: Event, forward: list[Event]) -> bool:
@@ -138,9 +167,21 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
         Prov("param", module, None, f"param {module + '.' if module else ''}{n}", d) for n, d in own.items()
     )
     dtypes = tuple(t.dtype for t in tensors) + tuple(own.values())
-    return classify(r, phase=trace.error_phase, module=module, op=None, kind=kind, text=text, dtypes=dtypes,
-                    provs=provs, culprits=culprits_of(dtypes, (), r.compute, own), is_fast=False,
-                    autocast=frame.autocast if frame else None, expected=None, unsupported=bad)
+    return classify(
+        r,
+        phase=trace.error_phase,
+        module=module,
+        op=None,
+        kind=kind,
+        text=text,
+        dtypes=dtypes,
+        provs=provs,
+        culprits=culprits_of(dtypes, (), r.compute, own),
+        is_fast=False,
+        autocast=frame.autocast if frame else None,
+        expected=None,
+        unsupported=bad,
+    )
 
 
 def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
@@ -164,22 +205,46 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     simulated_cuda = r.fake and r.device is not None and r.device.kernels == "cuda"
     cuda_limit = simulated_cuda and _cuda_runtime_error(exc)
     if r.fake and (_fake_limit(exc) or cuda_limit) and kind is None:
-        return cw902.diagnose(module=fail.module if fail else module, op=fail.op if fail else None, text=text,
-                              cuda_limit=cuda_limit, data_dependent=_data_dependent(exc),
-                              simulated_cuda=simulated_cuda)
+        return cw902.diagnose(
+            module=fail.module if fail else module,
+            op=fail.op if fail else None,
+            text=text,
+            cuda_limit=cuda_limit,
+            data_dependent=_data_dependent(exc),
+            simulated_cuda=simulated_cuda,
+        )
     dtype_error = kind is not None or is_dtype_error(exc)
     if dtype_error and fail is not None and r.fake and fail.op.startswith("aten."):
         # torch's fake kernel refused dtypes the contract table does not say the real kernel refuses
         # (it would have flagged the op before it ran): "Real error" only where the table says so
-        return cw902.diagnose(module=fail.module, op=fail.op, text=f"torch's fake kernel refused: {text}; the "
-                              "contract table does not predict this error for the real kernel", cuda_limit=False,
-                              data_dependent=False, simulated_cuda=simulated_cuda)
+        return cw902.diagnose(
+            module=fail.module,
+            op=fail.op,
+            text=f"torch's fake kernel refused: {text}; the "
+            "contract table does not predict this error for the real kernel",
+            cuda_limit=False,
+            data_dependent=False,
+            simulated_cuda=simulated_cuda,
+        )
     if dtype_error and fail is not None:
         # an op raised on dtypes (a custom op's own check, a kernel in a real run)
-        return classify(r, phase=fail.phase, module=fail.module, op=fail.op, kind=kind, text=text,
-                        dtypes=fail.dtypes, provs=fail.provs, culprits=culprits_of(fail.dtypes, (), r.compute),
-                        is_fast=fail.fastpath, autocast=fail.autocast, expected=None, unsupported=bad,
-                        disabled_by=fail.disabled_by, region_module=r.submodule(fail.disabled_by))
+        return classify(
+            r,
+            phase=fail.phase,
+            module=fail.module,
+            op=fail.op,
+            kind=kind,
+            text=text,
+            dtypes=fail.dtypes,
+            provs=fail.provs,
+            culprits=culprits_of(fail.dtypes, (), r.compute),
+            is_fast=fail.fastpath,
+            autocast=fail.autocast,
+            expected=None,
+            unsupported=bad,
+            disabled_by=fail.disabled_by,
+            region_module=r.submodule(fail.disabled_by),
+        )
     if dtype_error:
         return _raised_in_python(r, module, kind, text, bad)
     return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
@@ -212,12 +277,24 @@ def merge(per_mode: dict[str, list[Diag]]) -> list[Finding]:
                 places.append(d.module)
             extra = tuple(m for m in d.culprit_modules if m not in first.culprit_modules)
             if extra:
-                merged[key] = (Diag(first.code, first.module, first.op, first.origin, first.message, first.fix,
-                                    first.culprit_modules + extra, first.expected, first.source, first.code_fix),
-                               modes, places)
+                merged[key] = (
+                    Diag(
+                        first.code,
+                        first.module,
+                        first.op,
+                        first.origin,
+                        first.message,
+                        first.fix,
+                        first.culprit_modules + extra,
+                        first.expected,
+                        first.source,
+                        first.code_fix,
+                    ),
+                    modes,
+                    places,
+                )
     order: tuple[Mode, ...] = ("train", "eval")
-    return [_finding(d, tuple(m for m in order if m in modes), places)
-            for d, modes, places in merged.values()]
+    return [_finding(d, tuple(m for m in order if m in modes), places) for d, modes, places in merged.values()]
 
 
 def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
@@ -233,5 +310,15 @@ def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
     if len(places) > 1:
         details.append(("also_at", places[1:]))
     code_fix = CodeFix(*d.code_fix) if d.code_fix is not None else None
-    return Finding(code=d.code, message=message, module=d.module, op=d.op, origin=d.origin, modes=modes,
-                   fix=d.fix, details=tuple(details), source=d.source, code_fix=code_fix)
+    return Finding(
+        code=d.code,
+        message=message,
+        module=d.module,
+        op=d.op,
+        origin=d.origin,
+        modes=modes,
+        fix=d.fix,
+        details=tuple(details),
+        source=d.source,
+        code_fix=code_fix,
+    )

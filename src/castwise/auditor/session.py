@@ -64,8 +64,11 @@ def dominant_dtype(model: nn.Module) -> torch.dtype:
 
 def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
     try:
-        params = [p.name for p in inspect.signature(model.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p.name
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
     named = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)]
@@ -82,13 +85,21 @@ def _named_tensors(name: str, obj: Any) -> list[tuple[str, torch.Tensor]]:
     return []
 
 
-
 # -- one run ------------------------------------------------------------------------------------
 
 
-def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: Mode, fake: bool,
-              compute: torch.dtype, record_ops: bool,
-              observers: list[Any] | None = None, forced: frozenset[tuple[str, int]] = frozenset()) -> RunRecord:
+def _run_once(
+    model: nn.Module,
+    inputs: Any,
+    policy: Policy | None,
+    device: str,
+    mode: Mode,
+    fake: bool,
+    compute: torch.dtype,
+    record_ops: bool,
+    observers: list[Any] | None = None,
+    forced: frozenset[tuple[str, int]] = frozenset(),
+) -> RunRecord:
     from castwise.applied import apply, iter_casts
 
     dev = devices.get(device)
@@ -125,9 +136,13 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
-        tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops,
-                        observers=observers if observers is not None else [*default_observers(),
-                                                                           ModuleTreeObserver(copy)])
+        tracer = Tracer(
+            copy,
+            dev,
+            fake=fake,
+            record_ops=record_ops,
+            observers=observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)],
+        )
         tracer.forced = forced  # branch sites answered True (the second run of a mode, trace/values.py)
         tracer.seed_inputs([x for n, v in named for x in _named_tensors(n, v)])
         if fmode is not None:
@@ -146,9 +161,9 @@ def _run_once(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
     return result
 
 
-def _unexpected_dtypes(model: nn.Module, policy: Policy, decisions: dict[str, Any],
-                       casts: list[tuple[str, str, torch.dtype, torch.dtype]]) -> list[
-                           tuple[str, str, str, torch.dtype, torch.dtype]]:
+def _unexpected_dtypes(
+    model: nn.Module, policy: Policy, decisions: dict[str, Any], casts: list[tuple[str, str, torch.dtype, torch.dtype]]
+) -> list[tuple[str, str, str, torch.dtype, torch.dtype]]:
     """Floating parameters/buffers that, after ``apply``, are not in the dtype the policy gives
     them: what apply leaves alone (mixed policies cast nothing outside islands) in another dtype,
     e.g. a buffer cast to bf16 by hand in a model trained under bf16-mixed."""
@@ -165,8 +180,13 @@ def _unexpected_dtypes(model: nn.Module, policy: Policy, decisions: dict[str, An
                 if kind == "param":
                     want = island or policy.param_dtype
                 else:
-                    want = island or (policy.buffer_dtype if policy.is_mixed and policy.buffer_dtype is not None
-                                      else policy.param_dtype if policy.is_mixed else policy.effective_buffer_dtype)
+                    want = island or (
+                        policy.buffer_dtype
+                        if policy.is_mixed and policy.buffer_dtype is not None
+                        else policy.param_dtype
+                        if policy.is_mixed
+                        else policy.effective_buffer_dtype
+                    )
                 if t.dtype != want:
                     out.append((mname, tname, kind, t.dtype, want))
     return out
@@ -196,8 +216,9 @@ def check_args(model: Any, policy: Any, device: Any, mode: Any, fake: Any) -> tu
     if mode not in MODES:
         raise AuditError(f"mode={mode!r} is not valid; valid: {', '.join(sorted(MODES))}")
     if device is not None and str(device) not in devices.names():
-        raise AuditError(f"device={device!r} is not valid; valid: {', '.join(devices.names())} (or None: where "
-                         "the model is)")
+        raise AuditError(
+            f"device={device!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
+        )
     from castwise.applied import applied_to
 
     applied = applied_to(model)
@@ -215,16 +236,20 @@ def check_args(model: Any, policy: Any, device: Any, mode: Any, fake: Any) -> tu
         raise AuditError(f"policy: {exc}") from exc
     dev = str(device) if device is not None else _model_device(model)
     if dev not in devices.names():
-        raise AuditError(f"the model is on {dev!r}; castwise simulates {', '.join(devices.names())}: pass "
-                         "device='cpu' or device='cuda'")
+        raise AuditError(
+            f"the model is on {dev!r}; castwise simulates {', '.join(devices.names())}: pass "
+            "device='cpu' or device='cuda'"
+        )
     if not fake and devices.get(dev).kernels == "cuda" and not torch.cuda.is_available():
-        raise AuditError("a real-tensor audit (fake=False) runs on this machine, which has no CUDA device; "
-                         "audit device='cuda' with fake=True (the default)")
+        raise AuditError(
+            "a real-tensor audit (fake=False) runs on this machine, which has no CUDA device; "
+            "audit device='cuda' with fake=True (the default)"
+        )
     return pol, dev
 
 
 def _status(mode: str, findings: list[Finding]) -> RunStatus:
-    """"error" when a finding of this mode is an error, "incomplete" when the run stopped before
+    """ "error" when a finding of this mode is an error, "incomplete" when the run stopped before
     the end (CW902: part of the model was not checked), else "ok"."""
     here = [f for f in findings if mode in f.modes]
     if any(f.level == "error" for f in here):
@@ -234,8 +259,9 @@ def _status(mode: str, findings: list[Finding]) -> RunStatus:
     return "ok"
 
 
-def findings_of(runs: list[RunRecord], policy: Policy | None,
-                alternates: list[RunRecord] | None = None) -> list[Finding]:
+def findings_of(
+    runs: list[RunRecord], policy: Policy | None, alternates: list[RunRecord] | None = None
+) -> list[Finding]:
     """Event checks per run (and per alternate run: the other side of its branches), merged; then
     every rule's run-level scan."""
     per_mode: dict[str, list[Any]] = {}
@@ -249,22 +275,33 @@ def findings_of(runs: list[RunRecord], policy: Policy | None,
     return findings
 
 
-def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool,
-              *, record_ops: bool = True, observers: list[Any] | None = None) -> tuple[Report, list[RunRecord]]:
+def run_audit(
+    model: nn.Module,
+    inputs: Any,
+    policy: Policy | None,
+    device: str,
+    mode: str,
+    fake: bool,
+    *,
+    record_ops: bool = True,
+    observers: list[Any] | None = None,
+) -> tuple[Report, list[RunRecord]]:
     """Run every mode of the audit and build the report (no suggested policy yet)."""
     compute = policy.compute_dtype if policy is not None else dominant_dtype(model)
     modes: list[Mode] = ["train", "eval"] if mode == "both" else [mode]  # type: ignore[list-item]
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
-        alternates = [_alternate(model, inputs, policy, device, r, fake, compute, record_ops) for r in runs
-                      if r.trace.observed.get("branches")]
+        alternates = [
+            _alternate(model, inputs, policy, device, r, fake, compute, record_ops)
+            for r in runs
+            if r.trace.observed.get("branches")
+        ]
     findings = findings_of(runs, policy, alternates)
     if policy is not None:
         findings += unmatched_rule_findings(policy, model, tuple(r.mode for r in runs))
     report = Report(
         findings=findings,
-        runs=[Run(r.mode, device, None if policy is None else str(policy), _status(r.mode, findings))
-              for r in runs],
+        runs=[Run(r.mode, device, None if policy is None else str(policy), _status(r.mode, findings)) for r in runs],
         summary={
             "params_by_dtype": dict(runs[0].param_dtypes) if runs else {},
             "activation_bytes_by_dtype": dict(runs[0].trace.activation_bytes) if runs else {},
@@ -272,13 +309,21 @@ def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str,
             "modules": runs[0].trace.observed.get("modules", []) if runs else [],
         },
         title=f"castwise audit ({'fake' if fake else 'real'} tensors, device {device}, policy "
-              f"{policy if policy is not None else 'none'})",
+        f"{policy if policy is not None else 'none'})",
     )
     return report, runs
 
 
-def _alternate(model: nn.Module, inputs: Any, policy: Policy | None, device: str, run: RunRecord, fake: bool,
-               compute: torch.dtype, record_ops: bool) -> RunRecord:
+def _alternate(
+    model: nn.Module,
+    inputs: Any,
+    policy: Policy | None,
+    device: str,
+    run: RunRecord,
+    fake: bool,
+    compute: torch.dtype,
+    record_ops: bool,
+) -> RunRecord:
     """The mode run again with every branch the first run answered False answered True, so the
     other side of each is checked too; each site records whether it was (``other_checked``)."""
     branches: dict[tuple[str, int], dict[str, Any]] = run.trace.observed["branches"]

@@ -21,8 +21,9 @@ def _compute_dtype(model: nn.Module, policy: Policy | None) -> torch.dtype:
     return policy.compute_dtype if policy is not None else dominant_dtype(model)
 
 
-def run_audit(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str,
-              fake: bool) -> tuple[Report, list[RunRecord]]:
+def run_audit(
+    model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool
+) -> tuple[Report, list[RunRecord]]:
     from castwise.auditor.session import run_audit as _run
 
     return _run(model, inputs, policy, device, mode, fake)
@@ -50,8 +51,17 @@ def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Poli
     return p
 
 
-def suggest_policy(model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool,
-                   report: Report, runs: list[RunRecord], max_audits: int = 5) -> Policy | None:
+def suggest_policy(
+    model: nn.Module,
+    inputs: Any,
+    policy: Policy | None,
+    device: str,
+    mode: str,
+    fake: bool,
+    report: Report,
+    runs: list[RunRecord],
+    max_audits: int = 5,
+) -> Policy | None:
     """A policy under which a re-audit finds no error, keeping the user's compute dtype.
 
     Candidates: the preset for the model's dtype (when it ran without a policy), then that with

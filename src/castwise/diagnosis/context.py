@@ -43,8 +43,9 @@ class _Diagnose(contextlib.ContextDecorator):
     def __enter__(self) -> _Diagnose:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if exc is not None and isinstance(exc, Exception):
             with contextlib.suppress(Exception):  # never replace the user's error with our own
                 annotate(exc)
@@ -103,8 +104,10 @@ def annotate(exc: BaseException) -> list[str]:
     finding = _best_finding(report, site.inner_name if site else None) if report is not None else None
     if finding is not None and finding.origin is not None:
         under = f" under policy {policy}" if policy else ""
-        notes.append(f"{_PREFIX} the offending dtype came from {_origin_text(finding)} (found by replaying "
-                     f"the call on fake tensors{under}: {finding.code} {finding.rule.name})")
+        notes.append(
+            f"{_PREFIX} the offending dtype came from {_origin_text(finding)} (found by replaying "
+            f"the call on fake tensors{under}: {finding.code} {finding.rule.name})"
+        )
     elif site is not None and replay_error is not None:
         notes.append(f"{_PREFIX} origin of the dtype not found: {replay_error}")
     notes.extend(_cause_notes(explanation, finding))
@@ -128,8 +131,9 @@ def _add_note(exc: BaseException, note: str) -> None:
 class _Site:
     """Where in the model the error was raised, read from the traceback's frames."""
 
-    def __init__(self, root: nn.Module, root_frames: list[FrameType], inner: nn.Module, inner_name: str,
-                 path: list[str]) -> None:
+    def __init__(
+        self, root: nn.Module, root_frames: list[FrameType], inner: nn.Module, inner_name: str, path: list[str]
+    ) -> None:
         self.root = root
         self.root_frames = root_frames
         self.inner = inner
@@ -323,8 +327,11 @@ def _cause_notes(explanation: Explanation, finding: Finding | None) -> list[str]
     dtypes = ", ".join(short(d) for d in explanation.dtypes)
     seen = f" [{dtypes}]" if dtypes else ""
     notes.append(f"{_PREFIX} cause: {category}: {title}{rule}{seen}")
-    fix = (finding.fix or finding.rule.fix) if finding is not None else (
-        explanation.fixes[0] if explanation.fixes else None)
+    fix = (
+        (finding.fix or finding.rule.fix)
+        if finding is not None
+        else (explanation.fixes[0] if explanation.fixes else None)
+    )
     if fix:
         notes.append(f"{_PREFIX} fix: {' '.join(fix.split())}")
     return notes

@@ -74,13 +74,18 @@ class CastwiseCallback(GatedCallback, pl.Callback):
         self.watch = watch
         self._watch: Any = None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.watch and self._watch is None:
             from castwise.numerics.watch import StepWatch
 
-            self._watch = StepWatch(pl_module, "raise" if self.watch is True else self.watch,
-                                    lambda m, b, i: m.training_step(b, i), trainer.precision_plugin.train_step_context)
+            self._watch = StepWatch(
+                pl_module,
+                "raise" if self.watch is True else self.watch,
+                lambda m, b, i: m.training_step(b, i),
+                trainer.precision_plugin.train_step_context,
+            )
         if self._watch is not None:
             self._watch.begin(batch, batch_idx)
 

@@ -37,24 +37,33 @@ def read_text(path: Path, shown: str) -> str:
         raise ConfigError(
             f"is {size / 2**20:.1f} MiB; training configurations are small, castwise reads files up "
             f"to {MAX_BYTES // 2**20} MiB. Pass the configuration file itself (config.env, "
-            "default_config.yaml, ds_config.json, ...)", path=shown)
+            "default_config.yaml, ds_config.json, ...)",
+            path=shown,
+        )
     try:
         with path.open("rb") as fh:
             data = fh.read(MAX_BYTES + 1)  # bounded: a device or pipe reports no size
     except OSError as exc:
         raise ConfigError(f"cannot read the file ({exc.strerror or exc})", path=shown) from None
     if len(data) > MAX_BYTES:
-        raise ConfigError(f"is larger than {MAX_BYTES // 2**20} MiB; training configurations are small. "
-                          "Pass the configuration file itself", path=shown)
+        raise ConfigError(
+            f"is larger than {MAX_BYTES // 2**20} MiB; training configurations are small. "
+            "Pass the configuration file itself",
+            path=shown,
+        )
     nul = data.find(b"\x00")
     if nul >= 0:
-        raise ConfigError("is binary data (NUL byte), not a text configuration file",
-                          path=shown, line=data.count(b"\n", 0, nul) + 1)
+        raise ConfigError(
+            "is binary data (NUL byte), not a text configuration file", path=shown, line=data.count(b"\n", 0, nul) + 1
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError("is not UTF-8 text (binary data?), not a configuration file",
-                          path=shown, line=data.count(b"\n", 0, exc.start) + 1) from None
+        raise ConfigError(
+            "is not UTF-8 text (binary data?), not a configuration file",
+            path=shown,
+            line=data.count(b"\n", 0, exc.start) + 1,
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,11 @@ class Document:
 def _need_mapping(data: Any, shown: str, kind: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         got = "empty" if data is None else type(data).__name__
-        raise ConfigError(f"{kind} document is {got}; a training configuration is a mapping of "
-                          "settings (key: value)", path=shown, line=1)
+        raise ConfigError(
+            f"{kind} document is {got}; a training configuration is a mapping of settings (key: value)",
+            path=shown,
+            line=1,
+        )
     return data
 
 
@@ -93,8 +105,11 @@ def _check_depth(text: str, shown: str, kind: str) -> None:
         if c in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                raise ConfigError(f"{kind} nested more than {MAX_DEPTH} levels deep; not a training configuration",
-                                  path=shown, line=line)
+                raise ConfigError(
+                    f"{kind} nested more than {MAX_DEPTH} levels deep; not a training configuration",
+                    path=shown,
+                    line=line,
+                )
         elif c in "]}":
             depth = max(0, depth - 1)
         elif c == "\n":
@@ -147,7 +162,7 @@ class _JsonLines:
         while s[self.i] != '"':
             self.i += 2 if s[self.i] == "\\" else 1
         self.i += 1
-        return str(json.loads(s[start:self.i]))
+        return str(json.loads(s[start : self.i]))
 
     def _value(self, path: Path_) -> None:
         self._ws()
@@ -210,8 +225,9 @@ def parse_yaml(text: str, shown: str) -> Document:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "syntax error"
-        raise ConfigError(f"broken YAML: {problem}", path=shown,
-                          line=(mark.line + 1) if mark is not None else None) from None
+        raise ConfigError(
+            f"broken YAML: {problem}", path=shown, line=(mark.line + 1) if mark is not None else None
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"broken YAML: {exc}", path=shown) from None
     except RecursionError:
@@ -453,9 +469,9 @@ class _Shell:
         c = self.s[self.i]
         if c == "{":
             close = self.s.find("}", self.i)
-            if close < 0 or "\n" in self.s[self.i:close]:
+            if close < 0 or "\n" in self.s[self.i : close]:
                 raise ConfigError("unterminated ${...} expansion", path=self.shown, line=line)
-            body = self.s[self.i + 1:close]
+            body = self.s[self.i + 1 : close]
             self.i = close + 1
             m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?-(.*))?$", body, re.S)
             if not m:
@@ -474,7 +490,7 @@ class _Shell:
                 depth += (d == "(") - (d == ")")
                 if depth == 0:
                     break
-            emit("$" + self.s[start:self.i], line)
+            emit("$" + self.s[start : self.i], line)
         else:
             m = _NAME.match(self.s, self.i)
             if m:

@@ -41,16 +41,35 @@ KEYS: dict[str, Path_] = {
     "fsdp_reshard_after_forward": ("fsdp_config", "fsdp_reshard_after_forward"),
     "fsdp_forward_prefetch": ("fsdp_config", "fsdp_forward_prefetch"),
 }
-MARKERS: frozenset[str] = frozenset({
-    "compute_environment", "distributed_type", "deepspeed_config", "fsdp_config", "machine_rank",
-    "num_machines", "main_training_function", "rdzv_backend", "same_network", "tpu_env",
-})
+MARKERS: frozenset[str] = frozenset(
+    {
+        "compute_environment",
+        "distributed_type",
+        "deepspeed_config",
+        "fsdp_config",
+        "machine_rank",
+        "num_machines",
+        "main_training_function",
+        "rdzv_backend",
+        "same_network",
+        "tpu_env",
+    }
+)
 
 # SageMaker instance families -> GPU (AWS instance type documentation)
 SAGEMAKER_GPUS: dict[str, str] = {
-    "ml.p2": "K80", "ml.p3": "V100", "ml.p3dn": "V100", "ml.g3": "M60", "ml.g4dn": "T4",
-    "ml.g5": "A10G", "ml.g6": "L4", "ml.g6e": "L40S", "ml.p4d": "A100", "ml.p4de": "A100",
-    "ml.p5": "H100", "ml.p5e": "H200",
+    "ml.p2": "K80",
+    "ml.p3": "V100",
+    "ml.p3dn": "V100",
+    "ml.g3": "M60",
+    "ml.g4dn": "T4",
+    "ml.g5": "A10G",
+    "ml.g6": "L4",
+    "ml.g6e": "L40S",
+    "ml.p4d": "A100",
+    "ml.p4de": "A100",
+    "ml.p5": "H100",
+    "ml.p5e": "H200",
 }
 
 
@@ -58,8 +77,7 @@ def is_accelerate_mapping(data: dict[str, Any]) -> bool:
     return any(k in data for k in MARKERS)
 
 
-def read(doc: Document, shown: str, base: Path,
-         load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
+def read(doc: Document, shown: str, base: Path, load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
     settings: dict[str, Setting] = {}
     rejected: dict[str, Setting] = {}
     for key, path in KEYS.items():

@@ -26,12 +26,17 @@ def _said(settings: Iterable[Setting]) -> str:
     return " and ".join(f"{s.name}={s.text} ({s.location})" for s in settings)
 
 
-def _finding(code: str, settings: Sequence[Setting], message: str, fix: str,
-             severity: Severity | None = None) -> Finding:
+def _finding(
+    code: str, settings: Sequence[Setting], message: str, fix: str, severity: Severity | None = None
+) -> Finding:
     pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
     return Finding(
-        code=code, message=message, fix=fix, severity=severity,
-        settings=tuple(p[0] for p in pairs), locations=tuple(p[1] for p in pairs),
+        code=code,
+        message=message,
+        fix=fix,
+        severity=severity,
+        settings=tuple(p[0] for p in pairs),
+        locations=tuple(p[1] for p in pairs),
     )
 
 
@@ -45,16 +50,19 @@ def _cw201(model: PrecisionModel) -> list[Finding]:
     grad_setting = g.settings[-1]
     said_w = _said(w.settings) if w.settings else f"The default ({w.note})"
     keep = w.settings[0].name if w.settings else "the mixed precision setting"
-    return [_finding(
-        "CW201", (*w.settings, *g.settings),
-        f"{said_w} store the trained weights in {short(w.value)}, but {_said(g.settings)} "
-        f"converts every gradient to f32 after backward: param.grad (f32) no longer matches its "
-        f"{short(w.value)} parameter, and backward fails ('Expected BFloat16, got Float') once the "
-        "model has loaded.",
-        f"Change {grad_setting.name}: remove it or set it to `unmodified` so gradients follow the "
-        f"{short(w.value)} weights. If you want f32 gradients, keep f32 master weights instead "
-        f"(change {keep}).",
-    )]
+    return [
+        _finding(
+            "CW201",
+            (*w.settings, *g.settings),
+            f"{said_w} store the trained weights in {short(w.value)}, but {_said(g.settings)} "
+            f"converts every gradient to f32 after backward: param.grad (f32) no longer matches its "
+            f"{short(w.value)} parameter, and backward fails ('Expected BFloat16, got Float') once the "
+            "model has loaded.",
+            f"Change {grad_setting.name}: remove it or set it to `unmodified` so gradients follow the "
+            f"{short(w.value)} weights. If you want f32 gradients, keep f32 master weights instead "
+            f"(change {keep}).",
+        )
+    ]
 
 
 def _cw202(files: Sequence[ConfigFile]) -> list[Finding]:
@@ -71,16 +79,21 @@ def _cw202(files: Sequence[ConfigFile]) -> list[Finding]:
             sa, sb = cf.get(a), cf.get(b)
             if sa is None or sb is None or not is_true(sa.value) or not is_true(sb.value):
                 continue
-            refusal = ("DeepSpeed refuses it: 'bfloat16 and fp16 modes cannot be simultaneously enabled'"
-                       if cf.format == "deepspeed" else
-                       "TrainingArguments raises 'At most one of fp16 and bf16 can be True, but not both'")
-            out.append(_finding(
-                "CW202", (sa, sb),
-                f"{_said((sa, sb))}: a run has one half-precision dtype, and {refusal}.",
-                f"Set {sb.name} to false to train in fp16 (GPUs before Ampere), or {sa.name} to false "
-                "to train in bf16 (Ampere or newer, no loss scaling needed)"
-                + (", or write \"auto\" in both and let the launcher decide." if cf.format == "deepspeed" else "."),
-            ))
+            refusal = (
+                "DeepSpeed refuses it: 'bfloat16 and fp16 modes cannot be simultaneously enabled'"
+                if cf.format == "deepspeed"
+                else "TrainingArguments raises 'At most one of fp16 and bf16 can be True, but not both'"
+            )
+            out.append(
+                _finding(
+                    "CW202",
+                    (sa, sb),
+                    f"{_said((sa, sb))}: a run has one half-precision dtype, and {refusal}.",
+                    f"Set {sb.name} to false to train in fp16 (GPUs before Ampere), or {sa.name} to false "
+                    "to train in bf16 (Ampere or newer, no loss scaling needed)"
+                    + (', or write "auto" in both and let the launcher decide.' if cf.format == "deepspeed" else "."),
+                )
+            )
     return out
 
 
@@ -103,34 +116,43 @@ def _cw203(files: Sequence[ConfigFile]) -> list[Finding]:
                 other_s = bf16 if mine == "fp16" else fp16
                 mine_s = fp16 if mine == "fp16" else bf16
                 if other_s is not None and is_true(other_s.value):
-                    out.append(_finding(
-                        "CW203", (s, other_s),
-                        f"{_said((s,))} asks for {mine}, but the DeepSpeed file enables the other "
-                        f"dtype: {_said((other_s,))}. Accelerate raises \"`--mixed_precision` arg "
-                        f"cannot be set to `{mp}` when `{other_s.name.split('.')[0]}` is set in the "
-                        "DeepSpeed config file\".",
-                        f"Write \"auto\" for {other_s.name} and {mine}.enabled in {other_s.file} so "
-                        f"{s.name} decides, or change {s.name} to the dtype the DeepSpeed file enables.",
-                    ))
+                    out.append(
+                        _finding(
+                            "CW203",
+                            (s, other_s),
+                            f"{_said((s,))} asks for {mine}, but the DeepSpeed file enables the other "
+                            f'dtype: {_said((other_s,))}. Accelerate raises "`--mixed_precision` arg '
+                            f"cannot be set to `{mp}` when `{other_s.name.split('.')[0]}` is set in the "
+                            'DeepSpeed config file".',
+                            f'Write "auto" for {other_s.name} and {mine}.enabled in {other_s.file} so '
+                            f"{s.name} decides, or change {s.name} to the dtype the DeepSpeed file enables.",
+                        )
+                    )
                 elif mine_s is not None and is_false(mine_s.value):
-                    out.append(_finding(
-                        "CW203", (s, mine_s),
-                        f"{_said((s,))} asks for {mine}, but {_said((mine_s,))} disables it; "
-                        "Accelerate only fills \"auto\" values, so DeepSpeed trains in fp32 while "
-                        f"the launcher reports {mp}.",
-                        f"Set {mine_s.name} to \"auto\" (or true) in {mine_s.file}, or set {s.name} "
-                        "to no.", severity="warning",
-                    ))
+                    out.append(
+                        _finding(
+                            "CW203",
+                            (s, mine_s),
+                            f"{_said((s,))} asks for {mine}, but {_said((mine_s,))} disables it; "
+                            'Accelerate only fills "auto" values, so DeepSpeed trains in fp32 while '
+                            f"the launcher reports {mp}.",
+                            f'Set {mine_s.name} to "auto" (or true) in {mine_s.file}, or set {s.name} to no.',
+                            severity="warning",
+                        )
+                    )
             elif mp == "no":
                 for on in (x for x in (fp16, bf16) if x is not None and is_true(x.value)):
-                    out.append(_finding(
-                        "CW203", (s, on),
-                        f"{_said((s,))} asks for no mixed precision, but {_said((on,))} makes DeepSpeed "
-                        f"convert the model to {on.name.split('.')[0]}: the file wins, and code that "
-                        "trusts accelerator.mixed_precision (input casting, autocast) does the wrong thing.",
-                        f"Set {on.name} to \"auto\" so {s.name} decides, or set {s.name} to "
-                        f"{on.name.split('.')[0]}.", severity="warning",
-                    ))
+                    out.append(
+                        _finding(
+                            "CW203",
+                            (s, on),
+                            f"{_said((s,))} asks for no mixed precision, but {_said((on,))} makes DeepSpeed "
+                            f"convert the model to {on.name.split('.')[0]}: the file wins, and code that "
+                            "trusts accelerator.mixed_precision (input casting, autocast) does the wrong thing.",
+                            f'Set {on.name} to "auto" so {s.name} decides, or set {s.name} to {on.name.split(".")[0]}.',
+                            severity="warning",
+                        )
+                    )
     return out
 
 
@@ -145,14 +167,21 @@ def _cw204(model: PrecisionModel) -> list[Finding]:
     if opt is not None and opt.value == "float32":
         return []  # float32 master weights (DeepSpeed, ZeRO): the engine's scaler handles fp16 weights
     amp = ls.settings or c.settings
-    return [_finding(
-        "CW204", (*amp, *w.settings),
-        f"{_said(amp)} turns on fp16 AMP with a GradScaler, but {_said(w.settings)} loads the "
-        "weights in float16: GradScaler.unscale_ refuses float16 gradients ('Attempting to "
-        "unscale FP16 gradients').",
-        f"Change {w.settings[0].name} to float32 (mixed precision keeps f32 master weights), or "
-        f"switch {amp[0].name} off and train in bf16.",
-    )] if w.settings else []
+    return (
+        [
+            _finding(
+                "CW204",
+                (*amp, *w.settings),
+                f"{_said(amp)} turns on fp16 AMP with a GradScaler, but {_said(w.settings)} loads the "
+                "weights in float16: GradScaler.unscale_ refuses float16 gradients ('Attempting to "
+                "unscale FP16 gradients').",
+                f"Change {w.settings[0].name} to float32 (mixed precision keeps f32 master weights), or "
+                f"switch {amp[0].name} off and train in bf16.",
+            )
+        ]
+        if w.settings
+        else []
+    )
 
 
 def _cw205(files: Sequence[ConfigFile]) -> list[Finding]:
@@ -164,13 +193,16 @@ def _cw205(files: Sequence[ConfigFile]) -> list[Finding]:
         p, plugin = cf.get("precision"), cf.get("precision_plugin")
         if p is None or plugin is None:
             continue
-        out.append(_finding(
-            "CW205", (p, plugin),
-            f"{_said((p,))} and a precision plugin {_said((plugin,))}: the Trainer refuses both "
-            f"(\"Received both `precision={p.text}` and `plugins=...`. Choose one.\").",
-            f"Remove {p.name} and set the plugin's init_args.precision, or remove the plugin from "
-            f"{plugin.name} and keep {p.name}.",
-        ))
+        out.append(
+            _finding(
+                "CW205",
+                (p, plugin),
+                f"{_said((p,))} and a precision plugin {_said((plugin,))}: the Trainer refuses both "
+                f'("Received both `precision={p.text}` and `plugins=...`. Choose one.").',
+                f"Remove {p.name} and set the plugin's init_args.precision, or remove the plugin from "
+                f"{plugin.name} and keep {p.name}.",
+            )
+        )
     return out
 
 
@@ -185,15 +217,18 @@ def _cw206(model: PrecisionModel) -> list[Finding]:
     if not settings:
         return []
     what = "a static loss scale of 1" if ls is not None and ls.value == "static:1" else "no loss scaling"
-    return [_finding(
-        "CW206", settings,
-        f"{_said(settings)}: weights and compute in float16 with {what}; gradients below ~6e-8 "
-        "flush to zero in float16 and large ones overflow, so training stalls or turns NaN.",
-        f"Change {settings[0].name}: use fp16 mixed precision with dynamic loss scaling "
-        "(Lightning 16-mixed, TrainingArguments fp16 over f32 weights, DeepSpeed fp16.loss_scale 0), "
-        "or bf16 where the hardware supports it.",
-        severity="warning",
-    )]
+    return [
+        _finding(
+            "CW206",
+            settings,
+            f"{_said(settings)}: weights and compute in float16 with {what}; gradients below ~6e-8 "
+            "flush to zero in float16 and large ones overflow, so training stalls or turns NaN.",
+            f"Change {settings[0].name}: use fp16 mixed precision with dynamic loss scaling "
+            "(Lightning 16-mixed, TrainingArguments fp16 over f32 weights, DeepSpeed fp16.loss_scale 0), "
+            "or bf16 where the hardware supports it.",
+            severity="warning",
+        )
+    ]
 
 
 def _cw207(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
@@ -207,49 +242,65 @@ def _cw207(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
         users = [t for t in (model.compute, model.weights) if t is not None and t.value == "bfloat16"]
         src = tuple(dict.fromkeys(s for t in users for s in t.settings))
         if src:
-            out.append(_finding(
-                "CW207", (*src, *dev.settings),
-                f"{_said(src)} asks for bf16, but {_said(dev.settings)} runs on {gpu} GPUs (compute "
-                "capability below 8.0): no bf16 tensor cores, so bf16 kernels are refused or emulated "
-                "far slower.",
-                f"Change {src[0].name} to fp16 (with loss scaling) or no, or change "
-                f"{dev.settings[0].name} to an Ampere-or-newer instance (A10G, A100, L4, H100).",
-            ))
+            out.append(
+                _finding(
+                    "CW207",
+                    (*src, *dev.settings),
+                    f"{_said(src)} asks for bf16, but {_said(dev.settings)} runs on {gpu} GPUs (compute "
+                    "capability below 8.0): no bf16 tensor cores, so bf16 kernels are refused or emulated "
+                    "far slower.",
+                    f"Change {src[0].name} to fp16 (with loss scaling) or no, or change "
+                    f"{dev.settings[0].name} to an Ampere-or-newer instance (A10G, A100, L4, H100).",
+                )
+            )
         # transformers TrainingArguments: "--tf32 requires Ampere or a newer GPU arch"
         for cf in files:
             tf32 = cf.get("tf32") if cf.format == "hf-training-args" else None
             if tf32 is not None and is_true(tf32.value):
-                out.append(_finding(
-                    "CW207", (tf32, *dev.settings),
-                    f"{_said((tf32,))} asks for TF32 matmuls, but {_said(dev.settings)} runs on {gpu} GPUs: "
-                    "TF32 needs Ampere or newer, and TrainingArguments refuses it at start.",
-                    f"Remove {tf32.name} (or set it to false), or change {dev.settings[0].name} to an "
-                    "Ampere-or-newer instance.",
-                ))
+                out.append(
+                    _finding(
+                        "CW207",
+                        (tf32, *dev.settings),
+                        f"{_said((tf32,))} asks for TF32 matmuls, but {_said(dev.settings)} runs on {gpu} GPUs: "
+                        "TF32 needs Ampere or newer, and TrainingArguments refuses it at start.",
+                        f"Remove {tf32.name} (or set it to false), or change {dev.settings[0].name} to an "
+                        "Ampere-or-newer instance.",
+                    )
+                )
     c = model.compute
     on_cpu = dev is not None and dev.settings and dev.value == "cpu"
     if dev is not None and on_cpu and c is not None and c.value == "float16" and c.settings:
-        out.append(_finding(
-            "CW207", (*c.settings, *dev.settings),
-            f"{_said(c.settings)} asks for fp16 mixed precision, but {_said(dev.settings)} runs on "
-            "CPU: Accelerate refuses it ('fp16 mixed precision requires a GPU') or, in newer "
-            "versions, runs without a GradScaler.",
-            f"Change {c.settings[0].name} to bf16 (CPU autocast supports it) or to no.",
-            severity="warning",
-        ))
+        out.append(
+            _finding(
+                "CW207",
+                (*c.settings, *dev.settings),
+                f"{_said(c.settings)} asks for fp16 mixed precision, but {_said(dev.settings)} runs on "
+                "CPU: Accelerate refuses it ('fp16 mixed precision requires a GPU') or, in newer "
+                "versions, runs without a GradScaler.",
+                f"Change {c.settings[0].name} to bf16 (CPU autocast supports it) or to no.",
+                severity="warning",
+            )
+        )
     for cf in files:
         if cf.format != "lightning":
             continue
         p, acc = cf.get("precision"), cf.get("accelerator")
-        if p is not None and acc is not None and lightning.normalize(p.value) == "16-mixed" \
-                and str(acc.value).lower() == "cpu":
-            out.append(_finding(
-                "CW207", (p, acc),
-                f"{_said((p, acc))}: fp16 AMP is not supported on CPU; Lightning warns and runs "
-                "bf16-mixed instead, so the run is not the one the file describes.",
-                f"Set {p.name} to bf16-mixed (what will run) or 32-true.",
-                severity="warning",
-            ))
+        if (
+            p is not None
+            and acc is not None
+            and lightning.normalize(p.value) == "16-mixed"
+            and str(acc.value).lower() == "cpu"
+        ):
+            out.append(
+                _finding(
+                    "CW207",
+                    (p, acc),
+                    f"{_said((p, acc))}: fp16 AMP is not supported on CPU; Lightning warns and runs "
+                    "bf16-mixed instead, so the run is not the one the file describes.",
+                    f"Set {p.name} to bf16-mixed (what will run) or 32-true.",
+                    severity="warning",
+                )
+            )
     return out
 
 
@@ -276,14 +327,17 @@ def _cw208(files: Sequence[ConfigFile]) -> list[Finding]:
                     if on:
                         hf_src = other_src
                         hf_text = f"{_said(other_src)} and {dt} not set (false)"
-                out.append(_finding(
-                    "CW208", (*hf_src, s),
-                    f"{hf_text} in the TrainingArguments, but {_said((s,))} in the DeepSpeed config: "
-                    "the Trainer refuses the mismatch at start ('Please correct the following "
-                    f"DeepSpeed config values that mismatch TrainingArguments values: - ds {key}').",
-                    f"Set {s.name} to \"auto\" in {s.file} (the Trainer fills it from {dt}), or make "
-                    f"{dt} in {args.path} agree with it.",
-                ))
+                out.append(
+                    _finding(
+                        "CW208",
+                        (*hf_src, s),
+                        f"{hf_text} in the TrainingArguments, but {_said((s,))} in the DeepSpeed config: "
+                        "the Trainer refuses the mismatch at start ('Please correct the following "
+                        f"DeepSpeed config values that mismatch TrainingArguments values: - ds {key}').",
+                        f'Set {s.name} to "auto" in {s.file} (the Trainer fills it from {dt}), or make '
+                        f"{dt} in {args.path} agree with it.",
+                    )
+                )
     return out
 
 
@@ -306,39 +360,56 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
             if want is not None:
                 other = "bf16" if want == "fp16" else "fp16"
                 if other in on and blocks[want] is None:
-                    out.append(_finding(
-                        "CW209", (p, on[other]),
-                        f"{_said((p,))} makes Lightning add a {want} block to the DeepSpeed config, which "
-                        f"already has {_said((on[other],))}: both end up enabled and DeepSpeed refuses "
-                        "them ('bfloat16 and fp16 modes cannot be simultaneously enabled').",
-                        f"Remove the {other} block from {on[other].file} (trainer.precision then decides), "
-                        f"or set {p.name} to {'16-mixed' if other == 'fp16' else 'bf16-mixed'}, the "
-                        "precision the file enables.",
-                    ))
+                    out.append(
+                        _finding(
+                            "CW209",
+                            (p, on[other]),
+                            f"{_said((p,))} makes Lightning add a {want} block to the DeepSpeed config, which "
+                            f"already has {_said((on[other],))}: both end up enabled and DeepSpeed refuses "
+                            "them ('bfloat16 and fp16 modes cannot be simultaneously enabled').",
+                            f"Remove the {other} block from {on[other].file} (trainer.precision then decides), "
+                            f"or set {p.name} to {'16-mixed' if other == 'fp16' else 'bf16-mixed'}, the "
+                            "precision the file enables.",
+                        )
+                    )
                 elif want in off:
-                    out.append(_finding(
-                        "CW209", (p, off[want]),
-                        f"{_said((p,))} asks for {want}, but {_said((off[want],))} is kept as written: "
-                        f"DeepSpeed trains without {want} while the Trainer reports {precision}.",
-                        f"Remove the {want} block from {off[want].file} or set {off[want].name} to true.",
-                        severity="warning",
-                    ))
+                    out.append(
+                        _finding(
+                            "CW209",
+                            (p, off[want]),
+                            f"{_said((p,))} asks for {want}, but {_said((off[want],))} is kept as written: "
+                            f"DeepSpeed trains without {want} while the Trainer reports {precision}.",
+                            f"Remove the {want} block from {off[want].file} or set {off[want].name} to true.",
+                            severity="warning",
+                        )
+                    )
             elif precision in ("32-true", "64-true") and on:
                 s = next(iter(on.values()))
-                out.append(_finding(
-                    "CW209", (p, s),
-                    f"{_said((p,))} asks for full precision, but {_said((s,))} makes DeepSpeed convert "
-                    "the model to half precision: the file wins.",
-                    f"Set {s.name} to false, or set {p.name} to the matching -mixed precision.",
-                    severity="warning",
-                ))
+                out.append(
+                    _finding(
+                        "CW209",
+                        (p, s),
+                        f"{_said((p,))} asks for full precision, but {_said((s,))} makes DeepSpeed convert "
+                        "the model to half precision: the file wins.",
+                        f"Set {s.name} to false, or set {p.name} to the matching -mixed precision.",
+                        severity="warning",
+                    )
+                )
     return out
 
 
 def run_checks(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
     findings = [
-        *_cw201(model), *_cw202(files), *_cw203(files), *_cw204(model), *_cw205(files),
-        *_cw206(model), *_cw207(files, model), *_cw208(files), *_cw209(files), *check_values(files),
+        *_cw201(model),
+        *_cw202(files),
+        *_cw203(files),
+        *_cw204(model),
+        *_cw205(files),
+        *_cw206(model),
+        *_cw207(files, model),
+        *_cw208(files),
+        *_cw209(files),
+        *check_values(files),
         *fsdp.run_checks(files),
     ]
     return findings

@@ -33,11 +33,20 @@ KEYS: dict[str, Path_] = {
     "data_types.grad_accum_dtype": ("data_types", "grad_accum_dtype"),
     "zero_optimization.stage": ("zero_optimization", "stage"),
 }
-MARKERS: frozenset[str] = frozenset({
-    "zero_optimization", "train_micro_batch_size_per_gpu", "zero_allow_untested_optimizer",
-    "steps_per_print", "wall_clock_breakdown", "communication_data_type", "amp", "bfloat16",
-    "zero_force_ds_cpu_optimizer", "gradient_clipping",
-})
+MARKERS: frozenset[str] = frozenset(
+    {
+        "zero_optimization",
+        "train_micro_batch_size_per_gpu",
+        "zero_allow_untested_optimizer",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "communication_data_type",
+        "amp",
+        "bfloat16",
+        "zero_force_ds_cpu_optimizer",
+        "gradient_clipping",
+    }
+)
 
 
 def is_deepspeed_mapping(data: dict[str, Any]) -> bool:
@@ -105,13 +114,18 @@ def contribute(cf: ConfigFile, put: Any, auto: Auto) -> None:
         dt, src = ("float16", fp16_src) if fp16 else ("bfloat16", bf16_src)
         put("weights", Traced(dt, src, "the DeepSpeed engine converts the module to this dtype"))
         put("compute", Traced(dt, src, "the module runs in its weights' dtype"))
-        put("optimizer_state", Traced("float32", src,
-                                      "ZeRO / DeepSpeed's fp16 and bf16 optimizers keep fp32 master weights"))
+        put(
+            "optimizer_state",
+            Traced("float32", src, "ZeRO / DeepSpeed's fp16 and bf16 optimizers keep fp32 master weights"),
+        )
         acc = cf.get("data_types.grad_accum_dtype")
         acc_dt = dtype_of(acc.value) if acc is not None else None
         if acc is not None and acc_dt is not None:
-            put("gradients", Traced(acc_dt, (acc,), "DeepSpeed accumulates gradients in grad_accum_dtype"),
-                mechanism="accumulate")
+            put(
+                "gradients",
+                Traced(acc_dt, (acc,), "DeepSpeed accumulates gradients in grad_accum_dtype"),
+                mechanism="accumulate",
+            )
         else:
             put("gradients", Traced(dt, src, "gradients follow the weights"))
         comm = cf.get("communication_data_type")

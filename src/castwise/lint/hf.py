@@ -44,13 +44,29 @@ KEYS: dict[str, Path_] = {
     "optim": ("optim",),
 }
 DTYPE_KEYS: tuple[Path_, ...] = (
-    ("torch_dtype",), ("dtype",), ("model_init_kwargs", "torch_dtype"), ("model_init_kwargs", "dtype"),
+    ("torch_dtype",),
+    ("dtype",),
+    ("model_init_kwargs", "torch_dtype"),
+    ("model_init_kwargs", "dtype"),
 )
-MARKERS: frozenset[str] = frozenset({
-    "output_dir", "per_device_train_batch_size", "per_device_eval_batch_size", "half_precision_backend",
-    "fp16_full_eval", "bf16_full_eval", "evaluation_strategy", "eval_strategy", "save_strategy",
-    "logging_steps", "fp16_opt_level", "gradient_checkpointing", "warmup_ratio", "lr_scheduler_type",
-})
+MARKERS: frozenset[str] = frozenset(
+    {
+        "output_dir",
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "half_precision_backend",
+        "fp16_full_eval",
+        "bf16_full_eval",
+        "evaluation_strategy",
+        "eval_strategy",
+        "save_strategy",
+        "logging_steps",
+        "fp16_opt_level",
+        "gradient_checkpointing",
+        "warmup_ratio",
+        "lr_scheduler_type",
+    }
+)
 
 
 def is_hf_mapping(data: dict[str, Any]) -> bool:
@@ -59,8 +75,7 @@ def is_hf_mapping(data: dict[str, Any]) -> bool:
     return any(k in data for k in MARKERS)
 
 
-def read(doc: Document, shown: str, base: Path,
-         load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
+def read(doc: Document, shown: str, base: Path, load_link: Callable[[Path, str, Setting], ConfigFile]) -> ConfigFile:
     settings: dict[str, Setting] = {}
     rejected: dict[str, Setting] = {}
     for key in KEYS:
@@ -117,8 +132,10 @@ def contribute(cf: ConfigFile, put: Any) -> None:
         put("compute", Traced(fp16_amp.compute, (fp16,), "autocast to float16"))
         backend = cf.get("half_precision_backend")
         src = (fp16, backend) if backend is not None and str(backend.value) == "apex" else (fp16,)
-        put("loss_scaling", Traced(fp16_amp.loss_scaling, src,
-                                   "fp16 AMP uses a GradScaler (apex: its own dynamic scaler)"))
+        put(
+            "loss_scaling",
+            Traced(fp16_amp.loss_scaling, src, "fp16 AMP uses a GradScaler (apex: its own dynamic scaler)"),
+        )
     elif bf16 is not None and is_true(bf16.value):
         put("compute", Traced(bf16_amp.compute, (bf16,), "autocast to bfloat16"))
         put("loss_scaling", Traced(bf16_amp.loss_scaling, (bf16,), "bf16 needs no loss scaling"))

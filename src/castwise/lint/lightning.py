@@ -32,10 +32,21 @@ from castwise.policy import presets
 
 # Lightning's precision shorthands, shared with castwise.Policy's "lightning:" prefix
 ALIASES: dict[str, str] = presets.LIGHTNING_ALIASES
-TRAINER_KEYS: frozenset[str] = frozenset({
-    "precision", "accelerator", "devices", "strategy", "plugins", "max_epochs", "max_steps",
-    "num_nodes", "accumulate_grad_batches", "gradient_clip_val", "log_every_n_steps",
-})
+TRAINER_KEYS: frozenset[str] = frozenset(
+    {
+        "precision",
+        "accelerator",
+        "devices",
+        "strategy",
+        "plugins",
+        "max_epochs",
+        "max_steps",
+        "num_nodes",
+        "accumulate_grad_batches",
+        "gradient_clip_val",
+        "log_every_n_steps",
+    }
+)
 
 
 def is_lightning_mapping(data: dict[str, Any]) -> bool:
@@ -61,8 +72,12 @@ def is_precision_plugin(class_path: str) -> bool:
     return last.endswith("Precision") or last.endswith("PrecisionPlugin")
 
 
-def read(doc: Document, shown: str, base: Path | None = None,
-         load_link: Callable[[Path, str, Setting], ConfigFile] | None = None) -> ConfigFile:
+def read(
+    doc: Document,
+    shown: str,
+    base: Path | None = None,
+    load_link: Callable[[Path, str, Setting], ConfigFile] | None = None,
+) -> ConfigFile:
     prefix: Path_ = ("trainer",) if isinstance(doc.data.get("trainer"), dict) else ()
     trainer: dict[str, Any] = doc.data["trainer"] if prefix else doc.data
     settings: dict[str, Setting] = {}
@@ -82,15 +97,21 @@ def read(doc: Document, shown: str, base: Path | None = None,
         settings["strategy"] = Setting(name("strategy"), strategy, shown, doc.line((*prefix, "strategy")))
     links: tuple[ConfigFile, ...] = ()
     if isinstance(strategy, dict) and isinstance(strategy.get("class_path"), str):
-        settings["strategy"] = Setting(name("strategy"), strategy["class_path"], shown,
-                                       doc.line((*prefix, "strategy", "class_path")))
+        settings["strategy"] = Setting(
+            name("strategy"), strategy["class_path"], shown, doc.line((*prefix, "strategy", "class_path"))
+        )
         init = strategy.get("init_args")
         ds_config = init.get("config") if isinstance(init, dict) else None
         at: Path_ = (*prefix, "strategy", "init_args", "config")
         if "deepspeed" in strategy["class_path"].lower() and isinstance(ds_config, dict):
             links = (deepspeed.read(doc, shown, at, linked_from=name("strategy", "init_args", "config")),)
-        elif "deepspeed" in strategy["class_path"].lower() and isinstance(ds_config, str) and ds_config.strip() \
-                and load_link is not None and base is not None:
+        elif (
+            "deepspeed" in strategy["class_path"].lower()
+            and isinstance(ds_config, str)
+            and ds_config.strip()
+            and load_link is not None
+            and base is not None
+        ):
             via = Setting(name("strategy", "init_args", "config"), ds_config, shown, doc.line(at))
             target = Path(ds_config.strip()).expanduser()
             # Lightning opens the path from the working directory; castwise looks beside the YAML first
@@ -101,13 +122,17 @@ def read(doc: Document, shown: str, base: Path | None = None,
     for item, sub in _plugin_entries(trainer.get("plugins")):
         class_path = item.get("class_path") if isinstance(item, dict) else item
         if isinstance(class_path, str) and is_precision_plugin(class_path):
-            settings["precision_plugin"] = Setting(name("plugins"), class_path, shown,
-                                                   doc.line((*prefix, "plugins", *sub)))
+            settings["precision_plugin"] = Setting(
+                name("plugins"), class_path, shown, doc.line((*prefix, "plugins", *sub))
+            )
             init = item.get("init_args") if isinstance(item, dict) else None
             if isinstance(init, dict) and isinstance(init.get("precision"), (str, int)):
-                settings["plugin_precision"] = Setting(name("plugins", "init_args", "precision"),
-                                                       init["precision"], shown,
-                                                       doc.line((*prefix, "plugins", *sub, "init_args", "precision")))
+                settings["plugin_precision"] = Setting(
+                    name("plugins", "init_args", "precision"),
+                    init["precision"],
+                    shown,
+                    doc.line((*prefix, "plugins", *sub, "init_args", "precision")),
+                )
             break
     return ConfigFile(shown, "lightning", settings, links, rejected=rejected)
 
@@ -142,8 +167,11 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     preset = presets.lightning(precision) if precision is not None else None
     if preset is not None and precision is not None:
         weights, compute, scaling = preset.params, preset.compute, preset.loss_scaling
-        note = "MixedPrecision: autocast over float32 weights" if precision.endswith("-mixed") else \
-            "the module is converted to this dtype"
+        note = (
+            "MixedPrecision: autocast over float32 weights"
+            if precision.endswith("-mixed")
+            else "the module is converted to this dtype"
+        )
         if on_deepspeed and strategy is not None and precision in ("16-mixed", "bf16-mixed"):
             weights = compute
             src = (*src, strategy)

@@ -91,7 +91,13 @@ class Traced:
 
 
 FIELDS: tuple[str, ...] = (
-    "weights", "compute", "gradients", "loss_scaling", "optimizer_state", "reduce", "device",
+    "weights",
+    "compute",
+    "gradients",
+    "loss_scaling",
+    "optimizer_state",
+    "reduce",
+    "device",
 )
 
 

@@ -31,16 +31,33 @@ ENV_TO_ARG: dict[str, str] = {
     "MODEL_TYPE": "model_type",
     "GRADIENT_ACCUMULATION_STEPS": "gradient_accumulation_steps",
 }
-ARGS: frozenset[str] = frozenset({
-    "mixed_precision", "gradient_precision", "base_model_precision", "base_model_default_dtype",
-    "optimizer", "model_type", "gradient_accumulation_steps",
-})
+ARGS: frozenset[str] = frozenset(
+    {
+        "mixed_precision",
+        "gradient_precision",
+        "base_model_precision",
+        "base_model_default_dtype",
+        "optimizer",
+        "model_type",
+        "gradient_accumulation_steps",
+    }
+)
 # keys only SimpleTuner's JSON/TOML configs carry (to tell them from TrainingArguments JSON)
-MARKERS: frozenset[str] = frozenset({
-    "model_family", "base_model_precision", "gradient_precision", "base_model_default_dtype",
-    "data_backend_config", "lora_type", "resolution_type", "validation_prompt",
-    "caption_dropout_probability", "text_encoder_1_precision", "quantize_via",
-})
+MARKERS: frozenset[str] = frozenset(
+    {
+        "model_family",
+        "base_model_precision",
+        "gradient_precision",
+        "base_model_default_dtype",
+        "data_backend_config",
+        "lora_type",
+        "resolution_type",
+        "validation_prompt",
+        "caption_dropout_probability",
+        "text_encoder_1_precision",
+        "quantize_via",
+    }
+)
 
 
 def read_env(text: str, shown: str) -> ConfigFile:
@@ -105,8 +122,9 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     elif bmp_value != "no_change" and bmp is not None:
         dt = dtype_of(default_dtype.value) if default_dtype is not None else None
         if dt is not None and default_dtype is not None:
-            weights = Traced(dt, (bmp, default_dtype),
-                             "quantised base; unquantised weights use --base_model_default_dtype")
+            weights = Traced(
+                dt, (bmp, default_dtype), "quantised base; unquantised weights use --base_model_default_dtype"
+            )
     elif mp is None:
         # train.py: parser.add_argument("--mixed_precision", default="bf16", ...)
         weights = Traced("bfloat16", (), "SimpleTuner's default --mixed_precision is bf16, which stores bf16 weights")
@@ -131,13 +149,22 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     opt = cf.get("optimizer")
     if gp is not None and str(gp.value).lower() == "fp32":
         if opt is not None and str(opt.value) == "adam_bfloat16":
-            put("gradients", Traced(weights.value if weights else "float32", (gp, opt),
-                                    "adam_bfloat16 skips the fp32 gradient cast"))
+            put(
+                "gradients",
+                Traced(
+                    weights.value if weights else "float32", (gp, opt), "adam_bfloat16 skips the fp32 gradient cast"
+                ),
+            )
         else:
-            put("gradients", Traced("float32", (gp,), "param.grad converted to float32 after backward"),
-                mechanism="cast")
+            put(
+                "gradients",
+                Traced("float32", (gp,), "param.grad converted to float32 after backward"),
+                mechanism="cast",
+            )
     elif weights is not None:
         put("gradients", Traced(weights.value, weights.settings, "gradients follow the weights"))
     if weights is not None:
-        put("optimizer_state", Traced(weights.value, weights.settings,
-                                      "PyTorch optimizers keep state in the parameters' dtype"))
+        put(
+            "optimizer_state",
+            Traced(weights.value, weights.settings, "PyTorch optimizers keep state in the parameters' dtype"),
+        )

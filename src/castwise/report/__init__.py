@@ -156,4 +156,5 @@ class Report:
 
         return render_fragment(self)
 
+
 __all__ = ["SEVERITY_ORDER", "CodeFix", "Finding", "Origin", "Report", "Run"]

@@ -79,8 +79,11 @@ def render_report(report: Report, width: int = WIDTH) -> str:
     units = report.extra.get("units")
     if units:  # a distributed audit: what each FSDP2 unit gathers, computes and reduces in
         lines += ["", "units (stored / gather / compute / reduce / output):"]
-        lines += [f"  {u['unit']}: {u['stored'] or '-'} / {u['gather']} / {u['compute']} / {u['reduce']} / "
-                  f"{u['output'] or '-'}  ({u['kind']})" for u in units]
+        lines += [
+            f"  {u['unit']}: {u['stored'] or '-'} / {u['gather']} / {u['compute']} / {u['reduce']} / "
+            f"{u['output'] or '-'}  ({u['kind']})"
+            for u in units
+        ]
     act = report.summary.get("activation_bytes_by_dtype")
     if act:
         total = sum(act.values()) or 1

@@ -10,7 +10,6 @@ Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 
 
-
 @dataclass(frozen=True)
 class Rule:
     code: str

@@ -6,174 +6,193 @@ from castwise.rules._rule import Rule
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        code="CW201", name="low-precision-weights-fp32-gradients",
-        category="OPTIMIZER_OR_GRAD_DTYPE", severity="error",
+        code="CW201",
+        name="low-precision-weights-fp32-gradients",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="error",
         summary="Weights stored in bf16/fp16 with gradient precision set to fp32.",
         detects="A configuration stores the trained weights in bfloat16 (or float16) and asks "
-                "for float32 gradients, e.g. SimpleTuner's MIXED_PRECISION=\"bf16\" (which makes "
-                "SimpleTuner keep the weights in bf16) together with --gradient_precision=fp32 "
-                "(which converts every param.grad to float32 after backward).",
+        'for float32 gradients, e.g. SimpleTuner\'s MIXED_PRECISION="bf16" (which makes '
+        "SimpleTuner keep the weights in bf16) together with --gradient_precision=fp32 "
+        "(which converts every param.grad to float32 after backward).",
         why="Autograd creates gradients in the parameter's dtype; converting them to float32 "
-            "behind the parameter's back leaves param.grad and param in different dtypes. The "
-            "next backward accumulates a bf16 gradient into the fp32 one, gradient clipping and "
-            "fused optimizers see mixed dtypes, and the run dies in backward ('Expected "
-            "BFloat16, got Float') after the multi-GB model has loaded and the first step ran.",
+        "behind the parameter's back leaves param.grad and param in different dtypes. The "
+        "next backward accumulates a bf16 gradient into the fp32 one, gradient clipping and "
+        "fused optimizers see mixed dtypes, and the run dies in backward ('Expected "
+        "BFloat16, got Float') after the multi-GB model has loaded and the first step ran.",
         example='export MIXED_PRECISION="bf16"\n'
-                'export TRAINER_EXTRA_ARGS="--base_model_precision=bf16"\n'
-                'export TRAINER_EXTRA_ARGS="${TRAINER_EXTRA_ARGS} --gradient_precision=fp32"',
+        'export TRAINER_EXTRA_ARGS="--base_model_precision=bf16"\n'
+        'export TRAINER_EXTRA_ARGS="${TRAINER_EXTRA_ARGS} --gradient_precision=fp32"',
         fix="Drop --gradient_precision=fp32 (or set it to `unmodified`) so gradients follow the "
-            "bf16 weights, or keep float32 master weights (true mixed precision, e.g. "
-            "MIXED_PRECISION=\"no\" with autocast) if you want float32 gradients.",
+        "bf16 weights, or keep float32 master weights (true mixed precision, e.g. "
+        'MIXED_PRECISION="no" with autocast) if you want float32 gradients.',
     ),
     Rule(
-        code="CW202", name="fp16-and-bf16-both-enabled",
-        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        code="CW202",
+        name="fp16-and-bf16-both-enabled",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
         summary="fp16 and bf16 are both enabled in one configuration.",
         detects="A DeepSpeed config with fp16.enabled and bf16.enabled both true, or "
-                "TrainingArguments with fp16 and bf16 (or fp16_full_eval and bf16_full_eval) "
-                "both true.",
+        "TrainingArguments with fp16 and bf16 (or fp16_full_eval and bf16_full_eval) "
+        "both true.",
         why="A run has one half-precision dtype. DeepSpeed refuses the config ('bfloat16 and "
-            "fp16 modes cannot be simultaneously enabled'), TrainingArguments raises ('At most "
-            "one of fp16 and bf16 can be True, but not both') - after the job was scheduled.",
+        "fp16 modes cannot be simultaneously enabled'), TrainingArguments raises ('At most "
+        "one of fp16 and bf16 can be True, but not both') - after the job was scheduled.",
         example='{"fp16": {"enabled": true}, "bf16": {"enabled": true}}',
         fix="Keep one: bf16 on Ampere or newer GPUs (no loss scaling needed), fp16 on older "
-            "GPUs (with dynamic loss scaling). Set the other to false, or to \"auto\" in a "
-            "DeepSpeed file so the launcher fills it.",
+        'GPUs (with dynamic loss scaling). Set the other to false, or to "auto" in a '
+        "DeepSpeed file so the launcher fills it.",
     ),
     Rule(
-        code="CW203", name="accelerate-deepspeed-precision-mismatch",
-        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        code="CW203",
+        name="accelerate-deepspeed-precision-mismatch",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
         summary="Accelerate's mixed_precision disagrees with the DeepSpeed config it points to.",
         detects="An Accelerate config whose mixed_precision names one dtype while its "
-                "deepspeed_config_file enables the other (error), or enables none / a dtype "
-                "mixed_precision does not ask for (warning: the DeepSpeed file wins).",
+        "deepspeed_config_file enables the other (error), or enables none / a dtype "
+        "mixed_precision does not ask for (warning: the DeepSpeed file wins).",
         why="Accelerate fills the DeepSpeed fp16/bf16 blocks from mixed_precision only where "
-            "they say \"auto\". mixed_precision fp16 with bf16.enabled true in the file raises "
-            "('`--mixed_precision` arg cannot be set to `fp16` when `bf16` is set in the "
-            "DeepSpeed config file'); an explicit enabled=false is kept, so the run trains in a "
-            "precision nobody asked for.",
+        'they say "auto". mixed_precision fp16 with bf16.enabled true in the file raises '
+        "('`--mixed_precision` arg cannot be set to `fp16` when `bf16` is set in the "
+        "DeepSpeed config file'); an explicit enabled=false is kept, so the run trains in a "
+        "precision nobody asked for.",
         example="# default_config.yaml\ndistributed_type: DEEPSPEED\nmixed_precision: fp16\n"
-                "deepspeed_config:\n  deepspeed_config_file: ds_config.json\n"
-                '# ds_config.json\n{"bf16": {"enabled": true}}',
-        fix="Write \"auto\" for fp16.enabled and bf16.enabled in the DeepSpeed file so "
-            "mixed_precision decides, or make mixed_precision name the dtype the file enables.",
+        "deepspeed_config:\n  deepspeed_config_file: ds_config.json\n"
+        '# ds_config.json\n{"bf16": {"enabled": true}}',
+        fix='Write "auto" for fp16.enabled and bf16.enabled in the DeepSpeed file so '
+        "mixed_precision decides, or make mixed_precision name the dtype the file enables.",
     ),
     Rule(
-        code="CW204", name="loss-scaling-with-half-weights",
-        category="GRADSCALER_LOW_PRECISION_PARAMS", severity="error",
+        code="CW204",
+        name="loss-scaling-with-half-weights",
+        category="GRADSCALER_LOW_PRECISION_PARAMS",
+        severity="error",
         summary="fp16 loss scaling (GradScaler) over weights stored in float16.",
         detects="fp16 mixed precision, which adds a torch GradScaler, while the model's weights "
-                "are loaded in float16 (torch_dtype / dtype / model_init_kwargs.torch_dtype "
-                "float16).",
+        "are loaded in float16 (torch_dtype / dtype / model_init_kwargs.torch_dtype "
+        "float16).",
         why="GradScaler.unscale_ refuses float16 gradients: 'ValueError: Attempting to unscale "
-            "FP16 gradients.' Mixed precision expects float32 master weights; half weights "
-            "leave the optimizer no precision to absorb small updates.",
+        "FP16 gradients.' Mixed precision expects float32 master weights; half weights "
+        "leave the optimizer no precision to absorb small updates.",
         example='{"fp16": true, "torch_dtype": "float16"}',
         fix="Load the weights in float32 (torch_dtype float32 or auto with a float32 "
-            "checkpoint) and keep fp16: true, or train a LoRA/adapter whose trainable weights "
-            "are float32, or switch to bf16 (no GradScaler).",
+        "checkpoint) and keep fp16: true, or train a LoRA/adapter whose trainable weights "
+        "are float32, or switch to bf16 (no GradScaler).",
     ),
     Rule(
-        code="CW205", name="lightning-precision-with-precision-plugin",
-        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        code="CW205",
+        name="lightning-precision-with-precision-plugin",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
         summary="Lightning Trainer given both a precision string and a precision plugin.",
         detects="trainer.precision together with a Precision plugin (MixedPrecision, "
-                "HalfPrecision, BitsandbytesPrecision, ...) in trainer.plugins.",
+        "HalfPrecision, BitsandbytesPrecision, ...) in trainer.plugins.",
         why="The Trainer refuses the combination: 'Received both `precision=...` and "
-            "`plugins=...`. Choose one.' The precision plugin already carries the precision.",
+        "`plugins=...`. Choose one.' The precision plugin already carries the precision.",
         example="trainer:\n  precision: bf16-mixed\n  plugins:\n"
-                "    - class_path: lightning.pytorch.plugins.precision.MixedPrecision\n"
-                "      init_args: {precision: 16-mixed, device: cuda}",
+        "    - class_path: lightning.pytorch.plugins.precision.MixedPrecision\n"
+        "      init_args: {precision: 16-mixed, device: cuda}",
         fix="Remove trainer.precision and keep the plugin (set its init_args.precision), or "
-            "remove the plugin and keep trainer.precision.",
+        "remove the plugin and keep trainer.precision.",
     ),
     Rule(
-        code="CW206", name="fp16-without-loss-scaling",
-        category="FP16_RANGE_OVERFLOW", severity="warning",
+        code="CW206",
+        name="fp16-without-loss-scaling",
+        category="FP16_RANGE_OVERFLOW",
+        severity="warning",
         summary="Training in float16 with no loss scaling.",
         detects="Weights and compute in float16 with no GradScaler: Lightning precision "
-                "16-true, a model loaded in float16 without fp16 AMP, or a DeepSpeed static "
-                "fp16.loss_scale of 1.",
+        "16-true, a model loaded in float16 without fp16 AMP, or a DeepSpeed static "
+        "fp16.loss_scale of 1.",
         why="float16 has 5 exponent bits: gradients below about 6e-8 flush to zero and "
-            "large activations overflow to inf. Without loss scaling, small gradients vanish "
-            "silently and the loss stalls or turns NaN.",
+        "large activations overflow to inf. Without loss scaling, small gradients vanish "
+        "silently and the loss stalls or turns NaN.",
         example="trainer:\n  precision: 16-true",
         fix="Use fp16 mixed precision with dynamic loss scaling (Lightning 16-mixed, "
-            "DeepSpeed fp16.loss_scale 0), or bf16 (bf16-true / bf16-mixed) on hardware that "
-            "supports it.",
+        "DeepSpeed fp16.loss_scale 0), or bf16 (bf16-true / bf16-mixed) on hardware that "
+        "supports it.",
     ),
     Rule(
-        code="CW207", name="precision-unsupported-on-device",
-        category="DTYPE_UNSUPPORTED_ON_DEVICE", severity="error",
+        code="CW207",
+        name="precision-unsupported-on-device",
+        category="DTYPE_UNSUPPORTED_ON_DEVICE",
+        severity="error",
         summary="A half-precision dtype the configured device does not support.",
         detects="bf16 requested for a GPU the configuration names that has no bf16 support "
-                "(V100, T4, P100, K80, M60: compute capability below 8.0, e.g. a SageMaker "
-                "ml.p3 / ml.g4dn instance), or TF32 (TrainingArguments tf32) on such a GPU - an "
-                "error; fp16 mixed precision on a CPU-only run (use_cpu, MULTI_CPU, accelerator: "
-                "cpu) - a warning.",
+        "(V100, T4, P100, K80, M60: compute capability below 8.0, e.g. a SageMaker "
+        "ml.p3 / ml.g4dn instance), or TF32 (TrainingArguments tf32) on such a GPU - an "
+        "error; fp16 mixed precision on a CPU-only run (use_cpu, MULTI_CPU, accelerator: "
+        "cpu) - a warning.",
         why="bf16 arithmetic needs Ampere (sm_80) or newer: older GPUs refuse bf16 kernels or "
-            "emulate them far slower, and fused kernels have no bf16 build for them. fp16 AMP "
-            "on CPU is refused by older Accelerate ('fp16 mixed precision requires a GPU'), "
-            "silently dropped by newer ones (no GradScaler on CPU), and replaced by bf16-mixed "
-            "in Lightning.",
-        example="compute_environment: AMAZON_SAGEMAKER\nec2_instance_type: ml.p3.2xlarge\n"
-                "mixed_precision: bf16",
+        "emulate them far slower, and fused kernels have no bf16 build for them. fp16 AMP "
+        "on CPU is refused by older Accelerate ('fp16 mixed precision requires a GPU'), "
+        "silently dropped by newer ones (no GradScaler on CPU), and replaced by bf16-mixed "
+        "in Lightning.",
+        example="compute_environment: AMAZON_SAGEMAKER\nec2_instance_type: ml.p3.2xlarge\nmixed_precision: bf16",
         fix="On pre-Ampere GPUs use fp16 with loss scaling (or fp32); on CPU use bf16 (CPU "
-            "autocast supports it) or no mixed precision.",
+        "autocast supports it) or no mixed precision.",
     ),
     Rule(
-        code="CW208", name="trainer-deepspeed-precision-mismatch",
-        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        code="CW208",
+        name="trainer-deepspeed-precision-mismatch",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
         summary="TrainingArguments' fp16/bf16 disagree with the DeepSpeed config they pass.",
-        detects="TrainingArguments whose fp16/bf16 (or *_full_eval) differ from a non-\"auto\" "
-                "fp16.enabled / bf16.enabled in the DeepSpeed config named by `deepspeed`.",
+        detects='TrainingArguments whose fp16/bf16 (or *_full_eval) differ from a non-"auto" '
+        "fp16.enabled / bf16.enabled in the DeepSpeed config named by `deepspeed`.",
         why="transformers compares every non-auto DeepSpeed value with the arguments and "
-            "raises at Trainer start: 'Please correct the following DeepSpeed config values "
-            "that mismatch TrainingArguments values: - ds fp16.enabled=True vs hf "
-            "fp16|fp16_full_eval=False'.",
+        "raises at Trainer start: 'Please correct the following DeepSpeed config values "
+        "that mismatch TrainingArguments values: - ds fp16.enabled=True vs hf "
+        "fp16|fp16_full_eval=False'.",
         example='# training_args.json\n{"bf16": true, "deepspeed": "ds_config.json"}\n'
-                '# ds_config.json\n{"fp16": {"enabled": true}}',
-        fix="Write \"auto\" for fp16.enabled and bf16.enabled in the DeepSpeed file (the "
-            "documented way: the Trainer fills them), or make them match fp16/bf16.",
+        '# ds_config.json\n{"fp16": {"enabled": true}}',
+        fix='Write "auto" for fp16.enabled and bf16.enabled in the DeepSpeed file (the '
+        "documented way: the Trainer fills them), or make them match fp16/bf16.",
     ),
     Rule(
-        code="CW209", name="lightning-deepspeed-precision-mismatch",
-        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        code="CW209",
+        name="lightning-deepspeed-precision-mismatch",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
         summary="Lightning's precision disagrees with the DeepSpeed config of its DeepSpeedStrategy.",
         detects="trainer.precision naming one half dtype while the DeepSpeedStrategy config "
-                "(init_args.config, a path or a dict) enables the other (error: both end up "
-                "enabled), or writes the requested dtype's block disabled, or enables a half "
-                "dtype under 32-true (warnings: the file wins).",
+        "(init_args.config, a path or a dict) enables the other (error: both end up "
+        "enabled), or writes the requested dtype's block disabled, or enables a half "
+        "dtype under 32-true (warnings: the file wins).",
         why="Lightning completes the DeepSpeed config only where a block is missing: with "
-            "precision bf16-mixed and a config holding fp16.enabled true, it adds a bf16 block "
-            "and DeepSpeed refuses both ('bfloat16 and fp16 modes cannot be simultaneously "
-            "enabled'); a block written with enabled false is kept, so the run is not in the "
-            "precision the Trainer reports.",
+        "precision bf16-mixed and a config holding fp16.enabled true, it adds a bf16 block "
+        "and DeepSpeed refuses both ('bfloat16 and fp16 modes cannot be simultaneously "
+        "enabled'); a block written with enabled false is kept, so the run is not in the "
+        "precision the Trainer reports.",
         example="trainer:\n  precision: bf16-mixed\n  strategy:\n"
-                "    class_path: lightning.pytorch.strategies.DeepSpeedStrategy\n"
-                "    init_args: {config: ds_config.json}\n"
-                '# ds_config.json\n{"fp16": {"enabled": true}}',
+        "    class_path: lightning.pytorch.strategies.DeepSpeedStrategy\n"
+        "    init_args: {config: ds_config.json}\n"
+        '# ds_config.json\n{"fp16": {"enabled": true}}',
         fix="Remove the fp16/bf16 blocks from the DeepSpeed config and let trainer.precision "
-            "decide, or make trainer.precision name the dtype the file enables.",
+        "decide, or make trainer.precision name the dtype the file enables.",
     ),
     Rule(
-        code="CW220", name="precision-setting-wrong-value",
-        category="DISTRIBUTED_PRECISION_CONFIG", severity="error",
+        code="CW220",
+        name="precision-setting-wrong-value",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
         summary="A precision setting holds a value of the wrong type, or one the tool does not accept.",
         detects="A precision setting castwise reads whose value is not one its tool takes: "
-                "DeepSpeed fp16.enabled / bf16.enabled that are not true, false or \"auto\" "
-                "(\"yes please\"), a DeepSpeed fp16/bf16 block that is not a mapping, "
-                "TrainingArguments flags (fp16, bf16, tf32, ...) that are not booleans "
-                "(bf16: [1, 2]), a Lightning trainer.precision that is no precision string "
-                "(a list, a typo), Accelerate / SimpleTuner mixed_precision outside no, fp16, "
-                "bf16, fp8. The finding names the setting, its value and the valid values.",
+        'DeepSpeed fp16.enabled / bf16.enabled that are not true, false or "auto" '
+        '("yes please"), a DeepSpeed fp16/bf16 block that is not a mapping, '
+        "TrainingArguments flags (fp16, bf16, tf32, ...) that are not booleans "
+        "(bf16: [1, 2]), a Lightning trainer.precision that is no precision string "
+        "(a list, a typo), Accelerate / SimpleTuner mixed_precision outside no, fp16, "
+        "bf16, fp8. The finding names the setting, its value and the valid values.",
         why="Such values never do what they seem to. The tool refuses them when the job starts "
-            "(DeepSpeed's config model, Lightning's precision connector), or reads them as "
-            "something else: TrainingArguments does not convert JSON values, so any non-empty "
-            "string or list for bf16 counts as true, \"false\" included. castwise would "
-            "otherwise skip the value silently and check a run that is not the one configured.",
+        "(DeepSpeed's config model, Lightning's precision connector), or reads them as "
+        "something else: TrainingArguments does not convert JSON values, so any non-empty "
+        'string or list for bf16 counts as true, "false" included. castwise would '
+        "otherwise skip the value silently and check a run that is not the one configured.",
         example='# ds_config.json\n{"fp16": {"enabled": "yes please"}, "zero_optimization": {"stage": 2}}',
         fix="Write one of the valid values the finding lists, as the type the tool expects "
-            "(true/false as JSON or YAML booleans, precision names as strings).",
+        "(true/false as JSON or YAML booleans, precision names as strings).",
     ),
 )

@@ -25,8 +25,9 @@ def _edge(t: Any) -> tuple[Any, int]:
     return t.node, t.output_nr  # a GradientEdge
 
 
-def python_backward(tracer: Tracer, roots: Any, grads: Any, inputs: Any = (), accumulate: bool = True) -> tuple[
-        torch.Tensor | None, ...]:
+def python_backward(
+    tracer: Tracer, roots: Any, grads: Any, inputs: Any = (), accumulate: bool = True
+) -> tuple[torch.Tensor | None, ...]:
     """Backward without the autograd engine, node by node (what ``torch.autograd.backward`` and
     ``torch.autograd.grad`` do, minus hooks and streams).
 
@@ -115,9 +116,16 @@ def engine_replaced(tracer: Tracer) -> Iterator[None]:
 
     original = getattr(autograd_pkg, "_engine_run_backward")  # noqa: B009
 
-    def substitute(t_outputs: Any, grad_tensors: Any, keep_graph: Any = None, create_graph: Any = None,
-                   inputs: Any = (), allow_unreachable: Any = True, accumulate_grad: bool = True,
-                   **kwargs: Any) -> tuple[torch.Tensor | None, ...]:
+    def substitute(
+        t_outputs: Any,
+        grad_tensors: Any,
+        keep_graph: Any = None,
+        create_graph: Any = None,
+        inputs: Any = (),
+        allow_unreachable: Any = True,
+        accumulate_grad: bool = True,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor | None, ...]:
         return python_backward(tracer, list(t_outputs), list(grad_tensors), tuple(inputs or ()), accumulate_grad)
 
     setattr(autograd_pkg, "_engine_run_backward", substitute)  # noqa: B010

@@ -30,6 +30,7 @@ def as_mode(mode: str) -> Mode:
         return "eval"
     raise ValueError(f"mode={mode!r} is not a run mode; valid: eval, train")
 
+
 RunStatus = Literal["ok", "error", "incomplete"]
 
 ProvKind = Literal["param", "buffer", "attribute", "input", "created", "cast", "autocast", "op", "backward"]
@@ -81,8 +82,13 @@ class Prov:
         where = f"`{self.module}`" if self.module else "the model's top level"
         if self.kind in ("param", "buffer", "attribute", "input"):
             return f"{self.tensor}"
-        what = {"created": "created by", "cast": "cast by", "autocast": "made by autocast in",
-                "op": "made by", "backward": "made in backward by"}.get(self.kind, "made by")
+        what = {
+            "created": "created by",
+            "cast": "cast by",
+            "autocast": "made by autocast in",
+            "op": "made by",
+            "backward": "made in backward by",
+        }.get(self.kind, "made by")
         return f"{what} {self.op} in {where}" if self.op else f"{what} {where}"
 
 
@@ -158,8 +164,13 @@ class Trace:
     def rows(self) -> list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]]:
         """The recorded ops with tensors printed as ``bf16[2, 4]``."""
         return [
-            (m, op, phase, tuple(fmt_tensor(name_of(d), s) for d, s in ins),
-             tuple(fmt_tensor(name_of(d), s) for d, s in outs))
+            (
+                m,
+                op,
+                phase,
+                tuple(fmt_tensor(name_of(d), s) for d, s in ins),
+                tuple(fmt_tensor(name_of(d), s) for d, s in outs),
+            )
             for m, op, phase, ins, outs in self.ops
         ]
 
@@ -167,5 +178,3 @@ class Trace:
 def shape_of(t: torch.Tensor) -> tuple[int, ...]:
     """The shape, or () for a nested tensor (which has none)."""
     return () if t.is_nested else tuple(t.shape)
-
-

@@ -62,15 +62,22 @@ def _collect() -> None:
 _collect()
 # fused RNN cells with no fake kernel: (op, output shapes from the operands)
 RNN_CELLS: frozenset[Any] = frozenset(
-    op for op in (getattr(getattr(_aten, n, None), "default", None)
-                  for n in ("_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward")) if op is not None
+    op
+    for op in (
+        getattr(getattr(_aten, n, None), "default", None)
+        for n in ("_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward")
+    )
+    if op is not None
 )
 # RNN kernels whose dtype contract is cuDNN's / oneDNN's: every floating operand in one dtype
 # (measured on CPU: oneDNN's LSTM cannot build a primitive for f16 input with f32 weights)
 RNN_CONTRACT: frozenset[Any] = RNN_CELLS | frozenset(
-    op for op in (getattr(getattr(_aten, n, None), "default", None)
-                  for n in ("mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell",
-                            "_thnn_fused_lstm_cell_backward_impl")) if op is not None
+    op
+    for op in (
+        getattr(getattr(_aten, n, None), "default", None)
+        for n in ("mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl")
+    )
+    if op is not None
 )
 HANDLED: frozenset[Any] = frozenset({*FUSED, *NESTED_FROM_MASK, *LEFT_ALIGNED, *TO_PADDED})
 
@@ -79,8 +86,9 @@ def op_name(func: Any) -> str:
     return f"{func.namespace}.{func._opname}"
 
 
-def check_fused(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stand: Stand,
-                autocast: torch.dtype | None) -> Violation | None:
+def check_fused(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stand: Stand, autocast: torch.dtype | None
+) -> Violation | None:
     """The fused kernel's contract: every floating operand has the activation's dtype, unless
     the input is dense and autocast is on (measured on CPU: the dense kernel's inner ops are then
     autocast; the nested-tensor path's are not)."""
@@ -104,8 +112,9 @@ def check_fused(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stand:
 
 
 def _scalar(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.float64: "Double"}.get(dtype, short_of(dtype))
+    return {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float64: "Double"}.get(
+        dtype, short_of(dtype)
+    )
 
 
 class Stand:
@@ -126,8 +135,9 @@ def left_aligned(keep: torch.Tensor) -> bool:
     return bool((as_int[..., 1:] <= as_int[..., :-1]).all()) if keep.shape[-1] > 1 else True
 
 
-def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stand: Stand,
-             mask: torch.Tensor | None = None) -> Any:
+def run_fake(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], stand: Stand, mask: torch.Tensor | None = None
+) -> Any:
     """Run a fast-path op on fake tensors (the caller has checked the contract). ``mask``: the
     real values of the keep-mask, when the tracer knows them."""
     if func in LEFT_ALIGNED:
@@ -171,13 +181,21 @@ def check_rnn_cell(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     bad = tuple(i for i in floats if tensors[i].dtype != want)
     if not bad and func._opname == "mkldnn_rnn_layer" and want == torch.float16:
         # measured: oneDNN's CPU LSTM (which CPU autocast picks) has no float16 primitive
-        return Violation(op_name(func), "unsupported", "could not create a primitive descriptor for the LSTM "
-                         "forward propagation primitive (oneDNN has no float16 LSTM on CPU)", tuple(floats), None)
+        return Violation(
+            op_name(func),
+            "unsupported",
+            "could not create a primitive descriptor for the LSTM "
+            "forward propagation primitive (oneDNN has no float16 LSTM on CPU)",
+            tuple(floats),
+            None,
+        )
     if not bad:
         return None
     other = tensors[bad[0]].dtype
-    message = (f"{op_name(func)}: the RNN's input, hidden state and weights must share one dtype, got "
-               f"{short_of(want)} and {short_of(other)}")
+    message = (
+        f"{op_name(func)}: the RNN's input, hidden state and weights must share one dtype, got "
+        f"{short_of(want)} and {short_of(other)}"
+    )
     return Violation(op_name(func), "mismatch", message, bad, name_of(want))
 
 
@@ -190,8 +208,13 @@ def run_rnn_cell(func: Any, args: tuple[Any, ...]) -> Any:
     batch, hidden = grad_hy.shape[0], grad_hy.shape[1]
     gates = grad_hy.new_empty((batch, 3 * hidden))
     bias = grad_hy.new_empty((3 * hidden,)) if has_bias else None
-    return gates, grad_hy.new_empty((batch, 3 * hidden)), torch.empty_like(grad_hy), bias, \
-        None if bias is None else torch.empty_like(bias)
+    return (
+        gates,
+        grad_hy.new_empty((batch, 3 * hidden)),
+        torch.empty_like(grad_hy),
+        bias,
+        None if bias is None else torch.empty_like(bias),
+    )
 
 
 def run_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -231,7 +254,8 @@ def run_nonzero(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str,
     out = x.new_empty(tuple(real.shape), dtype=torch.int64)
     if value is None:
         tracer.trace.observed.setdefault("sizes", []).append(
-            {"module": tracer.module(), "op": op_name(func), "shape": tuple(real.shape)})
+            {"module": tracer.module(), "op": op_name(func), "shape": tuple(real.shape)}
+        )
         tracer.seed_values([(out, real)])
     return out
 

@@ -53,8 +53,9 @@ def _grad_hook(tracer: Tracer, module: str, tensor: str, hook: Any) -> Any:
     def observed(grad: torch.Tensor) -> Any:
         out = hook(grad)
         if isinstance(out, torch.Tensor) and out.dtype != grad.dtype:
-            tracer.trace.hook_changes.append(HookChange(
-                "grad", module, tensor, hook_name(hook), grad.dtype, out.dtype, hook_source(hook)))
+            tracer.trace.hook_changes.append(
+                HookChange("grad", module, tensor, hook_name(hook), grad.dtype, out.dtype, hook_source(hook))
+            )
         return out
 
     return observed
@@ -64,8 +65,7 @@ def _forward_hook(tracer: Tracer, name: str, hook: Any) -> Any:
     def observed(module: nn.Module, *args: Any) -> Any:
         before = _first_tensor(args[-1])  # the output the hook is given (last positional argument)
         enabled = torch.is_autocast_enabled(tracer.device_type)
-        tracer.stack.append(Frame(name, module, torch.get_autocast_dtype(tracer.device_type) if enabled else None,
-                                  []))
+        tracer.stack.append(Frame(name, module, torch.get_autocast_dtype(tracer.device_type) if enabled else None, []))
         tracer.hook_stack.append(hook_name(hook))
         try:
             out = hook(module, *args)
@@ -75,8 +75,9 @@ def _forward_hook(tracer: Tracer, name: str, hook: Any) -> Any:
                 tracer.stack.pop()
         after = _first_tensor(out)
         if before is not None and after is not None and after.dtype != before.dtype:
-            tracer.trace.hook_changes.append(HookChange(
-                "forward", name, None, hook_name(hook), before.dtype, after.dtype, hook_source(hook)))
+            tracer.trace.hook_changes.append(
+                HookChange("forward", name, None, hook_name(hook), before.dtype, after.dtype, hook_source(hook))
+            )
         return out
 
     return observed

@@ -21,7 +21,6 @@ from castwise._dtypes import name_of
 from castwise.trace.events import Upcast, shape_of
 
 if TYPE_CHECKING:
-
     from castwise.trace.contracts import Violation
     from castwise.trace.events import Frame, Trace
     from castwise.trace.tracer import Tracer
@@ -34,8 +33,17 @@ class OpCall:
 
     __slots__ = ("args", "func", "is_fast", "kwargs", "module", "name", "phase", "tensors", "tracer")
 
-    def __init__(self, tracer: Tracer, func: Any, name: str, module: str, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], tensors: list[torch.Tensor], is_fast: bool) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        func: Any,
+        name: str,
+        module: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        tensors: list[torch.Tensor],
+        is_fast: bool,
+    ) -> None:
         self.tracer = tracer
         self.func = func  # the aten OpOverload
         self.name = name  # "aten.addmm"
@@ -109,8 +117,9 @@ class ContractObserver(Observer):
         func = call.func
         if call.is_fast:
             if func in fastpath.FUSED:
-                return fastpath.check_fused(func, call.args, call.kwargs, call.tracer.stand,
-                                            call.tracer.autocast_here())
+                return fastpath.check_fused(
+                    func, call.args, call.kwargs, call.tracer.stand, call.tracer.autocast_here()
+                )
             return None
         if func in fastpath.RNN_CONTRACT:
             return fastpath.check_rnn_cell(func, call.args, call.kwargs)

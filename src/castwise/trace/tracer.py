@@ -49,10 +49,21 @@ _NAMES: dict[Any, str] = {}
 _TO_COPY = frozenset({_aten._to_copy.default})
 # ops autocast runs in its low-precision dtype on every device: mixed floating operands reaching
 # dispatch inside a module entered under autocast mean autocast was turned off around them
-_AUTOCAST_LOW = frozenset({
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.addbmm", "aten.addmv", "aten.mv",
-    "aten.convolution", "aten._convolution", "aten.linear", "aten.matmul",
-})
+_AUTOCAST_LOW = frozenset(
+    {
+        "aten.mm",
+        "aten.addmm",
+        "aten.bmm",
+        "aten.baddbmm",
+        "aten.addbmm",
+        "aten.addmv",
+        "aten.mv",
+        "aten.convolution",
+        "aten._convolution",
+        "aten.linear",
+        "aten.matmul",
+    }
+)
 
 
 def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -96,8 +107,15 @@ class _AttrMap:
 class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op's module, dtypes and provenance, and calls its observers on each."""
 
-    def __init__(self, model: nn.Module, device: Device | str, *, fake: bool, record_ops: bool = True,
-                 observers: Sequence[Observer] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        device: Device | str,
+        *,
+        fake: bool,
+        record_ops: bool = True,
+        observers: Sequence[Observer] | None = None,
+    ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
         self.device = get_device(device)
@@ -285,14 +303,30 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         with _autocast.autocast(self.device_type, dtype):
             return func(*args, **kwargs)
 
-    def _event(self, func: Any, name: str, module: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-               violation: Violation | None, error: BaseException | None, is_fast: bool) -> Event:
+    def _event(
+        self,
+        func: Any,
+        name: str,
+        module: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        violation: Violation | None,
+        error: BaseException | None,
+        is_fast: bool,
+    ) -> Event:
         tensors = tensor_args(args, kwargs)
         dtypes = tuple(t.dtype for t in tensors)
         return Event(
-            self.phase, module, name, violation, error,
-            dtypes, tuple(shape_of(t) for t in tensors),
-            tuple(self.prov.get(t) for t in tensors), self.autocast_here(), is_fast,
+            self.phase,
+            module,
+            name,
+            violation,
+            error,
+            dtypes,
+            tuple(shape_of(t) for t in tensors),
+            tuple(self.prov.get(t) for t in tensors),
+            self.autocast_here(),
+            is_fast,
             self._disabled_by(func, dtypes) if self.phase == "forward" else None,
         )
 
@@ -327,8 +361,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Tag the nodes of the model's outputs (never used as an op input inside forward)."""
         self._tag_nodes(flat_outputs(out))
 
-    def _propagate(self, func: Any, name: str, module: str, tensors: list[torch.Tensor], out: Any,
-                   forward: bool) -> list[torch.Tensor]:
+    def _propagate(
+        self, func: Any, name: str, module: str, tensors: list[torch.Tensor], out: Any, forward: bool
+    ) -> list[torch.Tensor]:
         if isinstance(out, torch.Tensor):
             outs: list[torch.Tensor] = [out]
         elif isinstance(out, (tuple, list)):
@@ -356,8 +391,13 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                         break
             if chosen is None:
                 chosen = self._new_origin(func, name, module, tensors, o)
-            elif chosen.kind == "autocast" and chosen.op == "aten._to_copy" and func not in _TO_COPY \
-                    and chosen.module == module and forward:
+            elif (
+                chosen.kind == "autocast"
+                and chosen.op == "aten._to_copy"
+                and func not in _TO_COPY
+                and chosen.module == module
+                and forward
+            ):
                 # autocast casts the operands of the op it manages: name that op, not the cast
                 chosen = Prov("autocast", module, name, fmt_tensor(name_of(dtype), shape_of(o)), dtype)
             prov[o] = chosen
@@ -368,15 +408,18 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                     # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
                     self.recent.append((module, o))
         if record:  # raw (dtype, shape) pairs: formatting waits until someone reads them
-            self.trace.ops.append((
-                module, name, self.phase,
-                tuple((t.dtype, shape_of(t)) for t in tensors),
-                tuple((o.dtype, shape_of(o)) for o in outs),
-            ))
+            self.trace.ops.append(
+                (
+                    module,
+                    name,
+                    self.phase,
+                    tuple((t.dtype, shape_of(t)) for t in tensors),
+                    tuple((o.dtype, shape_of(o)) for o in outs),
+                )
+            )
         return outs
 
-    def _new_origin(self, func: Any, name: str, module: str, tensors: list[torch.Tensor],
-                    o: torch.Tensor) -> Prov:
+    def _new_origin(self, func: Any, name: str, module: str, tensors: list[torch.Tensor], o: torch.Tensor) -> Prov:
         desc = fmt_tensor(name_of(o.dtype), shape_of(o))
         if self.phase != "forward":
             return Prov("backward", module, name, desc, o.dtype)
@@ -413,8 +456,16 @@ def call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     return model(*args, **kwargs)
 
 
-def run(tracer: Tracer, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str,
-        *, engine_backward: bool, enter: Callable[[], Any] | None = None) -> Trace:
+def run(
+    tracer: Tracer,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mode: str,
+    *,
+    engine_backward: bool,
+    enter: Callable[[], Any] | None = None,
+) -> Trace:
     """Run ``model`` once in ``mode`` ("train": forward + backward; "eval": no_grad) under
     ``tracer``. A model error is caught and recorded (with the module stack at the raise)."""
     trace = tracer.trace

@@ -29,8 +29,22 @@ import pkgutil
 from castwise.rules.audit._base import AuditRule, Check
 
 PRECEDENCE: tuple[str, ...] = (
-    "CW111", "CW112", "CW114", "CW115", "CW113", "CW103", "CW108", "CW110.embedding", "CW107", "CW101",
-    "CW104", "CW102", "CW105", "CW106", "CW109", "CW110",
+    "CW111",
+    "CW112",
+    "CW114",
+    "CW115",
+    "CW113",
+    "CW103",
+    "CW108",
+    "CW110.embedding",
+    "CW107",
+    "CW101",
+    "CW104",
+    "CW102",
+    "CW105",
+    "CW106",
+    "CW109",
+    "CW110",
 )
 
 _RULES: dict[str, AuditRule] | None = None

@@ -87,6 +87,6 @@ def dtype_code_fix(source: str | None, dtype_expr: str) -> tuple[str, int, str, 
             break
     if end is None:
         return None
-    empty = text[match.end():end].strip() == ""
+    empty = text[match.end() : end].strip() == ""
     replaced = text[:end] + ("" if empty else ", ") + f"dtype={dtype_expr}" + text[end:]
     return path, int(num), replaced, text

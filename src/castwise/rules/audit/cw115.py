@@ -21,7 +21,7 @@ META = Rule(
     summary="A gradient or forward hook returns a tensor in another dtype than it was given.",
     detects=(
         "A hook registered with `param.register_hook` returns the gradient in another dtype (backward "
-        "raises \"hook ... has changed the type of value\"), or a module's forward hook returns its "
+        'raises "hook ... has changed the type of value"), or a module\'s forward hook returns its '
         "output in another dtype, which the next layer refuses."
     ),
     why=(
@@ -58,13 +58,19 @@ def grad_hook_diag(change: HookChange, text: str, origin: Origin) -> Diag:
     """Backward raised because a gradient hook changed the gradient's dtype (``origin``: the
     hooked parameter)."""
     return Diag(
-        "CW115", change.module, None, origin,
+        "CW115",
+        change.module,
+        None,
+        origin,
         f"The gradient hook {change.hook} on {change.tensor} (in {where(change.module)}) returns "
         f"{short_of(change.after)} for a {short_of(change.before)} gradient; autograd refuses it. Real error: "
         f"{text}",
         f"Return the gradient in its own dtype: `return new_grad.to(grad.dtype)` in {change.hook}"
-        + (f" ({change.source})" if change.source else "") + ".",
-        (change.module,) if change.module else (), None, change.source,
+        + (f" ({change.source})" if change.source else "")
+        + ".",
+        (change.module,) if change.module else (),
+        None,
+        change.source,
     )
 
 
