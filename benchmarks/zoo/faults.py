@@ -105,7 +105,7 @@ def _w_factory(self: nn.Module, fwd: Forward, args: tuple[Any, ...], kwargs: dic
 
 
 def _w_scale_attr(self: nn.Module, fwd: Forward, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    scale = self.cw_scale
+    scale: torch.Tensor = self.cw_scale  # type: ignore[assignment]  # the planted attribute or buffer
     return _floating(lambda t: t * scale, fwd(self, *args, **kwargs))
 
 
@@ -148,7 +148,9 @@ def _w_index_put(self: nn.Module, fwd: Forward, args: tuple[Any, ...], kwargs: d
 
 def _w_adapter(self: nn.Module, fwd: Forward, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = fwd(self, *args, **kwargs)
-    return out + self.cw_lora_b(self.cw_lora_a(args[0]))
+    adapter_a: nn.Module = self.cw_lora_a  # type: ignore[assignment]  # planted children
+    adapter_b: nn.Module = self.cw_lora_b  # type: ignore[assignment]
+    return out + adapter_b(adapter_a(args[0]))
 
 
 WRAPPERS: dict[str, Callable[[nn.Module, Forward, tuple[Any, ...], dict[str, Any]], Any]] = {
@@ -174,7 +176,7 @@ def _output_to_f32(module: nn.Module, args: Any, output: Any) -> Any:
 def _output_grad_hook(module: nn.Module, args: Any, output: Any) -> None:
     def hook(t: torch.Tensor) -> torch.Tensor:
         if t.requires_grad:
-            t.register_hook(_grad_to_f32)
+            t.register_hook(_grad_to_f32)  # type: ignore[no-untyped-call]
         return t
 
     _floating(hook, output)
@@ -182,9 +184,19 @@ def _output_grad_hook(module: nn.Module, args: Any, output: Any) -> None:
 
 # -- the fault classes ----------------------------------------------------------------------------
 
-_ANY = lambda name, m: True  # noqa: E731
-_LEAF_WEIGHT = lambda name, m: _own_weight(m)  # noqa: E731
-_LINEAR = lambda name, m: isinstance(m, nn.Linear)  # noqa: E731
+
+def _ANY(name: str, m: nn.Module) -> bool:
+    return True
+
+
+def _LEAF_WEIGHT(name: str, m: nn.Module) -> bool:
+    return _own_weight(m)
+
+
+def _LINEAR(name: str, m: nn.Module) -> bool:
+    return isinstance(m, nn.Linear)
+
+
 _QKV = {
     "q_proj",
     "k_proj",
@@ -234,7 +246,8 @@ def float64_module(model: nn.Module, rng: random.Random) -> PlantedFault:
 
 def bias_left_fp32(model: nn.Module, rng: random.Random) -> PlantedFault:
     name, module = pick(model, rng, lambda n, m: isinstance(getattr(m, "bias", None), nn.Parameter))
-    module.bias = nn.Parameter(module.bias.detach().float())  # float32 source: the user's re-created bias
+    bias: torch.Tensor = module.bias  # type: ignore[assignment]  # the predicate checked it is a Parameter
+    module.bias = nn.Parameter(bias.detach().float())  # float32 source: the user's re-created bias
     return _fault(name, "bias_left_fp32", f"`{name}.bias` re-created in f32")
 
 
@@ -286,7 +299,7 @@ def autocast_disabled_region(model: nn.Module, rng: random.Random) -> PlantedFau
 def param_grad_hook(model: nn.Module, rng: random.Random) -> PlantedFault:
     name, module = pick(model, rng, _LEAF_WEIGHT)
     pname, param = rng.choice([(n, p) for n, p in module.named_parameters(recurse=False) if p.is_floating_point()])
-    param.register_hook(_grad_to_f32)
+    param.register_hook(_grad_to_f32)  # type: ignore[no-untyped-call]
     return _fault(name, "param_grad_hook", f"a hook on `{name}.{pname}` returns the gradient in f32")
 
 

@@ -389,7 +389,7 @@ _register("open_clip_custom_text", "open_clip")(_open_clip_custom_text)
 def _unet2d() -> Built:
     from diffusers import UNet2DModel
 
-    model = UNet2DModel(
+    model: nn.Module = UNet2DModel(  # type: ignore[no-untyped-call, assignment]
         sample_size=16,
         in_channels=3,
         out_channels=3,
@@ -405,7 +405,7 @@ def _unet2d() -> Built:
 def _unet_cond() -> Built:
     from diffusers import UNet2DConditionModel
 
-    model = UNet2DConditionModel(
+    model: nn.Module = UNet2DConditionModel(  # type: ignore[no-untyped-call, assignment]
         sample_size=16,
         in_channels=4,
         out_channels=4,
@@ -423,7 +423,7 @@ def _unet_cond() -> Built:
 def _vae() -> Built:
     from diffusers import AutoencoderKL
 
-    model = AutoencoderKL(
+    model: nn.Module = AutoencoderKL(  # type: ignore[no-untyped-call, assignment]
         in_channels=3,
         out_channels=3,
         block_out_channels=(8, 16),
@@ -439,7 +439,7 @@ def _vae() -> Built:
 def _dit() -> Built:
     from diffusers import DiTTransformer2DModel
 
-    model = DiTTransformer2DModel(
+    model: nn.Module = DiTTransformer2DModel(  # type: ignore[no-untyped-call, assignment]
         num_attention_heads=2,
         attention_head_dim=8,
         in_channels=4,

@@ -27,7 +27,7 @@ class ConvNet(nn.Module):
 
 
 class Recurrent(nn.Module):
-    def __init__(self, cell: type[nn.RNNBase]) -> None:
+    def __init__(self, cell: type[nn.LSTM] | type[nn.GRU]) -> None:
         super().__init__()
         self.embed = nn.Embedding(64, 16)
         self.rnn = cell(16, 16, num_layers=2, batch_first=True)

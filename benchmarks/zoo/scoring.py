@@ -278,11 +278,11 @@ def score(real: dict[str, RealOutcome], audit: AuditOutcome, expected_origin: st
 # -- low-precision share of matmul/conv work --------------------------------------------------------
 
 
-class DtypeFlops(TorchDispatchMode):
+class DtypeFlops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Matmul/conv/attention FLOPs (torch's own flop formulas) by the dtype they ran in."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         from torch.utils.flop_counter import flop_registry
 
         self.registry = flop_registry
