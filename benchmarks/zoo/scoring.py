@@ -39,7 +39,8 @@ _DTYPE_TEXT = re.compile(
     r"dtype|scalar ?type|same type|type of value|bfloat16|BFloat16|float16|Half|Float|Double|mat1 and mat2|"
     r"primitive descriptor|not implemented for",
 )
-_EMPTY_SLOT = re.compile(r"\s,|``|''|\(\s*\)|\[\s*\]|\{\s*\}|\bNone\b|(?<=\S) {2,}(?=\S)|\s\.(?:\s|$)")
+# an interpolation left empty: " , ", "``", "()" (not a call like `.to()`), "[]", "None", "meets . Real"
+_EMPTY_SLOT = re.compile(r"\s,|``|''|(?<![\w.])\(\s*\)|\[\s*\]|\{\s*\}|\bNone\b|(?<=\S) {2,}(?=\S)|\s\.(?:\s|$)")
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,17 @@ def inside(module: str | None, planted: str) -> bool:
     if module is None:
         return False
     return module == planted or (planted == "" or module.startswith(planted + "."))
+
+
+def has_empty_slot(text: str) -> bool:
+    return _EMPTY_SLOT.search(text) is not None
+
+
+def still_empty(snippet: str) -> bool:
+    """Whether a recorded empty-slot snippet (``CODE: ...context...``) still counts under the
+    current rule (results saved by an older harness are re-checked when summarised)."""
+    body = snippet.split(": ", 1)[-1].removeprefix("...").removesuffix("...")
+    return body == "empty message" or has_empty_slot(body)
 
 
 def empty_slots(audit: AuditOutcome) -> tuple[str, ...]:

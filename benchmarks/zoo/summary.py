@@ -6,7 +6,13 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
+from benchmarks.zoo.scoring import still_empty
+
 Record = dict[str, Any]
+
+
+def _slots(record: Record) -> list[str]:
+    return [x for x in record["score"]["empty_slots"] if still_empty(x)]
 
 
 def _ratio(a: int, b: int) -> str:
@@ -34,7 +40,7 @@ def metrics(records: list[Record]) -> dict[str, Any]:
         "cases_with_a_passing_mode": len(some_pass),
         "crashes": sum(1 for x in s if x["crash"]),
         "origin_right": sum(1 for r in detected if r["score"]["origin_right"]),
-        "empty_slot_cases": sum(1 for x in s if x["empty_slots"]),
+        "empty_slot_cases": sum(1 for r in scored if _slots(r)),
         "fix_verified": len(verified),
         "low_share_measured": len(shares),
         "low_share_ge_half": sum(1 for v in shares if v >= 0.5),
@@ -117,8 +123,8 @@ def patterns(records: list[Record]) -> dict[str, dict[str, list[Record]]]:
             out["origin wrong"][f"{fault} [{codes}]"].append(r)
         if s["incomplete_ok"]:
             out["incomplete but ok"][fault].append(r)
-        if s["empty_slots"]:
-            out["empty slot"][_norm(s["empty_slots"][0])].append(r)
+        if _slots(r):
+            out["empty slot"][_norm(_slots(r)[0])].append(r)
         fix = r.get("fix")
         if s["detected"] and fix is not None and not fix["verified"]:
             out["fix not verified"][f"{fault} [{codes}] {_norm(fix['why'])[:80]}"].append(r)

@@ -119,6 +119,10 @@ def test_empty_slots_are_found_and_clean_messages_pass() -> None:
     also = score(FAILED, AuditOutcome("done", ok=False, findings=(finding(message="Also at ``."),)), "0")
     assert also.empty_slots
     assert score(FAILED, AuditOutcome("done", ok=False, findings=(finding(),)), "0").empty_slots == ()
+    calls = finding(message="a tensor attribute .to() does not convert (`.item()`, `if x.any():`)")
+    assert score(FAILED, AuditOutcome("done", ok=False, findings=(calls,)), "0").empty_slots == ()
+    meets = finding(message="`x.a` is f32 and meets . Real error: mat1")
+    assert score(FAILED, AuditOutcome("done", ok=False, findings=(meets,)), "0").empty_slots
 
 
 def test_low_precision_share_counts_matmul_flops_by_dtype() -> None:
