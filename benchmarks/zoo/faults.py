@@ -193,6 +193,10 @@ def _LEAF_WEIGHT(name: str, m: nn.Module) -> bool:
     return _own_weight(m)
 
 
+def _TRAINABLE(name: str, m: nn.Module) -> bool:
+    return any(p.is_floating_point() and p.requires_grad for p in m.parameters(recurse=False))
+
+
 def _LINEAR(name: str, m: nn.Module) -> bool:
     return isinstance(m, nn.Linear)
 
@@ -297,8 +301,11 @@ def autocast_disabled_region(model: nn.Module, rng: random.Random) -> PlantedFau
 
 
 def param_grad_hook(model: nn.Module, rng: random.Random) -> PlantedFault:
-    name, module = pick(model, rng, _LEAF_WEIGHT)
-    pname, param = rng.choice([(n, p) for n, p in module.named_parameters(recurse=False) if p.is_floating_point()])
+    name, module = pick(model, rng, _TRAINABLE)
+    trainable = [(n, p) for n, p in module.named_parameters(recurse=False) if p.is_floating_point() and p.requires_grad]
+    if not trainable:  # a frozen parameter (an adapter's base layer) takes no hook
+        raise NotApplicable(f"`{name}` has no trainable parameter")
+    pname, param = rng.choice(trainable)
     param.register_hook(_grad_to_f32)  # type: ignore[no-untyped-call]
     return _fault(name, "param_grad_hook", f"a hook on `{name}.{pname}` returns the gradient in f32")
 

@@ -234,6 +234,7 @@ def inside(module: str | None, planted: str) -> bool:
 
 
 def has_empty_slot(text: str) -> bool:
+    text = text.replace("and  query.dtype", "and query.dtype")  # torch's own sdpa message has the double space
     return _EMPTY_SLOT.search(text) is not None
 
 
@@ -255,7 +256,7 @@ def empty_slots(audit: AuditOutcome) -> tuple[str, ...]:
             for line in text.splitlines():
                 if line.startswith((" ", "\t")) or not line.strip():
                     continue  # indented detail lines (tables, code) are not sentences
-                for match in _EMPTY_SLOT.finditer(line):
+                for match in _EMPTY_SLOT.finditer(line.replace("and  query.dtype", "and query.dtype")):
                     bad.append(f"{f.code}: ...{line[max(0, match.start() - 50) : match.end() + 20]}...")
     return tuple(bad)
 
