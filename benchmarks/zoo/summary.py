@@ -40,6 +40,7 @@ def metrics(records: list[Record]) -> dict[str, Any]:
         "cases_with_a_passing_mode": len(some_pass),
         "crashes": sum(1 for x in s if x["crash"]),
         "origin_right": sum(1 for r in detected if r["score"]["origin_right"]),
+        "origin_checked": sum(1 for r in detected if r["score"]["origin_right"] is not None),
         "empty_slot_cases": sum(1 for r in scored if _slots(r)),
         "fix_verified": len(verified),
         "low_share_measured": len(shares),
@@ -58,7 +59,8 @@ def _row(name: str, m: dict[str, Any]) -> str:
     return (
         f"{name:<26} {m['cases']:>5} {pct(m['agree'], m['cases'])} {m['real_failures']:>5} "
         f"{pct(m['detected'], m['real_failures'])} "
-        f"{m['false_alarm_cases']:>5} {pct(m['origin_right'], m['detected'])} {pct(m['fix_verified'], m['detected'])} "
+        f"{m['false_alarm_cases']:>5} {pct(m['origin_right'], m['origin_checked'])} "
+        f"{pct(m['fix_verified'], m['detected'])} "
         f"{pct(m['low_share_ge_half'], m['low_share_measured'])} {m['crashes']:>5} {m['incomplete']:>5} "
         f"{m['incomplete_ok']:>5} {m['empty_slot_cases']:>5}"
     )
@@ -168,7 +170,7 @@ def print_summary(records: list[Record], group_by: str = "fault", examples: int 
     print(f"real failures detected:        {_ratio(total['detected'], total['real_failures'])}")
     print(f"false alarms (cases):          {_ratio(total['false_alarm_cases'], total['cases_with_a_passing_mode'])}")
     print(f"audit crashes/timeouts:        {_ratio(total['crashes'], total['cases'])}")
-    print(f"origin right (of detected):    {_ratio(total['origin_right'], total['detected'])}")
+    print(f"origin right (of detected):    {_ratio(total['origin_right'], total['origin_checked'])}")
     print(f"cases with an empty slot:      {_ratio(total['empty_slot_cases'], total['cases'])}")
     print(f"verified fix (of detected):    {_ratio(total['fix_verified'], total['detected'])}")
     mean = total["low_share_mean"]
