@@ -81,11 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
     parser.add_argument("--by", default="situation", choices=["situation", "library", "model"])
     parser.add_argument("--out", type=Path, help="write the per-audit results as JSON here")
-    parser.add_argument("--from", dest="source", type=Path, help="summarise a saved --out file instead of running")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        nargs="+",
+        help="summarise saved --out files (a split run) instead of running",
+    )
     opts = parser.parse_args(argv)
 
     if opts.source is not None:
-        print_summary(json.loads(opts.source.read_text())["results"], group_by=opts.by)
+        print_summary([r for path in opts.source for r in json.loads(path.read_text())["results"]], group_by=opts.by)
         return 0
     situations = opts.situations.split(",")
     unknown = sorted(set(situations) - set(SITUATIONS))

@@ -85,12 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", action="store_true", help="score the held-out models and seeds")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
     parser.add_argument("--out", type=Path, help="write the per-fault results as JSON here")
-    parser.add_argument("--from", dest="source", type=Path, help="summarise a saved --out file instead of running")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        nargs="+",
+        help="summarise saved --out files (a split run) instead of running",
+    )
     parser.add_argument("--examples", type=int, default=3, help="examples printed per failure pattern")
     opts = parser.parse_args(argv)
 
     if opts.source is not None:
-        print_summary(json.loads(opts.source.read_text())["results"], group_by="fault", examples=opts.examples)
+        print_summary(
+            [r for path in opts.source for r in json.loads(path.read_text())["results"]],
+            group_by="fault",
+            examples=opts.examples,
+        )
         return 0
     start = time.perf_counter()
     results = run(list(range(opts.start, opts.start + opts.limit)), opts.heldout, opts.jobs, opts.timeout)
