@@ -1,0 +1,122 @@
+"""Fault injection: seeded dtype faults planted at random depth in the zoo's real models, each
+audited on fake tensors and scored against its own real CPU run.
+
+Scoring rule (benchmarks/zoo/scoring.py has the details):
+- a real failure = the real CPU run under the same policy (``castwise.apply``; the hand-cast model
+  as it is when there is none) raises a dtype error: train mode (forward + backward) or eval mode
+  (``eval()`` under no_grad);
+- detected = the audit reports an error finding (not the CW901/CW902 "could not check" warnings)
+  in a mode where the real run failed; a false alarm = an error finding in a mode where it passed;
+- origin right = the first detecting finding's ``origin.module`` (or one of its ``culprit_modules``)
+  equals or lies inside the planted module (for a shared Parameter: the module the user changed);
+- empty slot = an interpolation left empty in a message, fix or origin (``receives , which``);
+- verified fix = under the suggested policy, applied with ``castwise.apply`` to a fresh build,
+  the REAL CPU run passes in both modes; its low-precision share = the fraction of matmul/conv/
+  attention FLOPs (torch's flop formulas) that ran in the dtype the user asked for;
+- incomplete = the audit could not check the whole model; an incomplete audit is never ``ok``.
+Nothing is special-cased per model or fault: the same rule scores every case.
+
+    python benchmarks/bench_fault_injection.py [--limit N] [--jobs J] [--heldout] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.zoo.cases import Case, evaluate, fault_case, quiet  # noqa: E402
+from benchmarks.zoo.summary import print_summary  # noqa: E402
+
+
+def _one(job: tuple[int, bool, int]) -> dict[str, Any]:
+    index, heldout, timeout = job
+    quiet()
+    try:
+        case = fault_case(index, heldout)
+        if case is None:
+            return {"index": index, "skipped": "no model has a place for this fault"}
+        record = evaluate(case, timeout=timeout)
+    except Exception as exc:  # a harness failure is reported, never hidden in a score
+        return {
+            "index": index,
+            "harness_error": f"{type(exc).__name__}: {exc}",
+            "trace": traceback.format_exc(limit=4)[-1200:],
+        }
+    record["index"] = index
+    return record
+
+
+def run(indices: list[int], heldout: bool, jobs: int, timeout: int, progress: bool = True) -> list[dict[str, Any]]:
+    work = [(i, heldout, timeout) for i in indices]
+    results: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    if jobs <= 1:
+        iterator: Any = map(_one, work)
+        pool = None
+    else:
+        pool = multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=40)
+        iterator = pool.imap_unordered(_one, work, chunksize=1)
+    try:
+        for n, record in enumerate(iterator, 1):
+            results.append(record)
+            if progress and n % 25 == 0:
+                print(f"  {n}/{len(work)} cases, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    return sorted(results, key=lambda r: int(r["index"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--limit", type=int, default=1000, help="number of faults (default 1000)")
+    parser.add_argument("--start", type=int, default=0, help="first fault index (to split a run)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--heldout", action="store_true", help="score the held-out models and seeds")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
+    parser.add_argument("--out", type=Path, help="write the per-fault results as JSON here")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        nargs="+",
+        help="summarise saved --out files (a split run) instead of running",
+    )
+    parser.add_argument("--examples", type=int, default=3, help="examples printed per failure pattern")
+    opts = parser.parse_args(argv)
+
+    if opts.source is not None:
+        print_summary(
+            [r for path in opts.source for r in json.loads(path.read_text())["results"]],
+            group_by="fault",
+            examples=opts.examples,
+        )
+        return 0
+    start = time.perf_counter()
+    results = run(list(range(opts.start, opts.start + opts.limit)), opts.heldout, opts.jobs, opts.timeout)
+    elapsed = time.perf_counter() - start
+    print(
+        f"fault injection: {len(results)} faults ({'held-out' if opts.heldout else 'tuning'} models and seeds), "
+        f"{elapsed:.0f} s with {opts.jobs} job(s)"
+    )
+    summary = print_summary(results, group_by="fault", examples=opts.examples)
+    if opts.out is not None:
+        opts.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
+        print(f"per-fault results: {opts.out}")
+    return 0
+
+
+__all__ = ["Case", "main", "run"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
