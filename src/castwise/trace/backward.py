@@ -55,18 +55,7 @@ def python_backward(
     targets = [_edge(t) for t in inputs]
     target_nodes = {n for n, _ in targets}
     captured: dict[tuple[Any, int], torch.Tensor | None] = {}
-    deps: dict[Any, int] = collections.defaultdict(int)
-    seen = set(starts)
-    todo = list(starts)
-    while todo:
-        node = todo.pop()
-        for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
-            deps[nxt] += 1
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
+    deps = _dependencies(starts)
     ready = [n for n in dict.fromkeys(starts) if deps[n] == 0]
     previous = (tracer.current_node, tracer.use_engine_node)
     tracer.use_engine_node = False
@@ -106,6 +95,23 @@ def python_backward(
     finally:
         tracer.current_node, tracer.use_engine_node = previous
     return tuple(captured.get(t) for t in targets) if not accumulate else ()
+
+
+def _dependencies(starts: list[Any]) -> dict[Any, int]:
+    """How many edges lead into each node reachable from ``starts`` (a node runs when all have)."""
+    deps: dict[Any, int] = collections.defaultdict(int)
+    seen = set(starts)
+    todo = list(starts)
+    while todo:
+        node = todo.pop()
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            deps[nxt] += 1
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return deps
 
 
 @contextmanager
