@@ -670,3 +670,12 @@ def test_an_exception_that_mentions_dtype_is_not_a_dtype_finding() -> None:
     assert (f.code, f.module) == ("CW130", "1")
     assert "KeyError: 'not a dtype problem'" in f.message
     assert report.suggested_policy is None
+
+
+def test_a_finding_at_several_places_never_prints_an_empty_module_name() -> None:
+    from castwise.auditor.findings import _finding
+    from castwise.rules.audit._base import Diag
+
+    f = _finding(Diag("CW110", "a", "aten.mm", None, "mixed dtypes.", "fix it."), ("eval",), ["a", "", "b"])
+    assert "``" not in f.message
+    assert "the model's top level" in f.message and "`b`" in f.message

@@ -13,6 +13,7 @@ from castwise.auditor.context import RunRecord, culprits_of, make_ctx
 from castwise.report import CodeFix, Finding
 from castwise.rules.audit import cw115, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
+from castwise.rules.audit._text import where
 from castwise.trace.events import Event, Mode, Origin, Prov
 
 # what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"
@@ -302,7 +303,8 @@ def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
     if not message.endswith((".", "?", "!")):
         message += "."
     if len(places) > 1:
-        more = ", ".join(f"`{p}`" for p in places[1:4]) + (", ..." if len(places) > 4 else "")
+        # the root module's name is "": say so rather than print an empty name
+        more = ", ".join(where(p) for p in places[1:4]) + (", ..." if len(places) > 4 else "")
         message += f" Also at {more}." if len(places) == 2 else f" Also at {len(places) - 1} more modules: {more}."
     details: list[tuple[str, Any]] = []
     if d.culprit_modules:

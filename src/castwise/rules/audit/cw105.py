@@ -42,9 +42,10 @@ def _match(ctx: Ctx) -> Diag | None:
     if first is None or first.kind != "input":
         return None
     rest = others(ctx.dtypes, ctx.culprits)
+    meets = f"{rest} weights" if rest else f"weights in another dtype (the model computes in {ctx.comp})"
     return ctx.diag(
         "CW105",
-        f"{ctx.at}: {first.tensor} is {short_of(first.dtype)} but meets {rest} weights, with no autocast. "
+        f"{ctx.at}: {first.tensor} is {short_of(first.dtype)} but meets {meets}, with no autocast. "
         f"Real error: {ctx.text}",
         f"Cast the inputs with the model: policy clause `inputs={rest or ctx.comp}`.",
     )
