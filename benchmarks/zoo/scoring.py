@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from castwise.stories import call, first_tensor  # the stories run models the same way
+
 MODES = ("train", "eval")
 NOT_CHECKED = ("CW901", "CW902")  # "could not check" warnings: never a detection
 _DTYPE_TEXT = re.compile(
@@ -90,29 +92,6 @@ class Score:
 
 
 # -- the real run ---------------------------------------------------------------------------------
-
-
-def call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
-
-
-def first_tensor(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for item in out:
-            t = first_tensor(item)
-            if t is not None:
-                return t
-    return None
 
 
 def is_dtype_error(exc: BaseException) -> bool:

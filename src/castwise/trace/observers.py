@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from castwise._dtypes import name_of
+from castwise.trace import contracts, fastpath
 from castwise.trace.events import Upcast, shape_of
 
 if TYPE_CHECKING:
@@ -112,8 +113,6 @@ class ContractObserver(Observer):
     name = "contracts"
 
     def check(self, call: OpCall) -> Violation | None:
-        from castwise.trace import contracts, fastpath
-
         func = call.func
         if call.is_fast:
             if func in fastpath.FUSED:
