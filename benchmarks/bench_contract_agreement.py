@@ -7,6 +7,7 @@ the result dtype when it does not raise. Also prints the cost of one table looku
 calls it for every op).
 
     python benchmarks/bench_contract_agreement.py [--family matmul] [--show-disagreements]
+    python benchmarks/bench_contract_agreement.py --device cuda   # on a GPU machine: the CUDA rules
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the cases live with the tests
 
-from tests.trace.contract_cases import Case, all_cases, predict, run, run_fake  # noqa: E402
+from tests.trace.contract_cases import Case, all_cases, predict, run_detail, run_fake  # noqa: E402
 
 
 def _lookup_cost(cases: list[Case], repeat: int = 20) -> tuple[float, float]:
@@ -49,7 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", help="only cases of this family")
     parser.add_argument("--show-disagreements", action="store_true")
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="real kernels and table rules of this device"
+    )
     opts = parser.parse_args(argv)
+    if opts.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--device cuda needs a CUDA device; torch sees none on this machine")
 
     cases = [c for c in all_cases() if opts.family is None or c.family == opts.family]
     per_family: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])  # cases, table, fake
@@ -57,15 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     fake_wrong: list[str] = []
     start = time.perf_counter()
     for case in cases:
-        real = run(case)
-        table_ok = predict(case) == real
+        real, message = run_detail(case, opts.device)
+        table_ok = predict(case, opts.device) == real
         fake_ok = run_fake(case) == real
         row = per_family[case.family]
         row[0] += 1
         row[1] += table_ok
         row[2] += fake_ok
         if not table_ok:
-            table_wrong.append(case.id)
+            table_wrong.append(f"{case.id} (real: {real}{': ' + message if message else ''})")
         if not fake_ok:
             fake_wrong.append(case.id)
     elapsed = time.perf_counter() - start
@@ -78,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{family:<12} {count:>6} {t_ok / count:>8.1%} {f_ok / count:>8.1%}")
     print(f"{'all':<12} {n:>6} {table / n:>8.1%} {fake / n:>8.1%}")
     print(
-        f"table agrees with real CPU kernels on {table}/{n} cases ({table / n:.1%}); "
+        f"table agrees with real {opts.device.upper()} kernels on {table}/{n} cases ({table / n:.1%}); "
         f"fake kernels alone on {fake}/{n} ({fake / n:.1%})"
     )
     ok_us, bad_us = _lookup_cost(cases)
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{ok_us:.1f} us when the kernel accepts, {bad_us:.1f} us when it refuses"
     )
     if opts.show_disagreements:
-        print("table disagrees:", ", ".join(table_wrong) or "none")
+        print("table disagrees:", "\n  ".join(["", *table_wrong]) if table_wrong else "none")
         print("fake disagrees:", ", ".join(fake_wrong) or "none")
     return 0
 

@@ -8,6 +8,7 @@ and benchmarks/bench_contract_agreement.py.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import warnings
@@ -76,19 +77,57 @@ def first_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
-def run(case: Case) -> Outcome:
-    """The real CPU outcome."""
-    return run_detail(case)[0]
+_TARGET = ["cpu"]  # the device the case's arguments are being built for (see _saved)
 
 
-def run_detail(case: Case) -> tuple[Outcome, str | None]:
-    """The real CPU outcome and, when it raises, the first line of the kernel's message."""
-    args, kwargs = case.make()
+@contextlib.contextmanager
+def building_for(device: str) -> Iterator[None]:
+    """Build a case's arguments as they would reach ``device``'s kernel."""
+    _TARGET[0] = device
+    try:
+        yield
+    finally:
+        _TARGET[0] = "cpu"
+
+
+def make_for(case: Case, device: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    with building_for(device):
+        return case.make()
+
+
+def run(case: Case, device: str = "cpu") -> Outcome:
+    """The real outcome on ``device`` (CPU unless a GPU test asks for "cuda")."""
+    return run_detail(case, device)[0]
+
+
+def on_device(value: Any, device: str) -> Any:
+    """The case's arguments (tensors and device arguments of factory ops) moved to ``device``."""
+    from torch.utils._pytree import tree_map
+
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        if isinstance(x, torch.device) and x.type == "cpu":
+            return torch.device(device)
+        return x
+
+    return tree_map(move, value)
+
+
+def run_detail(case: Case, device: str = "cpu") -> tuple[Outcome, str | None]:
+    """The real outcome and, when it raises, the first line of the kernel's message."""
+    args, kwargs = make_for(case, device)
+    if device != "cpu":
+        args, kwargs = on_device((args, kwargs), device)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecation warnings (uint8 masks) are not outcomes
             out = case.func(*args, **kwargs)
+        if device != "cpu":
+            torch.cuda.synchronize()  # an asynchronous kernel error surfaces here, not later
     except (RuntimeError, TypeError, ValueError, NotImplementedError, IndexError) as e:
+        if "device-side assert" in str(e):  # the CUDA context is gone: every later case would "raise"
+            raise RuntimeError(f"{case.id}: a device-side assert ended the CUDA context; fix the case") from e
         return Outcome(True, None), str(e).splitlines()[0] if str(e) else type(e).__name__
     first = first_tensor(out)
     return Outcome(False, None if first is None else first.dtype), None
@@ -121,7 +160,7 @@ def predict(case: Case, device_type: str = "cpu") -> Outcome:
     """What the contract table says."""
     from castwise.trace.contracts import check, result_dtype
 
-    args, kwargs = case.make()
+    args, kwargs = make_for(case, device_type)
     if check(case.func, args, kwargs, device_type) is not None:
         return Outcome(True, None)
     return Outcome(False, result_dtype(case.func, args, kwargs, device_type))
@@ -260,14 +299,21 @@ def _conv() -> Iterator[Case]:
         )
 
 
-def _saved(forward: Callable[[torch.dtype], Any], w: torch.dtype, x: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _saved(
+    forward: Callable[[torch.dtype], Any], w: torch.dtype, x: torch.dtype, acc_on_cuda: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The statistics a forward saves for its backward: from the forward with the weight's dtype
-    when the kernel accepts it (as autograd would), else from a forward in x's dtype."""
+    when the kernel accepts it (as autograd would), else from a forward in x's dtype. Built for a
+    CUDA run, layer and batch norm statistics are float32 for 16-bit inputs, as CUDA's forward
+    saves them in the accumulate type (the CPU forward saves them in the input's dtype)."""
     try:
         out = forward(w)
     except RuntimeError:
         out = forward(x)
-    return out[1], out[2]
+    mean, rstd = out[1], out[2]
+    if acc_on_cuda and _TARGET[0] == "cuda" and mean.dtype in (BF16, F16):
+        return mean.float(), rstd.float()  # the accumulate type CUDA's forward saves in
+    return mean, rstd
 
 
 def _norms() -> Iterator[Case]:
@@ -367,7 +413,10 @@ def _norms() -> Iterator[Case]:
         def make_gn(go: torch.dtype = go, x: torch.dtype = x, w: torch.dtype = w) -> tuple[tuple[Any, ...], dict]:
             xs = t((2, 4, 3), x)
             mean, rstd = _saved(
-                lambda p: aten.native_group_norm.default(xs, t((4,), p), t((4,), p), 2, 4, 3, 2, 1e-5), w, x
+                lambda p: aten.native_group_norm.default(xs, t((4,), p), t((4,), p), 2, 4, 3, 2, 1e-5),
+                w,
+                x,
+                acc_on_cuda=False,
             )
             return (t((2, 4, 3), go), xs, mean, rstd, t((4,), w), 2, 4, 3, 2, [True, True, True]), {}
 
@@ -428,6 +477,16 @@ def _attention() -> Iterator[Case]:
             "sdpa",
             func,
             lambda func=func: ((t(shape, F32), t(shape, F32), t(shape, F32)), {"attn_mask": t((3, 3), I64)}),
+        )
+    # a head size the CUDA memory-efficient kernel takes (a multiple of 8): with a mask in another
+    # float dtype it is the efficient kernel, not math, that gets the call
+    wide = (1, 2, 8, 16)
+    for q, m in itertools.product((BF16, F16), FLOATS):
+        yield Case(
+            f"sdpa-head16[{tag(q, q, q)}-mask-{tag(m)}]",
+            "sdpa",
+            aten.scaled_dot_product_attention.default,
+            lambda q=q, m=m: ((t(wide, q), t(wide, q), t(wide, q), t((8, 8), m)), {}),
         )
     for x, w in itertools.product(FLOATS, FLOATS):
 

@@ -11,7 +11,9 @@ import torch
 
 from .contract_cases import BF16, BOOL, F16, F32, F64, I32, I64, U8, Case, aten, t, tag
 
-_OFFS = (2, 4)  # two experts, two rows each (inner sizes of 8: the kernel wants 16-byte strides)
+# two experts, eight rows each: CUDA's grouped GEMM wants every group's rows (and the inner sizes)
+# a multiple of 16 bytes, and a misaligned case is a device-side assert that ends the CUDA context
+_OFFS = (8, 16)
 
 
 def _offs() -> torch.Tensor:
@@ -23,7 +25,7 @@ def _grouped(a: torch.dtype, b: torch.dtype) -> Case:
         f"_grouped_mm-2d3d[{tag(a, b)}]",
         "moe",
         aten._grouped_mm.default,
-        lambda: ((t((4, 8), a), t((2, 8, 8), b), _offs()), {}),
+        lambda: ((t((16, 8), a), t((2, 8, 8), b), _offs()), {}),
     )
 
 
@@ -41,7 +43,7 @@ def moe_cases() -> Iterator[Case]:
             f"_grouped_mm-2d2d[{tag(d, d)}]",
             "moe",
             aten._grouped_mm.default,
-            lambda d=d: ((t((8, 8), d), t((8, 8), d), torch.tensor((4, 8), dtype=I32)), {}),
+            lambda d=d: ((t((8, 16), d), t((16, 8), d), torch.tensor((8, 16), dtype=I32)), {}),
         )
     yield Case(
         "_grouped_mm-3d3d[bf16-f32]",
@@ -53,13 +55,13 @@ def moe_cases() -> Iterator[Case]:
         "_grouped_mm-out_dtype[bf16-bf16-f32]",
         "moe",
         aten._grouped_mm.default,
-        lambda: ((t((4, 8), BF16), t((2, 8, 8), BF16), _offs()), {"out_dtype": F32}),
+        lambda: ((t((16, 8), BF16), t((2, 8, 8), BF16), _offs()), {"out_dtype": F32}),
     )
     yield Case(
         "_grouped_mm-out_dtype[bf16-bf16-bf16]",
         "moe",
         aten._grouped_mm.default,
-        lambda: ((t((4, 8), BF16), t((2, 8, 8), BF16), _offs()), {"out_dtype": BF16}),
+        lambda: ((t((16, 8), BF16), t((2, 8, 8), BF16), _offs()), {"out_dtype": BF16}),
     )
     for d in (F64, I32, I64, U8, BOOL):
         yield Case(

@@ -86,7 +86,13 @@ from castwise.trace.contracts.index import (
 )
 from castwise.trace.contracts.matmul import _addmm, _addmv, _baddbmm, _conv, _conv_backward, _conv_nobias, _linear, _mm
 from castwise.trace.contracts.moe import _bitwise_not, _grouped_mm, _histc
-from castwise.trace.contracts.no_kernel import _NO_KERNEL, _complex_ctor, _no_kernel_rule, _rrelu
+from castwise.trace.contracts.no_kernel import (
+    _NO_KERNEL,
+    _complex_ctor,
+    _histogram_bins_tensor,
+    _no_kernel_rule,
+    _rrelu,
+)
 from castwise.trace.contracts.norm import (
     _batch_norm,
     _batch_norm_backward,
@@ -450,6 +456,7 @@ for _key, _spec in _NO_KERNEL.items():
     _register(_no_kernel_rule(_key, _spec), _key)
 _register(_rrelu, "rrelu_with_noise")
 _register(_same_as_self, "histogram")  # bin counts in the input's dtype (bin_ct is above)
+_register(_histogram_bins_tensor, "histogram.bins_tensor")
 _register(_histc, "histc")
 _register(_bitwise_not, "bitwise_not", "bitwise_not_")
 _register(_grouped_mm, "_grouped_mm")

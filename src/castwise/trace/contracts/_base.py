@@ -241,13 +241,18 @@ def _can_cast(src: torch.dtype, dst: torch.dtype) -> bool:
 # bmm/baddbmm on CUDA read batch2 with data_ptr<scalar_t> of batch1's type (cuda/Blas.cpp).
 
 
-def _not_on_device(op: str, args: Args, kwargs: Kwargs, dev: Device, devices: tuple[str, ...]) -> Violation | None:
+def _not_on_device(
+    op: str, args: Args, kwargs: Kwargs, dev: Device, devices: tuple[str, ...], overload: str = ""
+) -> Violation | None:
+    """No kernel for ``dev`` at all; ``overload`` ("aten.histogram.bin_ct") when the dispatcher's
+    message names the overload, not the packet."""
     if dev.kernels in devices:
         return None
+    name = (overload or op).removeprefix("aten.")
     return _viol(
         op,
         "unsupported",
-        f"Could not run 'aten::{op.removeprefix('aten.')}' with arguments from the '{dev.label}' backend.",
+        f"Could not run 'aten::{name}' with arguments from the '{dev.label}' backend.",
         args,
         kwargs,
         [],

@@ -67,19 +67,9 @@ def _sdpa(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             [mask],
             q.dtype,
         )
-    if (
-        dev.kernels == "cuda"
-        and mask is not None
-        and mask.dtype != BOOL
-        and mask.dtype != q.dtype
-        and q.dtype in _REDUCED
-    ):
-        # On CUDA flash attention takes no mask, so a masked f16/bf16 call goes to the
-        # memory-efficient kernel, which wants the bias in q's dtype (transformers/cuda/attention.cu
-        # "invalid dtype for bias - should match query's dtype"); the float32 mask that passes
-        # validate_sdpa_input fails there. (Math would take it, but is only chosen when the
-        # efficient kernel cannot run the shapes at all.)
-        return _viol(op, "mask", "invalid dtype for bias - should match query's dtype", args, kwargs, [mask], q.dtype)
+    # On CUDA too a float32 mask with f16/bf16 q/k/v is taken, whichever kernel runs (measured on
+    # H100, head sizes 4 and 16: sdpa converts the mask before the memory-efficient kernel, whose
+    # own bias check is the _sdpa_efficient rule below).
     return q.dtype
 
 
@@ -91,6 +81,9 @@ def _sdpa_math(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 
 def _sdpa_flash_cpu(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     q = args[0]
+    bad = _not_on_device(op, args, kwargs, dev, ("cpu",))  # a CPU-only kernel (measured on CUDA)
+    if bad:
+        return bad
     v = _qkv(op, args, kwargs, dev, "scalar")
     if v:
         return v
@@ -122,6 +115,10 @@ def _sdpa_flash_cuda(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             kwargs,
             [t for t in args[:3] if t.dtype not in _REDUCED],
             args[2].dtype if args[2].dtype in _REDUCED else BF16,
+        )
+    if isinstance(q.shape[-1], int) and q.shape[-1] % 8:
+        return _viol(
+            op, "unsupported", "head_size must be a multiple of 8, this is ensured by padding!", args, kwargs, [q], None
         )
     return _qkv(op, args, kwargs, dev, "flash_cuda") or q.dtype
 
@@ -174,7 +171,7 @@ def _sdpa_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # flash/efficient/cudnn backward: (grad_out, q, k, v, out, ...) in one dtype, as the forward
     grad, q, k, v = args[0], args[1], args[2], args[3]
     if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
-        bad = None
+        bad = _not_on_device(op, args, kwargs, dev, ("cpu",))
     else:
         bad = _not_on_device(op, args, kwargs, dev, ("cuda",))
     if bad:
@@ -217,7 +214,8 @@ def _fused_weights(
         bad = [w for w in weights if w.dtype != x.dtype]
         w0 = bad[0]
         msg = (
-            f"expected m1 and m2 to have the same dtype, but got: {_cpp(x.dtype)} != {_cpp(w0.dtype)}"
+            f"expected {'mat1 and mat2' if dev.kernels == 'cuda' else 'm1 and m2'} to have the same dtype, "
+            f"but got: {_cpp(x.dtype)} != {_cpp(w0.dtype)}"
             if w0 is weights[0]
             else f"self and mat2 must have the same dtype, but got {_sc(x.dtype)} and {_sc(w0.dtype)}"
         )
@@ -225,6 +223,11 @@ def _fused_weights(
             # the whole layer is in another dtype: the activation is the odd one
             return _viol(op, "mismatch", msg, args, kwargs, [x], w0.dtype)
         return _viol(op, "mismatch", msg, args, kwargs, bad, x.dtype)
+    # CUDA (measured, H100): the qkv bias must be x's dtype too ("expected scalar type ...")
+    qkv_bias = layers[0][1]
+    if dev.kernels == "cuda" and qkv_bias is not None and qkv_bias.dtype != x.dtype:
+        msg = f"expected scalar type {_sc(x.dtype)} but found {_sc(qkv_bias.dtype)}"
+        return _viol(op, "mismatch", msg, args, kwargs, [qkv_bias], x.dtype)
     bad_b = [b for i, (_, b) in enumerate(layers) if i > 0 and b is not None and b.dtype != x.dtype]
     if bad_b:
         return _viol(
@@ -316,6 +319,8 @@ def _softmax_dtype(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     go, out = args[0], args[1]
     input_dtype = _arg(args, kwargs, 3, "input_dtype")
+    if dev.kernels == "cuda":
+        return _softmax_backward_cuda(op, args, kwargs, go, out, input_dtype)
     if go.dtype != out.dtype:
         return _viol(
             op,
@@ -326,22 +331,22 @@ def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             [out],
             go.dtype,
         )
-    if input_dtype is not None and input_dtype != go.dtype:
-        if dev.kernels == "cuda":
-            if not (go.dtype == F32 and input_dtype == F16):
-                return _viol(
-                    op,
-                    "mismatch",
-                    "expected input and grad types to match, or input to be at::Half and grad to be at::Float",
-                    args,
-                    kwargs,
-                    [go],
-                    input_dtype,
-                )
-            return F16
-        if go.dtype == F32 and input_dtype == F16:  # CPU measured: the half_to_float backward is refused
-            return _viol(op, "unsupported", "expected scalar type Float but found Half", args, kwargs, [go], F16)
+    if input_dtype == F16 and go.dtype == F32:  # CPU measured: the half_to_float backward is refused
+        return _viol(op, "unsupported", "expected scalar type Float but found Half", args, kwargs, [go], F16)
     return go.dtype
+
+
+def _softmax_backward_cuda(op: str, args: Args, kwargs: Kwargs, go: Tensor, out: Tensor, input_dtype: Any) -> Any:
+    # cuda/SoftMax.cu (measured, H100): the input dtype is checked first; a grad/output mismatch
+    # between the two 16-bit types is reported against the float accumulate type
+    if input_dtype is not None and input_dtype != go.dtype and not (go.dtype == F32 and input_dtype == F16):
+        msg = "expected input and grad types to match, or input to be at::Half and grad to be at::Float"
+        return _viol(op, "mismatch", msg, args, kwargs, [go], input_dtype)
+    if go.dtype != out.dtype:
+        found = F32 if go.dtype in _REDUCED and out.dtype in _REDUCED else out.dtype
+        msg = f"expected scalar type {_sc(go.dtype)} but found {_sc(found)}"
+        return _viol(op, "mismatch", msg, args, kwargs, [out], go.dtype)
+    return F16 if input_dtype == F16 and go.dtype == F32 else go.dtype
 
 
 # ---------------------------------------------------------------------------------------------

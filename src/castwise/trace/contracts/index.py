@@ -76,11 +76,17 @@ def _index_put(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if v:
         return v
     if values.dtype != s.dtype:
+        msg = (
+            # CUDA's in-place kernel reads values as self's type (measured, H100)
+            f"expected scalar type {_sc(values.dtype)} but found {_sc(s.dtype)}"
+            if dev.kernels == "cuda" and op == "aten.index_put_" and values.dim() > 0
+            else f"Index put requires the source and destination dtypes match, got "
+            f"{_sc(s.dtype)} for the destination and {_sc(values.dtype)} for the source."
+        )
         return _viol(
             op,
             "index",
-            f"Index put requires the source and destination dtypes match, got "
-            f"{_sc(s.dtype)} for the destination and {_sc(values.dtype)} for the source.",
+            msg,
             args,
             kwargs,
             [values],
@@ -99,7 +105,8 @@ def _masked_scatter(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return _viol(
             op,
             "mask",
-            f"masked_scatter_ only supports boolean masks, but got mask with dtype {_sc(mask.dtype)}",
+            f"masked_scatter_ only supports boolean masks, but got mask with dtype "
+            f"{_cpp(mask.dtype) if dev.kernels == 'cuda' else _sc(mask.dtype)}",
             args,
             kwargs,
             [mask],
@@ -109,7 +116,12 @@ def _masked_scatter(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return _viol(
             op,
             "index",
-            f"masked_scatter: expected self and source to have same dtypes but got{_sc(s.dtype)} and {_sc(src.dtype)}",
+            (
+                f"masked_scatter_: expected self and source to have same dtypes but got {_sc(s.dtype)} and "
+                if dev.kernels == "cuda"  # measured, H100
+                else f"masked_scatter: expected self and source to have same dtypes but got{_sc(s.dtype)} and "
+            )
+            + _sc(src.dtype),
             args,
             kwargs,
             [src],
@@ -124,7 +136,11 @@ def _masked_fill(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return _viol(
             op,
             "mask",
-            f"masked_fill_ only supports boolean masks, but got mask with dtype {_cpp(mask.dtype)}",
+            (
+                f"masked_fill only supports boolean masks, but got dtype {_sc(mask.dtype)}"
+                if dev.kernels == "cuda" and op == "aten.masked_fill"  # measured, H100
+                else f"masked_fill_ only supports boolean masks, but got mask with dtype {_cpp(mask.dtype)}"
+            ),
             args,
             kwargs,
             [mask],
@@ -165,7 +181,12 @@ def _gather(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 def _index_select(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, index = args[0], args[2]
     if index.dtype not in _INDEX_TYPES:
-        return _viol(op, "index", "index_select(): Expected dtype int32 or int64 for index", args, kwargs, [index], I64)
+        msg = (
+            f"\"index_select_out_cuda_impl\" not implemented for '{_sc(index.dtype)}'"
+            if dev.kernels == "cuda"  # measured, H100: the dispatch fails before the check
+            else "index_select(): Expected dtype int32 or int64 for index"
+        )
+        return _viol(op, "index", msg, args, kwargs, [index], I64)
     return s.dtype
 
 
@@ -234,6 +255,12 @@ def _where(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 def _loss_input(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # huber_loss / mse_loss_backward / smooth_l1_loss_backward return the input's dtype
     x = args[1] if op.endswith("_backward") else args[0]
+    if dev.kernels == "cuda" and op == "aten.mse_loss_backward":
+        # CUDA (measured, H100): one TensorIterator over grad, input and target, no promotion
+        bad = [a for a in (args[2], args[0]) if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
+        if bad:
+            msg = f"Found dtype {_sc(bad[0].dtype)} but expected {_sc(x.dtype)}"
+            return _viol(op, "mismatch", msg, args, kwargs, bad, x.dtype)
     return x.dtype
 
 
@@ -258,10 +285,13 @@ def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x, target = args[0], args[1]
     weight = _arg(args, kwargs, 2, "weight")
     if target.dtype not in (I64, U8):
+        cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
         return _viol(
             op,
             "index",
-            f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
+            f"\"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for '{_sc(target.dtype)}'"
+            if cuda_2d
+            else f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
             args,
             kwargs,
             [target],
@@ -284,10 +314,13 @@ def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     grad, x, target = args[0], args[1], args[2]
     weight, total = _arg(args, kwargs, 3, "weight"), _arg(args, kwargs, 6, "total_weight")
     if target.dtype not in (I64, U8):
+        cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
         return _viol(
             op,
             "index",
-            f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
+            f"\"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for '{_sc(target.dtype)}'"
+            if cuda_2d
+            else f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
             args,
             kwargs,
             [target],

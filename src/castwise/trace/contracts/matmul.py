@@ -25,7 +25,8 @@ from castwise.trace.contracts._base import (
 def _mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     a, b = args[0], args[1]
     if a.dtype == b.dtype:
-        if a.dtype == BOOL:
+        # CUDA (measured, H100): cuBLAS has no integer GEMM, so every non-float mm is refused
+        if a.dtype == BOOL or (dev.kernels == "cuda" and not (a.dtype.is_floating_point or a.dtype.is_complex)):
             kernel = "addmm_cuda" if dev.kernels == "cuda" else "addmm_impl_cpu_"
             return _viol(
                 op, "unsupported", f"\"{kernel}\" not implemented for '{_sc(a.dtype)}'", args, kwargs, [a, b], None
@@ -36,6 +37,8 @@ def _mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         msg = f"expected {what} to have the same dtype, but got: {_cpp(a.dtype)} != {_cpp(b.dtype)}"
     elif op in ("aten.dot", "aten.vdot"):
         msg = f"dot : expected both vectors to have same dtype, but found {_sc(a.dtype)} and {_sc(b.dtype)}"
+    elif op == "aten.mv" and dev.kernels == "cuda":
+        msg = f"expected scalar type {_sc(a.dtype)} but found {_sc(b.dtype)}"  # measured, H100
     elif op == "aten.mv":
         msg = (
             f"addmv input tensors must have the same dtype, but got {_sc(b.dtype)}, {_sc(a.dtype)}, and {_sc(b.dtype)}"
@@ -92,7 +95,12 @@ def _addmv(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, m, v = args[0], args[1], args[2]
     if s.dtype == m.dtype == v.dtype:
         return s.dtype
+    if dev.kernels == "cuda" and m.dtype == v.dtype:
+        return m.dtype  # CUDA (measured, H100): self is cast to the matrix's dtype, not checked
     culprits, ref = _odd([s, m, v], prefer=m)
+    if dev.kernels == "cuda":
+        msg = f"expected scalar type {_sc(m.dtype)} but found {_sc(v.dtype)}"
+        return _viol(op, "mismatch", msg, args, kwargs, [v], m.dtype)
     return _viol(
         op,
         "mismatch",

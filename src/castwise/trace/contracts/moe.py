@@ -55,8 +55,14 @@ def _histc(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     """Bin counts in the input's dtype. CPU has floating kernels only (measured: int32, int64 and
     uint8 raise); CUDA's also take integers (transformers' MoE routing passes int32 there)."""
     x = args[0]
+    if dev.kernels == "cuda" and x.dtype in (BF16, F16):
+        # CUDA (measured, H100, torch 2.11): no reduced-precision histc kernel
+        msg = "HalfTensor is not supported" if x.dtype == F16 else "\"histc\" not implemented for 'BFloat16'"
+        return _viol(op, "unsupported", msg, args, kwargs, [x], F32)
     if x.is_floating_point() or (dev.kernels == "cuda" and x.dtype != BOOL):
         return x.dtype
+    if dev.kernels == "cuda":  # bool (measured, H100)
+        return _viol(op, "unsupported", "\"histc\" not implemented for 'Bool'", args, kwargs, [x], F32)
     kernel = "linspace_cpu" if x.dtype == BOOL else "histogram_cpu"  # bool fails making the bin edges
     return _viol(op, "unsupported", f"\"{kernel}\" not implemented for '{_sc(x.dtype)}'", args, kwargs, [x], F32)
 

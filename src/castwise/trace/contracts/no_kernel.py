@@ -52,24 +52,25 @@ _EPSILON = "This function doesn't handle types other than float and double"
 _MKL_FFT = "MKL FFT doesn't support tensors of type: {sc}"
 _CUFFT = "cuFFT doesn't support tensor of type: {sc}"
 
-# keys: "aten.op" for every overload, "aten.op.overload" for one
+# keys: "aten.op" for every overload, "aten.op.overload" for one. CUDA kernel names of the
+# factorisations are cuSOLVER's, as measured on an H100 build (torch 2.11); MAGMA builds name theirs.
 _NO_KERNEL: dict[str, _NoKernel] = {
     "aten.linalg_qr": _nk("geqrf_cpu", "geqrf_cuda"),
     "aten.geqrf": _nk("geqrf_cpu", "geqrf_cuda"),
     "aten.linalg_householder_product": _nk("orgqr_cpu", "orgqr_cuda"),
-    "aten.linalg_cholesky_ex": _nk("cholesky_cpu", "cholesky_cuda"),
-    "aten.cholesky_solve": _nk("cholesky_solve_cpu", "cholesky_solve_cuda"),
-    "aten._cholesky_solve_helper": _nk("cholesky_solve_cpu", "cholesky_solve_cuda"),
-    "aten.cholesky_inverse": _nk("cholesky_inverse_out_cpu", "cholesky_inverse_cuda"),
-    "aten.linalg_lu_factor_ex": _nk("lu_cpu", "lu_cuda"),
-    "aten.linalg_lu": _nk("lu_cpu", "lu_cuda"),
-    "aten._linalg_det": _nk("lu_cpu", "lu_cuda"),
-    "aten._linalg_solve_ex": _nk("lu_cpu", "lu_cuda"),
+    "aten.linalg_cholesky_ex": _nk("cholesky_cpu", "cholesky_cusolver"),
+    "aten.cholesky_solve": _nk("cholesky_solve_cpu", "cholesky_cuda_potrs"),
+    "aten._cholesky_solve_helper": _nk("cholesky_solve_cpu", "cholesky_cuda_potrs"),
+    "aten.cholesky_inverse": _nk("cholesky_inverse_out_cpu", "cholesky_cuda_potri"),
+    "aten.linalg_lu_factor_ex": _nk("lu_cpu", "lu_factor_cusolver"),
+    "aten.linalg_lu": _nk("lu_cpu", "lu_factor_cusolver"),
+    "aten._linalg_det": _nk("lu_cpu", "lu_factor_cusolver"),
+    "aten._linalg_solve_ex": _nk("lu_cpu", "lu_factor_cusolver"),
     "aten.linalg_solve_triangular": _nk("triangular_solve_cpu", "triangular_solve_cuda"),
-    "aten._linalg_svd": _nk("linalg_svd_cpu", "svd_cuda"),
+    "aten._linalg_svd": _nk("linalg_svd_cpu", "svd_cuda_gesvdjBatched"),
     "aten._linalg_eigh": _nk("linalg_eigh_cpu", "linalg_eigh_cuda"),
     "aten.linalg_eig": _nk("linalg_eig_out_cpu", "linalg_eig_cuda", result="complex"),
-    "aten.linalg_ldl_factor_ex": _nk("ldl_factor_kernel_cpu", "ldl_factor_cuda"),
+    "aten.linalg_ldl_factor_ex": _nk("ldl_factor_kernel_cpu", "ldl_factor_looped_cusolver"),
     "aten.linalg_inv_ex": _NoKernel(_LOW_PRECISION.format(name="linalg.inv"), _LOW_PRECISION.format(name="linalg.inv")),
     "aten._linalg_slogdet": _NoKernel(
         _LOW_PRECISION.format(name="linalg.slogdet"), _LOW_PRECISION.format(name="linalg.slogdet")
@@ -173,7 +174,7 @@ def _no_kernel_rule(key: str, spec: _NoKernel) -> Rule:
     def rule(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         x = args[spec.arg]
         if dev.kernels == "cuda" and cpu_only:
-            return _not_on_device(op, args, kwargs, dev, ("cpu",))
+            return _not_on_device(op, args, kwargs, dev, ("cpu",), overload=key)
         # the complex FFTs name the value type: complex32 reads "Half"
         value = x.dtype.to_real() if x.dtype.is_complex else x.dtype
         if value in _REDUCED and not (op == "aten._cdist_forward" and _cdist_uses_mm(args, kwargs)):
@@ -215,10 +216,19 @@ def _rrelu(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 _COMPLEX_PARTS = (F16, F32, F64)
 
 
+def _histogram_bins_tensor(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    """histogram with a tensor of bin edges: CPU kernels for every float dtype, none on CUDA
+    (measured, H100)."""
+    bad = _not_on_device(op, args, kwargs, dev, ("cpu",), overload="aten.histogram.bins_tensor")
+    return bad or args[0].dtype
+
+
 def _complex_ctor(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # TensorFactories.cpp complex_check_dtype, device-agnostic (CPU measured): Half, Float or
     # Double parts (no bf16: there is no bf16 complex type), both of one dtype
     a, b = args[0], args[1]
+    if op == "aten.polar" and dev.kernels == "cuda" and a.dtype == F16:  # measured, H100
+        return _viol(op, "unsupported", "\"polar_cuda\" not implemented for 'Half'", args, kwargs, [a, b], F32)
     if a.dtype not in _COMPLEX_PARTS or b.dtype not in _COMPLEX_PARTS:
         return _viol(
             op,

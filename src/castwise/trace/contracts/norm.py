@@ -98,12 +98,30 @@ def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # running stats (args[3] is the `training` bool).
     x = args[0]
     params = [_arg(args, kwargs, 1, "weight"), _arg(args, kwargs, 2, "bias")]
+    if dev.kernels == "cuda":
+        # CUDA (measured, H100): the running statistics are read in any float dtype; only the
+        # affine parameters must be x's dtype or float32
+        return _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", params[0]), ("bias", params[1])))
     for i, name in ((3, "running_mean"), (4, "running_var")):
         p = _arg(args, kwargs, i, name)
         if isinstance(p, torch.Tensor):
             params.append(p)
     v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=True)
     return v or x.dtype
+
+
+def _batch_norm_cuda_params(
+    op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, named: Sequence[tuple[str, Tensor | None]]
+) -> Any:
+    """cuda/Normalization.cu's check, in its own words ("Expected weight to have type Float ...")."""
+    v = _norm_params(op, args, kwargs, dev, x, [t for _, t in named], cuda_mixed=True)
+    if v is None:
+        return x.dtype
+    defined = [(n, t) for n, t in named if t is not None]
+    want = F32 if defined[0][1].dtype != x.dtype and x.dtype in _REDUCED else x.dtype
+    name, bad = next(((n, t) for n, t in defined if t.dtype != want), defined[0])
+    msg = f"Expected {name} to have type {_sc(want)} but got {_sc(bad.dtype)}"
+    return _viol(op, "norm", msg, args, kwargs, [t for _, t in defined if t.dtype != want], want)
 
 
 def _layer_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -131,8 +149,14 @@ def _group_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> An
 
 
 def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    # the parameters' mixed check runs before grad_out is read (CPU measured)
+    # the parameters' mixed check runs before grad_out is read (CPU measured); CUDA checks
+    # grad_output first (measured, H100)
     go, x = args[0], args[1]
+    if dev.kernels == "cuda":
+        if go.dtype != x.dtype:
+            msg = f"Expected grad_output to have type {_sc(x.dtype)} but got {_sc(go.dtype)}"
+            return _viol(op, "mismatch", msg, args, kwargs, [go], x.dtype)
+        return _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", _arg(args, kwargs, 2, "weight")),))
     params = [_arg(args, kwargs, 2, "weight")]
     for i, name in ((3, "running_mean"), (4, "running_var")):
         p = _arg(args, kwargs, i, name)
