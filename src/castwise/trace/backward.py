@@ -33,7 +33,8 @@ def python_backward(
 
     The engine needs a CUDA context for CUDA tensors, which a CPU-only machine cannot create,
     even for fake ones; calling the nodes directly runs the same backward formulas, and tells
-    which node runs, for attribution. Tensor and node hooks are not run this way.
+    which node runs, for attribution. Tensor hooks run as the engine runs them (before the node
+    that takes the gradient, and refused when they change its dtype); node hooks do not.
     """
     buffers: dict[Any, list[torch.Tensor | None]] = {}
 
@@ -71,7 +72,7 @@ def python_backward(
                 if not accumulate and node.name() == "torch::autograd::AccumulateGrad":
                     continue
                 n_in = len(node._input_metadata)
-                got = got + [None] * (n_in - len(got))
+                got = _run_tensor_hooks(tracer, node, got + [None] * (n_in - len(got)))
                 tracer.current_node = node
                 outs = node(*got) if callable(node) else node.apply(*got)
                 if outs is None or isinstance(outs, torch.Tensor):
@@ -95,6 +96,58 @@ def python_backward(
     finally:
         tracer.current_node, tracer.use_engine_node = previous
     return tuple(captured.get(t) for t in targets) if not accumulate else ()
+
+
+def _run_tensor_hooks(tracer: Tracer, node: Any, grads: list[Any]) -> list[Any]:
+    """The tensor hooks on the gradients ``node`` is about to take, as the engine runs them: a
+    leaf's on its AccumulateGrad node, a non-leaf's on its grad_fn (recorded at registration, as
+    the node keeps them out of Python's reach). A hook returning another dtype is refused with the
+    engine's own error."""
+    from castwise.devices import get as get_device
+    from castwise.trace.contracts._base import _legacy
+
+    leaf = getattr(node, "variable", None) if node.name() == "torch::autograd::AccumulateGrad" else None
+    for nr, g in enumerate(grads):
+        hooks = getattr(leaf, "_backward_hooks", None) if leaf is not None else _TENSOR_HOOKS.get((node, nr))
+        if not hooks or not isinstance(g, torch.Tensor):
+            continue
+        for hook in list(hooks.values()):
+            out = hook(g)
+            if out is None:
+                continue
+            if out.dtype != g.dtype:
+                dev = get_device(tracer.device_type)
+                raise RuntimeError(
+                    f"hook '{getattr(hook, '__name__', type(hook).__name__)}' has changed the type of value "
+                    f"(was {_legacy(g.dtype, dev)} got {_legacy(out.dtype, dev)})"
+                )
+            g = out
+        grads[nr] = g
+    return grads
+
+
+# (grad_fn, output_nr) -> the tensor's hook dict, for tensors given hooks during a run whose
+# backward runs without the engine (set and cleared by tensor_hooks_recorded)
+_TENSOR_HOOKS: dict[tuple[Any, int], Any] = {}
+
+
+@contextmanager
+def tensor_hooks_recorded() -> Iterator[None]:
+    """Remember which autograd edge each non-leaf tensor hook belongs to, for :func:`python_backward`."""
+    original = torch.Tensor.register_hook
+
+    def register_hook(self: torch.Tensor, hook: Any) -> Any:
+        handle = original(self, hook)  # type: ignore[no-untyped-call]
+        if self.grad_fn is not None:
+            _TENSOR_HOOKS[(self.grad_fn, self.output_nr)] = self._backward_hooks
+        return handle
+
+    torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.register_hook = original  # type: ignore[method-assign]
+        _TENSOR_HOOKS.clear()
 
 
 def _dependencies(starts: list[Any]) -> dict[Any, int]:

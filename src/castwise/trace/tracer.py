@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ from castwise._dtypes import fmt_tensor, name_of
 from castwise.devices import Device
 from castwise.devices import get as get_device
 from castwise.trace import fastpath, hooks, source
-from castwise.trace.backward import engine_replaced
+from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer, OpCall, default_observers, flat_outputs, overrides
@@ -477,7 +477,7 @@ def run(
     else:
         model.train()
     try:
-        with tracer.hooks(), tracer:
+        with tracer.hooks(), tensor_hooks_recorded() if not engine_backward else nullcontext(), tracer:
             if mode == "eval":
                 with torch.no_grad():
                     call(model, args, kwargs)
