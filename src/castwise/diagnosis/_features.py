@@ -183,6 +183,14 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
         r"(?:16|bf16)",
         {},
     ),
+    # the failure came with switching a framework's precision on (a config dict, a DeepSpeed json, a
+    # trainer option): the config, not the model code, is the first suspect
+    ev._c(
+        "precision switched on in a config",
+        r"fp16\s*=\s*dict|[\"']fp16[\"']\s*:\s*\{|[\"']bf16[\"']\s*:\s*\{|(?:fp16|bf16)\.enabled|"
+        r"enabl\w* (?:the )?(?:fp16|bf16|mixed[- ]precision|amp)\b|(?:fp16|bf16) (?:config|mode|option) (?:is )?(?:on|enabled)",
+        {ev.DIST: 1.0},
+    ),
     ev._c("inference / generate", r"\bgenerate\(|\binference\b|\binfer\b|\.eval\(\)", {}),
     ev._c("UI front-end", r"comfyui|custom_nodes|webui|stable-diffusion-webui|invokeai|sdnext", {}),
     ev._c("detection toolbox", r"mmdet|mmcv|mmaction|mmseg|detectron2|fp16\s*=\s*dict", {}),

@@ -202,7 +202,7 @@ def _focus(text: str) -> str:
 _GENERIC_FAMILIES = ("matmul-dtype", "scalar-type-arg", "scalar-type", "conv-dtype", "expected-got")
 _NOT_PRECISION = {"int64", "int32", "int16", "bool"}
 # features that say something about a cause (structural features alone do not make a diagnosis)
-_INFORMATIVE = ("msg:", "frame:", "text:", "clue:", "ctx:")
+_INFORMATIVE = ("msg:", "frame:", "text:", "clue:", "ctx:", "silent&")
 
 
 def _informative(x: dict[str, float]) -> bool:
