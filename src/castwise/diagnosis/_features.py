@@ -188,7 +188,8 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
     ev._c(
         "precision switched on in a config",
         r"fp16\s*=\s*dict|[\"']fp16[\"']\s*:\s*\{|[\"']bf16[\"']\s*:\s*\{|(?:fp16|bf16)\.enabled|"
-        r"enabl\w* (?:the )?(?:fp16|bf16|mixed[- ]precision|amp)\b|(?:fp16|bf16) (?:config|mode|option) (?:is )?(?:on|enabled)",
+        r"enabl\w* (?:the )?(?:fp16|bf16|mixed[- ]precision|amp)\b|"
+        r"(?:fp16|bf16) (?:config|mode|option) (?:is )?(?:on|enabled)",
         {ev.DIST: 1.0},
     ),
     ev._c("inference / generate", r"\bgenerate\(|\binference\b|\binfer\b|\.eval\(\)", {}),
@@ -238,8 +239,23 @@ _SILENT_WORDS = re.compile(
 # norms' statistics, optimizers and compile can also quietly compute in the wrong dtype
 SILENT_CAPABLE = frozenset({ev.OVF, ev.SCALE, ev.ROUND, ev.COMP, ev.DIST, ev.NORM, ev.OPT})
 SILENT_SHAPE: Weights = {ev.OVF: 1.0, ev.SCALE: 1.0, ev.ROUND: 1.0} | {
-    c: -1.0 for c in (ev.ISL, ev.EXT, ev.FP, ev.INP, ev.LEAK, ev.DOWN, ev.UNC, ev.STRICT, ev.MASK, ev.ADA, ev.QUANT,
-                      ev.SCALER, ev.LOSS, ev.DEV)
+    c: -1.0
+    for c in (
+        ev.ISL,
+        ev.EXT,
+        ev.FP,
+        ev.INP,
+        ev.LEAK,
+        ev.DOWN,
+        ev.UNC,
+        ev.STRICT,
+        ev.MASK,
+        ev.ADA,
+        ev.QUANT,
+        ev.SCALER,
+        ev.LOSS,
+        ev.DEV,
+    )
 }
 
 

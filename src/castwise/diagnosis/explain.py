@@ -31,7 +31,7 @@ from castwise.diagnosis._reading import normalise, raising_block
 
 WIDTH = 100
 _MAX_CANDIDATES = 5
-HIGH = 0.8  # at or above: the test split shows these answers right 95% of the time or more
+HIGH = 0.8  # at or above: an answer to act on (docs/explain.md reports how often these were right)
 
 
 @dataclass(frozen=True)
