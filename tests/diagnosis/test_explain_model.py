@@ -151,3 +151,54 @@ def test_explain_path_stays_torch_free() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_silent_report_reads_its_clues_as_silent() -> None:
+    text = "Training in fp16 on a V100: the loss becomes nan after 6000 iterations; float32 is fine."
+    ev = read_evidence(text)
+    names = {f.name for f in ev.features}
+    assert "shape:no error message" in names
+    assert "silent&clue:GPU without bf16" in names and "clue:GPU without bf16" not in names
+    # a GPU without bf16 next to NaN outputs is no missing kernel: that prior is dropped
+    silent_gpu = next(f for f in ev.features if f.name == "silent&clue:GPU without bf16")
+    assert "DTYPE_UNSUPPORTED_ON_DEVICE" not in silent_gpu.prior
+    e = explain(text)
+    assert e.category is not None and e.category != "DTYPE_UNSUPPORTED_ON_DEVICE"
+
+
+def test_an_error_told_in_words_is_not_silent() -> None:
+    told = read_evidence("Fine-tuning with bf16 on a Tesla T4 fails with an error at the first step.")
+    names = {f.name for f in told.features}
+    assert "shape:no error message" not in names and "clue:GPU without bf16" in names
+    # no symptom named at all (a PR title): not read as a silent problem either
+    assert "shape:no error message" not in {f.name for f in read_evidence("fix float/half issue with scatter").features}
+
+
+def test_confidence_grows_with_the_margin_over_the_runner_up() -> None:
+    from castwise.diagnosis._model import from_dict
+
+    base = load()
+    d = {
+        "categories": list(base.categories),
+        "bias": [0.0] * len(base.categories),
+        "weights": {},
+        "temperature": 1.0,
+        "unsure_below": 0.6,
+        "confidence_map": [0.0, 0.0, 1.0],
+    }
+    model = from_dict(d)
+    n = len(base.categories)
+    tie = [0.4, 0.4] + [0.2 / (n - 2)] * (n - 2)
+    clear = [0.7, 0.1] + [0.2 / (n - 2)] * (n - 2)
+    # sigmoid(log(p1 / p2)) = p1 / (p1 + p2): a tie between two causes is a coin toss
+    assert abs(max(model.calibrated(tie)) - 0.5) < 1e-9
+    assert abs(max(model.calibrated(clear)) - 0.7 / 0.8) < 1e-9
+    # a file written before the margin term (two numbers) reads as c = 0
+    assert from_dict(d | {"confidence_map": [1.0, 0.0]}).confidence_map == (1.0, 0.0, 0.0)
+
+
+def test_a_precision_switched_on_in_a_config_is_evidence() -> None:
+    text = (
+        "# config fp16 setting\nfp16 = dict(loss_scale=512.)\nRuntimeError: expected scalar type Float but found Half"
+    )
+    assert "clue:precision switched on in a config" in {f.name for f in read_evidence(text).features}

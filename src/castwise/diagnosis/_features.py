@@ -183,6 +183,15 @@ CONTEXT_CLUES: tuple[ev.Clue, ...] = (
         r"(?:16|bf16)",
         {},
     ),
+    # the failure came with switching a framework's precision on (a config dict, a DeepSpeed json, a
+    # trainer option): the config, not the model code, is the first suspect
+    ev._c(
+        "precision switched on in a config",
+        r"fp16\s*=\s*dict|[\"']fp16[\"']\s*:\s*\{|[\"']bf16[\"']\s*:\s*\{|(?:fp16|bf16)\.enabled|"
+        r"enabl\w* (?:the )?(?:fp16|bf16|mixed[- ]precision|amp)\b|"
+        r"(?:fp16|bf16) (?:config|mode|option) (?:is )?(?:on|enabled)",
+        {ev.DIST: 1.0},
+    ),
     ev._c("inference / generate", r"\bgenerate\(|\binference\b|\binfer\b|\.eval\(\)", {}),
     ev._c("UI front-end", r"comfyui|custom_nodes|webui|stable-diffusion-webui|invokeai|sdnext", {}),
     ev._c("detection toolbox", r"mmdet|mmcv|mmaction|mmseg|detectron2|fp16\s*=\s*dict", {}),
@@ -211,6 +220,43 @@ _CODE_LINE = re.compile(r"^\s*(return\b|[\w.\[\]]+(\s*,\s*[\w.]+)*\s*=\s*[\w.]+\
 _NORM_WORD = re.compile(r"layer ?norm|rms ?norm|\b[qk]_?norm|\bnorm\d?\b|\bln_?\w*\(", re.I)
 _AUTOCAST = re.compile(r"autocast|\bamp\b|torch\.cuda\.amp|mixed[_ ]precision|-mixed\b|precision=16", re.I)
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)\s*:", re.M)
+# an error told in words when none is pasted ("it fails with", "报错"): not a silent problem
+_ERROR_WORDS = re.compile(
+    r"\berror\b|\bexception\b|\braise[sd]?\b|\bcrash|\bfail(?:s|ed)? (?:with|at|in|on|when)\b|\bthrows?\b|"
+    r"traceback|报错|错误|异常|\bassert|not supported|unsupported|(?:doesn'?t|does not|cannot) (?:support|accept|run)|"
+    r"\brejects?\b|\brefuses?\b|expected [^\n]{0,40} but|should be the same",
+    re.I,
+)
+# what a silent problem looks like when told: wrong numbers, not a refusal
+_SILENT_WORDS = re.compile(
+    r"\bnan\b|\bnans\b|\binf\b|overflow|underflow|black|blank|diverg|converg|plateau|stall|stuck|"
+    r"loss (?:is|becomes|goes|explod|spike|increas|jump)|explod|drift|differ|accuracy|precision (?:loss|issue)|"
+    r"rounding|degrad|quality|worse|garbage|artifact|skipping step|loss scal|vanish|不收敛|溢出|黑",
+    re.I,
+)
+# from the causes' definitions (castwise.categories): which can show without any error raised.
+# Overflow, underflow and rounding are silent by nature; the others raise, except that engines,
+# norms' statistics, optimizers and compile can also quietly compute in the wrong dtype
+SILENT_CAPABLE = frozenset({ev.OVF, ev.SCALE, ev.ROUND, ev.COMP, ev.DIST, ev.NORM, ev.OPT})
+SILENT_SHAPE: Weights = {ev.OVF: 1.0, ev.SCALE: 1.0, ev.ROUND: 1.0} | {
+    c: -1.0
+    for c in (
+        ev.ISL,
+        ev.EXT,
+        ev.FP,
+        ev.INP,
+        ev.LEAK,
+        ev.DOWN,
+        ev.UNC,
+        ev.STRICT,
+        ev.MASK,
+        ev.ADA,
+        ev.QUANT,
+        ev.SCALER,
+        ev.LOSS,
+        ev.DEV,
+    )
+}
 
 
 def _frame_key(f: Frame) -> str:
@@ -257,8 +303,8 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     # words mean different things in the two (a T4 named next to an error is a missing kernel,
     # next to NaN outputs an fp16 overflow): in silent reports the word clues get their own weights
     has_error = bool(_ERROR_LINE.search(text)) or any(s.dtype_error for s in signals)
-    if not has_error and not signals:
-        feats += _silent_features(feats)
+    if not has_error and not signals and _SILENT_WORDS.search(text) and not _ERROR_WORDS.search(text):
+        feats = _silent_features(feats)
     return Evidence(tuple(feats), tuple(signals), tuple(frames), has_error)
 
 
@@ -372,14 +418,17 @@ def _word_features(text: str, signals: list[Signal], frames: list[Frame], keys: 
 
 
 def _silent_features(feats: list[Feature]) -> list[Feature]:
-    """The shape of a report that raised no error, and its word clues again with their own weights."""
-    silent = [Feature("shape:no error message", 1.0, "no error message: a silent problem")]
-    silent += [
-        Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised")
-        for f in feats
-        if f.name.startswith(("text:", "clue:"))
-    ]
-    return silent
+    """A report that raised no error and names none: its word clues become their silent
+    versions, whose prior keeps only the causes that can be silent (a T4 named next to an error
+    is a missing kernel; next to NaN outputs, no missing kernel was hit)."""
+    out = [Feature("shape:no error message", 1.0, "no error message: a silent problem", SILENT_SHAPE)]
+    for f in feats:
+        if f.name.startswith(("text:", "clue:")):
+            prior = {c: w for c, w in f.prior.items() if c in SILENT_CAPABLE}
+            out.append(Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised", prior))
+        else:
+            out.append(f)
+    return out
 
 
 def static_priors() -> dict[str, Weights]:
@@ -396,4 +445,5 @@ def static_priors() -> dict[str, Weights]:
     for clue in CONTEXT_CLUES:
         out[f"clue:{clue.name}"] = clue.weights
     out["ctx:no adapter evidence"] = {ev.ADA: -1.5}
+    out["shape:no error message"] = SILENT_SHAPE
     return out

@@ -29,7 +29,8 @@ class Model:
     weights: dict[str, Sequence[float]]
     temperature: float
     unsure_below: float
-    confidence_map: tuple[float, float]  # (a, b): confidence = sigmoid(a * logit(p_top) + b)
+    # (a, b, c): confidence = sigmoid(a * logit(p1) + c * log(p1 / p2) + b), p1/p2 the top two
+    confidence_map: tuple[float, float, float]
     descriptions: dict[str, str]  # feature -> what it means, for "what would settle it"
     meta: dict[str, Any]
 
@@ -57,8 +58,10 @@ class Model:
         ranking is unchanged."""
         i = max(range(len(probs)), key=lambda k: probs[k])
         p = min(max(probs[i], 1e-6), 1 - 1e-6)
-        a, b = self.confidence_map
-        conf = 1 / (1 + math.exp(-(a * math.log(p / (1 - p)) + b)))
+        runner_up = max((v for k, v in enumerate(probs) if k != i), default=0.0)
+        margin = math.log(p / max(runner_up, 1e-12))
+        a, b, c = self.confidence_map
+        conf = 1 / (1 + math.exp(-(a * math.log(p / (1 - p)) + c * margin + b)))
         if conf <= p:
             return [v * conf / p for v in probs]
         return [conf if k == i else v * (1 - conf) / (1 - p) for k, v in enumerate(probs)]
@@ -106,10 +109,16 @@ def from_dict(d: dict[str, Any]) -> Model:
         weights=d["weights"],
         temperature=float(d["temperature"]),
         unsure_below=float(d["unsure_below"]),
-        confidence_map=(float(d.get("confidence_map", (1.0, 0.0))[0]), float(d.get("confidence_map", (1.0, 0.0))[1])),
+        confidence_map=_confidence_map(d.get("confidence_map", (1.0, 0.0))),
         descriptions=dict(d.get("descriptions", {})),
         meta=dict(d.get("meta", {})),
     )
+
+
+def _confidence_map(raw: Sequence[float]) -> tuple[float, float, float]:
+    """(a, b, c); a file written before the margin term has no c (0: the top probability alone)."""
+    values = [float(v) for v in raw] + [0.0] * (3 - len(raw))
+    return values[0], values[1], values[2]
 
 
 @lru_cache(maxsize=1)

@@ -31,7 +31,7 @@ from castwise.diagnosis._reading import normalise, raising_block
 
 WIDTH = 100
 _MAX_CANDIDATES = 5
-HIGH = 0.8  # at or above: the test split shows these answers right 95% of the time or more
+HIGH = 0.8  # at or above: an answer to act on (docs/explain.md reports how often these were right)
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def _focus(text: str) -> str:
 _GENERIC_FAMILIES = ("matmul-dtype", "scalar-type-arg", "scalar-type", "conv-dtype", "expected-got")
 _NOT_PRECISION = {"int64", "int32", "int16", "bool"}
 # features that say something about a cause (structural features alone do not make a diagnosis)
-_INFORMATIVE = ("msg:", "frame:", "text:", "clue:", "ctx:")
+_INFORMATIVE = ("msg:", "frame:", "text:", "clue:", "ctx:", "silent&")
 
 
 def _informative(x: dict[str, float]) -> bool:
