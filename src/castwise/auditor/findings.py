@@ -91,6 +91,7 @@ def _data_dependent(exc: BaseException) -> bool:
         bool(names & {"DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode"})
         or "data-dependent" in text
         or "data dependent" in text
+        or "not supported for tensor subclasses" in text  # `.numpy()`: values read outside torch
     )
 
 
@@ -98,7 +99,12 @@ def _fake_limit(exc: BaseException) -> bool:
     """The fake-tensor machinery could not run an op: a limit of the audit, not a model error."""
     names = {c.__name__ for c in type(exc).__mro__}
     text = str(exc).lower()
-    return bool(names & _FAKE_LIMITS) or "nestedtensorimpl" in text or "fake tensor" in text or _data_dependent(exc)
+    return (
+        bool(names & _FAKE_LIMITS)
+        or "nestedtensorimpl" in text
+        or "fake tensor" in text
+        or _data_dependent(exc)
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -248,6 +254,17 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         )
     if dtype_error:
         return _raised_in_python(r, module, kind, text, bad)
+    if r.fake and r.trace.observed.get("sizes"):
+        # the run went on with assumed values (CW903): what they lead to need not happen for real
+        return cw902.diagnose(
+            module=fail.module if fail else module,
+            op=fail.op if fail else None,
+            text=text,
+            cuda_limit=False,
+            data_dependent=True,
+            simulated_cuda=simulated_cuda,
+            assumed=True,
+        )
     return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
 
 
