@@ -99,12 +99,7 @@ def _fake_limit(exc: BaseException) -> bool:
     """The fake-tensor machinery could not run an op: a limit of the audit, not a model error."""
     names = {c.__name__ for c in type(exc).__mro__}
     text = str(exc).lower()
-    return (
-        bool(names & _FAKE_LIMITS)
-        or "nestedtensorimpl" in text
-        or "fake tensor" in text
-        or _data_dependent(exc)
-    )
+    return bool(names & _FAKE_LIMITS) or "nestedtensorimpl" in text or "fake tensor" in text or _data_dependent(exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -126,7 +126,7 @@ def run_nonzero(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str,
 def run_masked_select(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``masked_select``: as many elements as the (broadcast) mask has True."""
     self_, mask = args[0], args[1]
-    shape = torch.broadcast_shapes(self_.shape, mask.shape)
+    shape = torch.broadcast_shapes(self_.shape, mask.shape)  # type: ignore[no-untyped-call]
     value = _mask_value(tracer, func, mask)
     if value is None:
         n = shape.numel()

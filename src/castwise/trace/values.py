@@ -153,9 +153,9 @@ class ShadowValues:
                 "module": module,
                 "answers": {False: 0, True: 0},
             }
-        value = (file, line) in self.forced and site["answers"][True] < _LOOP_LIMIT
-        site["answers"][value] += 1
-        return value
+        answer = (file, line) in self.forced and site["answers"][True] < _LOOP_LIMIT
+        site["answers"][answer] += 1
+        return answer
 
     def _number(self, func: Any, t: torch.Tensor) -> Any:
         """A number no shadow knows (``int(mask.sum().item())``): computed with unknown masks taken
