@@ -89,6 +89,10 @@ class ShadowValues:
         value: Any = self.shadow.get(t)
         if value is not None:
             return value  # type: ignore[no-any-return]
+        if depth == 0:
+            self._unknown: set[int] = set()  # found unknown in this question: each tensor is asked once
+        elif id(t) in self._unknown:
+            return None
         if type(t).__name__ != "FakeTensor":  # a real constant made in forward is its own value
             return t if t.device.type == "cpu" and not t.is_nested else None
         if t.numel() > _KNOWN_MAX:
@@ -102,19 +106,35 @@ class ShadowValues:
             with _disable_current_modes():
                 value = torch.ones(tuple(t.shape), dtype=torch.bool)
             self.assumed_now += 1
-        if value is not None:
-            self.shadow[t] = value
-            self.shadow_count += 1
+        if value is None:
+            self._unknown.add(id(t))
+            return None
+        self.shadow[t] = value
+        self.shadow_count += 1
         return value  # type: ignore[no-any-return]
 
     def _recompute(self, made: tuple[Any, Any, Any], assume: bool, depth: int) -> Any:
         func, args, kwargs = made
-        mapped = self._real_args(args, kwargs, lambda x: self.known(x, assume=assume, depth=depth + 1))
-        if mapped is None:
+        missing = False
+
+        def real(x: Any) -> Any:
+            nonlocal missing
+            if missing:  # one unknown input is enough: the rest are not asked
+                return None
+            if isinstance(x, torch.Tensor):
+                value = self.known(x, assume=assume, depth=depth + 1)
+                missing = value is None
+                return value
+            return torch.device("cpu") if isinstance(x, torch.device) else x
+
+        new_args, new_kwargs = tree_map(real, (args, kwargs))
+        if missing:
             return None
+        if "device" in new_kwargs:
+            new_kwargs["device"] = torch.device("cpu")
         try:
             with _disable_current_modes():
-                return func(*mapped[0], **mapped[1])
+                return func(*new_args, **new_kwargs)
         except Exception:  # a value we cannot compute is a value we do not know
             return None
 
@@ -183,9 +203,9 @@ class ShadowValues:
         found: torch.Tensor | None = self.shadow.get(t)
         return found
 
-    def _real_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], lookup: Any = None) -> tuple[Any, Any] | None:
+    def _real_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
         missing = False
-        find = lookup if lookup is not None else self.shadow.get
+        find = self.shadow.get
 
         def real(x: Any) -> Any:
             nonlocal missing
