@@ -126,6 +126,24 @@ class UniqueIds(_Base):
         return out
 
 
+class SplitByCounts(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        mask = h > 0
+        counts = mask.sum(0).tolist()  # read before the mask is used: both must agree
+        parts = torch.split(h.t()[mask.t()], counts)
+        out: torch.Tensor = sum((self.head(p.repeat(8, 1).t().to(self.odd)).sum() for p in parts), h.sum())
+        return out
+
+
+class Bincount(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        load = torch.bincount(h.argmax(-1), minlength=8)  # tokens per expert, as MoE routers count
+        out: torch.Tensor = self.head(load.to(self.odd)[None]).sum() + h.sum()
+        return out
+
+
 CASES: list[Callable[[bool], nn.Module]] = [
     MaskedRead,
     MaskedRead2d,
@@ -135,6 +153,8 @@ CASES: list[Callable[[bool], nn.Module]] = [
     MaskedSelect,
     RepeatRows,
     UniqueIds,
+    SplitByCounts,
+    Bincount,
 ]
 
 

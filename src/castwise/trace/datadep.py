@@ -2,7 +2,7 @@
 
 Fake tensors have no values, so torch's fake kernels refuse ``x[mask]``, ``x[mask] = v``
 (``index_put`` with a bool mask), ``nonzero``, ``masked_select``, ``repeat_interleave`` with tensor
-repeats and ``unique``: the audit would stop there (CW902) and miss what comes after, e.g. the
+repeats, ``unique`` and ``bincount``: the audit would stop there (CW902) and miss what comes after, e.g. the
 masked write of an f32 tensor into a bf16 one that the real kernel refuses.
 
 Each runs here with a concrete size instead. The values come from ``tracer.known`` (trace/values.py):
@@ -175,6 +175,29 @@ def run_unique(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     return tuple(outs)
 
 
+def run_bincount(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``bincount``: as long as the largest known value + 1 (at least ``minlength``); unknown
+    values are taken as below ``minlength`` (ids of that many bins), or as all distinct without
+    one, recorded."""
+    x = args[0]
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    minlength = int(args[2] if len(args) > 2 else kwargs.get("minlength", 0))
+    value = tracer.known(x, assume=False)
+    if value is None:
+        what = f"ids with unknown values taken as below minlength={minlength}" if minlength > 0 else None
+        tracer.note_assumption(_name(func), what or "ids with unknown values taken as all distinct", tuple(x.shape))
+        with _disable_current_modes():
+            value = torch.zeros(tuple(x.shape), dtype=x.dtype) if minlength > 0 else torch.arange(x.numel())
+    with _disable_current_modes():
+        # stand-in weights: only their dtype and shape decide the result's
+        w = None if weights is None else torch.ones(tuple(weights.shape), dtype=weights.dtype)
+        real = torch.bincount(value, weights=w, minlength=minlength)
+    out = x.new_empty(tuple(real.shape), dtype=real.dtype)
+    if weights is None:
+        _seed(tracer, out, real)
+    return out
+
+
 def _ops(names: tuple[str, ...]) -> list[Any]:
     found = []
     for name in names:
@@ -194,5 +217,6 @@ OWN_FAKE: dict[Any, Impl] = {
     _aten.nonzero.default: run_nonzero,
     _aten.masked_select.default: run_masked_select,
     _aten.repeat_interleave.Tensor: run_repeat_interleave,
+    _aten.bincount.default: run_bincount,
     **dict.fromkeys(_ops(("_unique", "_unique2", "unique_dim", "unique_consecutive")), run_unique),
 }

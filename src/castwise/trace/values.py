@@ -74,13 +74,24 @@ class ShadowValues:
         """Keep how a mask, count or id tensor was made (and anything made from one), so a size or
         number asked of it later is computed from the values behind it. Cheap for the rest: one
         dtype test and a lookup per input."""
-        if not isinstance(out, torch.Tensor) or out in self.shadow:
+        if isinstance(out, torch.Tensor):
+            outs: Any = ((out, None),)
+        elif isinstance(out, (tuple, list)):  # unbind (``.tolist()``), sort, topk...
+            outs = [(o, i) for i, o in enumerate(out) if isinstance(o, torch.Tensor)]
+        else:
             return
         recipe = self.recipe
-        if out.dtype not in _VALUE_DTYPES and not any(t in recipe for t in tensors):
-            return
-        # changed in place: what made it no longer says what it holds
-        recipe[out] = None if func._schema.is_mutable else (func, args, kwargs)
+        fed = None  # made from a tensor that has a recipe: asked once, for all outputs
+        for o, index in outs:
+            if o in self.shadow:
+                continue
+            if o.dtype not in _VALUE_DTYPES:
+                if fed is None:
+                    fed = any(t in recipe for t in tensors)
+                if not fed:
+                    continue
+            # changed in place: what made it no longer says what it holds
+            recipe[o] = None if func._schema.is_mutable else (func, args, kwargs, index)
 
     def known(self, t: torch.Tensor, *, assume: bool, depth: int = 0) -> torch.Tensor | None:
         """``t``'s real values: its shadow, or computed from its recipe when the values behind it are
@@ -113,8 +124,8 @@ class ShadowValues:
         self.shadow_count += 1
         return value  # type: ignore[no-any-return]
 
-    def _recompute(self, made: tuple[Any, Any, Any], assume: bool, depth: int) -> Any:
-        func, args, kwargs = made
+    def _recompute(self, made: tuple[Any, Any, Any, int | None], assume: bool, depth: int) -> Any:
+        func, args, kwargs, index = made
         missing = False
 
         def real(x: Any) -> Any:
@@ -134,7 +145,8 @@ class ShadowValues:
             new_kwargs["device"] = torch.device("cpu")
         try:
             with _disable_current_modes():
-                return func(*new_args, **new_kwargs)
+                value = func(*new_args, **new_kwargs)
+            return value if index is None else value[index]
         except Exception:  # a value we cannot compute is a value we do not know
             return None
 
