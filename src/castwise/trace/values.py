@@ -60,7 +60,7 @@ class ShadowValues:
 
     shadow: Any
     shadow_count: int
-    recipe: Any  # fake tensor -> (func, args, kwargs) that made it, or None (changed in place since)
+    recipe: Any  # fake tensor -> (func, args, kwargs, output index) that made it; None: changed in place
     assumed_now: int  # masks taken as all True by ``known`` (callers read it to record the assumption)
     trace: Trace
     forced: frozenset[tuple[str, int]] = frozenset()  # branch sites this run answers True
