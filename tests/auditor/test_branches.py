@@ -38,12 +38,13 @@ def _bart_half() -> tuple[nn.Module, dict[str, torch.Tensor]]:
         max_position_embeddings=64,
     )
     ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
-    return transformers.BartForConditionalGeneration(cfg).half(), {"input_ids": ids, "labels": ids}
+    model: nn.Module = transformers.BartForConditionalGeneration(cfg)
+    return model.half(), {"input_ids": ids, "labels": ids}
 
 
 def _deberta_v2() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
-    cfg = transformers.DebertaV2Config(
+    cfg = transformers.DebertaV2Config(  # type: ignore[call-arg]
         vocab_size=64,
         hidden_size=32,
         num_hidden_layers=2,
@@ -93,9 +94,10 @@ class _ClampPath(nn.Module):
         self.fix = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x)
+        h: torch.Tensor = self.proj(x)
         if torch.isinf(h).any():
-            return self.fix(h.double())  # f64 activations into f32 weights: the real kernel refuses
+            out: torch.Tensor = self.fix(h.double())  # f64 activations into f32 weights: the real kernel refuses
+            return out
         return h
 
 
