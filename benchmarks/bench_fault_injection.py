@@ -17,6 +17,10 @@ Scoring rule (benchmarks/zoo/scoring.py has the details):
 Nothing is special-cased per model or fault: the same rule scores every case.
 
     python benchmarks/bench_fault_injection.py [--limit N] [--jobs J] [--heldout] [--out results.json]
+        [--classes index_put_mismatch,qkv_mismatch]
+
+``--classes`` keeps, of the fault indices ``--start`` .. ``--start + --limit``, those of the named
+classes: the same cases (model, situation, seed) an unfiltered run scores for them.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.zoo.cases import Case, evaluate, fault_case, quiet  # noqa: E402
+from benchmarks.zoo.cases import Case, evaluate, fault_case, fault_class, quiet  # noqa: E402
+from benchmarks.zoo.faults import FAULTS  # noqa: E402
 from benchmarks.zoo.summary import print_summary  # noqa: E402
 
 
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="first fault index (to split a run)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--heldout", action="store_true", help="score the held-out models and seeds")
+    parser.add_argument(
+        "--classes",
+        help=f"comma-separated fault classes to keep (of the indices in range), from: {', '.join(sorted(FAULTS))}",
+    )
     parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
     parser.add_argument("--out", type=Path, help="write the per-fault results as JSON here")
     parser.add_argument(
@@ -102,8 +111,15 @@ def main(argv: list[str] | None = None) -> int:
             examples=opts.examples,
         )
         return 0
+    indices = list(range(opts.start, opts.start + opts.limit))
+    if opts.classes:
+        wanted = {c.strip() for c in opts.classes.split(",") if c.strip()}
+        unknown = sorted(wanted - set(FAULTS))
+        if unknown:
+            parser.error(f"unknown fault class(es) {', '.join(unknown)}; valid: {', '.join(sorted(FAULTS))}")
+        indices = [i for i in indices if fault_class(i) in wanted]
     start = time.perf_counter()
-    results = run(list(range(opts.start, opts.start + opts.limit)), opts.heldout, opts.jobs, opts.timeout)
+    results = run(indices, opts.heldout, opts.jobs, opts.timeout)
     elapsed = time.perf_counter() - start
     print(
         f"fault injection: {len(results)} faults ({'held-out' if opts.heldout else 'tuning'} models and seeds), "

@@ -138,11 +138,16 @@ def evaluate(case: Case, *, fix: bool = True, timeout: int = 120) -> dict[str, A
     return record
 
 
+def fault_class(index: int) -> str:
+    """The fault class of the ``index``-th fault case (classes in turn, in name order)."""
+    classes = sorted(FAULTS)
+    return classes[index % len(classes)]
+
+
 def fault_case(index: int, heldout: bool, tries: int = 12) -> Case | None:
     """The ``index``-th fault case: fault classes in turn, a seeded model and situation, the first
     model (in the seeded order) that has a place for the fault. None: no model has one."""
-    classes = sorted(FAULTS)
-    fault = FAULTS[classes[index % len(classes)]]
+    fault = FAULTS[fault_class(index)]
     seed = (100_000 if heldout else 0) + index
     rng = random.Random(seed)
     zoo = [m.name for m in models.models(heldout=heldout)]

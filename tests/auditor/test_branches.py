@@ -38,12 +38,13 @@ def _bart_half() -> tuple[nn.Module, dict[str, torch.Tensor]]:
         max_position_embeddings=64,
     )
     ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
-    return transformers.BartForConditionalGeneration(cfg).half(), {"input_ids": ids, "labels": ids}
+    model: nn.Module = transformers.BartForConditionalGeneration(cfg)
+    return model.half(), {"input_ids": ids, "labels": ids}
 
 
 def _deberta_v2() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
-    cfg = transformers.DebertaV2Config(
+    cfg = transformers.DebertaV2Config(  # type: ignore[call-arg]
         vocab_size=64,
         hidden_size=32,
         num_hidden_layers=2,
@@ -93,9 +94,10 @@ class _ClampPath(nn.Module):
         self.fix = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x)
+        h: torch.Tensor = self.proj(x)
         if torch.isinf(h).any():
-            return self.fix(h.double())  # f64 activations into f32 weights: the real kernel refuses
+            out: torch.Tensor = self.fix(h.double())  # f64 activations into f32 weights: the real kernel refuses
+            return out
         return h
 
 
@@ -128,7 +130,7 @@ def test_a_loop_on_a_value_ends_in_both_runs() -> None:
     assert site["taken"] == [False] and site["other_checked"]
 
 
-def test_a_size_from_a_value_still_stops_the_fake_run_and_says_so() -> None:
+def test_a_number_from_a_value_is_assumed_and_the_run_goes_on() -> None:
     class Sized(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -139,8 +141,27 @@ def test_a_size_from_a_value_still_stops_the_fake_run_and_says_so() -> None:
             return x[: int(x.abs().sum().item()) % 2 + 1]
 
     report = castwise.audit(Sized(), torch.randn(3), mode="eval")
-    assert [f.code for f in report.findings] == ["CW902"]
-    assert [r.status for r in report.runs] == ["incomplete"]
+    assert [f.code for f in report.findings] == ["CW903"], str(report)
+    assert [r.status for r in report.runs] == ["ok"]
+    assumed = dict(report.findings[0].details)["assumed_sizes"]
+    assert [(a["op"], a["assumed"]) for a in assumed] == [
+        ("aten._local_scalar_dense", "a number fake tensors have no value for taken as 1")
+    ]
+
+
+def test_values_read_through_numpy_still_stop_the_fake_run_and_say_so() -> None:
+    class Sized(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.lin(x)
+            return x[: int(abs(x.detach().numpy()).sum()) % 2 + 1]
+
+    report = castwise.audit(Sized(), torch.randn(3), mode="eval")
+    assert [f.code for f in report.findings] == ["CW902"], str(report)
+    assert [r.status for r in report.runs] == ["incomplete"] and not report.ok
 
 
 def test_a_report_with_an_incomplete_run_is_never_ok() -> None:
@@ -162,7 +183,7 @@ def test_cli_exit_code_is_3_for_an_incomplete_audit_and_1_when_it_also_has_error
         "    def __init__(self):\n        super().__init__()\n        self.a = nn.Linear(4, 4)\n"
         "        self.b = nn.Linear(4, 4).half()\n\n"
         "    def forward(self, x):\n        y = self.b(self.a(x))\n"
-        "        return y[: int(y.abs().sum().item()) % 2 + 1]\n\n\n"
+        "        return y[: int(abs(y.detach().numpy()).sum()) % 2 + 1]\n\n\n"
         "def build():\n    return M(), (torch.randn(2, 4),)\n"
     )
     assert main(["audit", f"{both}:build", "--mode", "eval"]) == 1

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 from benchmarks.zoo import models
-from benchmarks.zoo.cases import Case, build_case, evaluate, fault_case
+from benchmarks.zoo.cases import Case, build_case, evaluate, fault_case, fault_class
 from benchmarks.zoo.faults import FAULTS, NotApplicable
 from benchmarks.zoo.scoring import (
     AuditOutcome,
@@ -160,3 +160,17 @@ def test_fault_cases_are_deterministic_and_use_the_fault_classes_in_turn() -> No
     held = fault_case(0, heldout=True)
     assert held is not None and models.REGISTRY[held.model].heldout
     assert all(c is None or (c.situation in FAULTS[c.fault or ""].situations and c.situation in SITUATIONS) for c in a)
+
+
+def test_the_classes_filter_keeps_the_indices_of_those_classes_and_refuses_unknown_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.bench_fault_injection import main as bench_main
+
+    n = len(FAULTS)
+    assert [fault_class(i) for i in range(2 * n)] == sorted(FAULTS) * 2
+    assert all(fault_case(i, heldout=False).fault == fault_class(i) for i in (0, 5))  # type: ignore[union-attr]
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["--classes", "index_put_mismatch,no_such_class", "--limit", "1"])
+    assert stop.value.code == 2
+    assert "no_such_class" in capsys.readouterr().err

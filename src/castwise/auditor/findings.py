@@ -91,6 +91,7 @@ def _data_dependent(exc: BaseException) -> bool:
         bool(names & {"DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode"})
         or "data-dependent" in text
         or "data dependent" in text
+        or "not supported for tensor subclasses" in text  # `.numpy()`: values read outside torch
     )
 
 
@@ -248,6 +249,17 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         )
     if dtype_error:
         return _raised_in_python(r, module, kind, text, bad)
+    if r.fake and r.trace.observed.get("sizes"):
+        # the run went on with assumed values (CW903): what they lead to need not happen for real
+        return cw902.diagnose(
+            module=fail.module if fail else module,
+            op=fail.op if fail else None,
+            text=text,
+            cuda_limit=False,
+            data_dependent=True,
+            simulated_cuda=simulated_cuda,
+            assumed=True,
+        )
     return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from castwise._dtypes import name_of, short_of
+from castwise.trace import datadep
 from castwise.trace.contracts import Violation, tensor_args
 
 _aten = torch.ops.aten
@@ -240,30 +241,10 @@ def run_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return a.new_empty(shape, dtype=out_dtype)
 
 
-def run_nonzero(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Fake ``nonzero``: its size depends on values. With the input's real values (a shadow, see
-    trace/values.py) the exact size; without, every element is taken as nonzero (the largest
-    result: every expert of an eager MoE loop runs), the assumption is recorded, and the result
-    gets the values that assumption gives it (so indexing with it later knows its values too)."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    x = args[0]
-    value = tracer.value_of(x)
-    with _disable_current_modes():
-        real = (value if value is not None else torch.ones(tuple(x.shape), dtype=torch.bool)).nonzero()
-    out = x.new_empty(tuple(real.shape), dtype=torch.int64)
-    if value is None:
-        tracer.trace.observed.setdefault("sizes", []).append(
-            {"module": tracer.module(), "op": op_name(func), "shape": tuple(real.shape)}
-        )
-        tracer.seed_values([(out, real)])
-    return out
-
-
 # ops whose fake kernel is missing or stricter than the real one: castwise's fake implementation
 # runs instead during a fake audit (the contract table still checks them first)
 OWN_FAKE: dict[Any, Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
     **{op: lambda _tracer, func, args, _kwargs: run_rnn_cell(func, args) for op in RNN_CELLS},
     _aten._grouped_mm.default: lambda _tracer, func, args, kwargs: run_grouped_mm(func, args, kwargs),
-    _aten.nonzero.default: run_nonzero,
+    **datadep.OWN_FAKE,  # sizes from values: x[mask], nonzero, unique...
 }

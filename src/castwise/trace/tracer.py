@@ -134,6 +134,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.stand = fastpath.Stand()
         self.shadow: Any = _AttrMap("value")  # fake tensor -> real CPU tensor with its values
         self.shadow_count = 0
+        self.recipe: Any = _AttrMap("recipe")  # fake mask/count/id tensor -> the op that made it (values.py)
+        self.assumed_now = 0
         self.observers: list[Observer] = list(default_observers() if observers is None else observers)
         # only the hooks an observer overrides are called: the per-op cost stays what it needs
         self._checkers = [o for o in self.observers if overrides(o, "check")]
@@ -292,6 +294,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         outs = self._propagate(func, name, module, tensors, out, forward)
         if self.shadow_count and not is_fast:
             self._shadow_run(func, args, kwargs, tensors, out)
+        if self.fake:
+            self.remember(func, args, kwargs, tensors, out)
         for obs in self._afters:
             obs.after(call, outs)
         return out

@@ -10,6 +10,12 @@ The audit then runs the mode again with every recorded site True (``forced``), s
 each branch are checked; the report says which ran and whether the other was checked. A site
 answered True more than ``_LOOP_LIMIT`` times in one run answers False, so ``while x.any():``
 loops end.
+
+Sizes and numbers no shadow knows (``x[mask]``, ``nonzero``, ``int(n.sum().item())``) are computed
+from what made the tensor (a *recipe*, kept for masks, counts and ids and what is made from them)
+when the values behind it are known; a mask whose values nobody knows is taken as all True (the
+largest result), a number as 1. Each assumption is recorded (``trace.observed["sizes"]``, CW903)
+and the run goes on: ``trace/datadep.py`` runs the ops whose output size depends on values.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ from torch.utils._pytree import tree_map
 from castwise.trace.events import Trace
 
 _SHADOW_MAX = 1 << 16  # elements: values are kept for small tensors only (masks, ids, positions)
+_KNOWN_MAX = 1 << 22  # elements: the largest tensor computed for real to answer a size or value question
+_DEPTH = 48  # recipes followed back from one question
+_SIZES_MAX = 64  # assumption records kept per run (a `.tolist()` loop asks once per element)
+# tensors whose values decide sizes: their recipes are kept (and those of anything made from them)
+_VALUE_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 NO_VALUE = object()
 _LOOP_LIMIT = 64
 _BOOL_SCALARS = ("is_nonzero", "_local_scalar_dense")
@@ -49,18 +60,120 @@ class ShadowValues:
 
     shadow: Any
     shadow_count: int
+    recipe: Any  # fake tensor -> (func, args, kwargs, output index) that made it; None: changed in place
+    assumed_now: int  # masks taken as all True by ``known`` (callers read it to record the assumption)
     trace: Trace
     forced: frozenset[tuple[str, int]] = frozenset()  # branch sites this run answers True
 
+    def module(self) -> str:
+        raise NotImplementedError  # the tracer's: the module running now
+
+    def remember(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor], out: Any
+    ) -> None:
+        """Keep how a mask, count or id tensor was made (and anything made from one), so a size or
+        number asked of it later is computed from the values behind it. Cheap for the rest: one
+        dtype test and a lookup per input."""
+        if isinstance(out, torch.Tensor):
+            outs: Any = ((out, None),)
+        elif isinstance(out, (tuple, list)):  # unbind (``.tolist()``), sort, topk...
+            outs = [(o, i) for i, o in enumerate(out) if isinstance(o, torch.Tensor)]
+        else:
+            return
+        recipe = self.recipe
+        fed = None  # made from a tensor that has a recipe: asked once, for all outputs
+        for o, index in outs:
+            if o in self.shadow:
+                continue
+            if o.dtype not in _VALUE_DTYPES:
+                if fed is None:
+                    fed = any(t in recipe for t in tensors)
+                if not fed:
+                    continue
+            # changed in place: what made it no longer says what it holds
+            recipe[o] = None if func._schema.is_mutable else (func, args, kwargs, index)
+
+    def known(self, t: torch.Tensor, *, assume: bool, depth: int = 0) -> torch.Tensor | None:
+        """``t``'s real values: its shadow, or computed from its recipe when the values behind it are
+        known. With ``assume``, a mask (bool) whose values nobody knows is taken as all True, the
+        largest result (``assumed_now`` counts it). None: unknown, or too large to compute."""
+        value: Any = self.shadow.get(t)
+        if value is not None:
+            return value  # type: ignore[no-any-return]
+        if depth == 0:
+            self._unknown: set[int] = set()  # found unknown in this question: each tensor is asked once
+        elif id(t) in self._unknown:
+            return None
+        if type(t).__name__ != "FakeTensor":  # a real constant made in forward is its own value
+            return t if t.device.type == "cpu" and not t.is_nested else None
+        if t.numel() > _KNOWN_MAX:
+            return None
+        made = self.recipe.get(t)
+        if made is not None and depth < _DEPTH:
+            value = self._recompute(made, assume, depth)
+            if not isinstance(value, torch.Tensor) or value.shape != t.shape:
+                value = None
+        if value is None and assume and t.dtype == torch.bool:
+            with _disable_current_modes():
+                value = torch.ones(tuple(t.shape), dtype=torch.bool)
+            self.assumed_now += 1
+        if value is None:
+            self._unknown.add(id(t))
+            return None
+        self.shadow[t] = value
+        self.shadow_count += 1
+        return value  # type: ignore[no-any-return]
+
+    def _recompute(self, made: tuple[Any, Any, Any, int | None], assume: bool, depth: int) -> Any:
+        func, args, kwargs, index = made
+        missing = False
+
+        def real(x: Any) -> Any:
+            nonlocal missing
+            if missing:  # one unknown input is enough: the rest are not asked
+                return None
+            if isinstance(x, torch.Tensor):
+                value = self.known(x, assume=assume, depth=depth + 1)
+                missing = value is None
+                return value
+            return torch.device("cpu") if isinstance(x, torch.device) else x
+
+        new_args, new_kwargs = tree_map(real, (args, kwargs))
+        if missing:
+            return None
+        if "device" in new_kwargs:
+            new_kwargs["device"] = torch.device("cpu")
+        try:
+            with _disable_current_modes():
+                value = func(*new_args, **new_kwargs)
+            return value if index is None else value[index]
+        except Exception:  # a value we cannot compute is a value we do not know
+            return None
+
+    def note_assumption(self, op: str, what: str, shape: tuple[int, ...]) -> None:
+        """Record a value the run assumed (CW903 lists them; an error after one is not the model's)."""
+        sizes: list[dict[str, Any]] = self.trace.observed.setdefault("sizes", [])
+        entry = {"module": self.module(), "op": op, "shape": shape, "assumed": what}
+        if len(sizes) < _SIZES_MAX and entry not in sizes:
+            sizes.append(entry)
+
     def branch_value(self, func: Any, tensors: list[torch.Tensor], module: str) -> Any:
-        """A truth value no shadow knows: False, or True at a ``forced`` site; the site is recorded
-        in ``trace.observed["branches"]``. NO_VALUE for a number (``.item()`` of a count) or a
-        tensor that is not fake: those stop the run as before."""
+        """A value no shadow knows (``.item()``, ``bool()``), computed from its recipe when the
+        values behind it are known. Else a truth value is a branch: False, or True at a ``forced``
+        site; the site is recorded in ``trace.observed["branches"]``. A number is computed with
+        unknown masks taken as all True, else taken as 1 (recorded). NO_VALUE for a tensor that is
+        not fake or a value of another kind: those stop the run as before."""
         if func._opname not in _BOOL_SCALARS or len(tensors) != 1:
             return NO_VALUE
         t = tensors[0]
-        if type(t).__name__ != "FakeTensor" or (func._opname == "_local_scalar_dense" and t.dtype != torch.bool):
+        if type(t).__name__ != "FakeTensor" or t.numel() != 1:
             return NO_VALUE
+        value = self.known(t, assume=False)
+        if value is not None:
+            with _disable_current_modes():
+                return func(value)
+        if func._opname == "_local_scalar_dense" and t.dtype != torch.bool:
+            return self._number(func, t)
         file, line, text = branch_site()
         sites: dict[tuple[str, int], dict[str, Any]] = self.trace.observed.setdefault("branches", {})
         site = sites.get((file, line))
@@ -72,9 +185,24 @@ class ShadowValues:
                 "module": module,
                 "answers": {False: 0, True: 0},
             }
-        value = (file, line) in self.forced and site["answers"][True] < _LOOP_LIMIT
-        site["answers"][value] += 1
-        return value
+        answer = (file, line) in self.forced and site["answers"][True] < _LOOP_LIMIT
+        site["answers"][answer] += 1
+        return answer
+
+    def _number(self, func: Any, t: torch.Tensor) -> Any:
+        """A number no shadow knows (``int(mask.sum().item())``): computed with unknown masks taken
+        as all True, else 1 (a size of one, never zero: the ops after it still run)."""
+        if t.dtype.is_complex:
+            return NO_VALUE
+        before = self.assumed_now
+        value = self.known(t, assume=True)
+        if value is not None:
+            if self.assumed_now != before:
+                self.note_assumption("aten._local_scalar_dense", "a mask with unknown values taken as all True", ())
+            with _disable_current_modes():
+                return func(value)
+        self.note_assumption("aten._local_scalar_dense", "a number fake tensors have no value for taken as 1", ())
+        return 1.0 if t.dtype.is_floating_point else 1
 
     def seed_values(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         with _disable_current_modes():  # real copies, even when called inside the fake mode
@@ -89,11 +217,12 @@ class ShadowValues:
 
     def _real_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
         missing = False
+        find = self.shadow.get
 
         def real(x: Any) -> Any:
             nonlocal missing
             if isinstance(x, torch.Tensor):
-                value = self.shadow.get(x)
+                value = find(x)
                 if value is None:
                     missing = True
                 return value

@@ -14,28 +14,42 @@ META = Rule(
     category=None,
     severity="warning",
     summary="The fake-tensor run stopped at an op fake tensors cannot run; later ops were not checked.",
-    detects="An op raised inside the fake-tensor machinery (no fake kernel, a data-dependent "
-    "shape or value such as `.item()` or `nonzero`), so the rest of the model did not run.",
+    detects="An op raised inside the fake-tensor machinery (no fake kernel, values read outside torch "
+    "such as `.numpy()`, the real CUDA runtime), or a non-dtype error followed values the run had to "
+    "assume (CW903), so the rest of the model did not run.",
     why="Silence would read as 'no problem found'; the audit says where it stopped instead.",
-    example="if mask.any(): ...  # needs a value fake tensors do not have",
+    example="keep = int(x.detach().numpy().sum())  # values read outside torch: fake tensors have none",
     fix="Audit with `--real` (fake=False) on a small configuration of the model.",
 )
 
 
 def diagnose(
-    *, module: str, op: str | None, text: str, cuda_limit: bool, data_dependent: bool, simulated_cuda: bool
+    *,
+    module: str,
+    op: str | None,
+    text: str,
+    cuda_limit: bool,
+    data_dependent: bool,
+    simulated_cuda: bool,
+    assumed: bool = False,
 ) -> Diag:
-    """The fake run stopped at ``op`` in ``module`` for a reason of the simulation, not the model."""
-    where_ = f"{op or 'an op'} in {where(module)}"
-    if cuda_limit:
+    """The fake run stopped at ``op`` in ``module`` for a reason of the simulation, not the model
+    (``assumed``: after it took values fake tensors do not have as assumed, CW903)."""
+    where_ = f"at {op} in {where(module)}" if op else f"in {where(module)}"
+    if assumed:
+        why = (
+            f"it raised {text} after the run assumed values fake tensors do not have (listed in CW903): "
+            "with the real values it may not, so it is not reported as an error in the model"
+        )
+    elif cuda_limit:
         why = (
             f"it needed the real CUDA runtime, which a simulated CUDA device does not have ({text}): a "
             "limit of the simulation, not an error in the model"
         )
     elif data_dependent:
         why = (
-            f"it needs a tensor's values (`.item()`, `if x.any():`, `nonzero`...), which fake tensors do not "
-            f"have ({text}): a limit of the simulation, not an error in the model"
+            f"it needs a tensor's values (read through `.numpy()`, or a size no assumption could give), which "
+            f"fake tensors do not have ({text}): a limit of the simulation, not an error in the model"
         )
     else:
         why = f"fake tensors cannot run it ({text}): a limit of the simulation, not an error in the model"
@@ -44,7 +58,7 @@ def diagnose(
         module,
         op,
         None,
-        f"PART OF THE MODEL WAS NOT CHECKED. The fake-tensor run stopped at {where_}: {why}. No op after it "
+        f"PART OF THE MODEL WAS NOT CHECKED. The fake-tensor run stopped {where_}: {why}. No op after it "
         "was checked, so this report cannot say the rest is free of dtype errors.",
         "Check the rest on real tensors: `castwise audit <file.py:build> --real` (`fake=False` in "
         "castwise.audit) on a small configuration of the model (real CPU tensors, same policy)"

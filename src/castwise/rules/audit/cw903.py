@@ -20,13 +20,19 @@ META = Rule(
     summary="The model branches on a tensor's value; the fake run took one side and the audit re-ran the other.",
     detects="A truth value fake tensors do not have (`if torch.isinf(h).any():`, `if mask.all():` on "
     "activations): the fake run answers False, then the mode runs again answering True at every such site. "
-    "Also a `nonzero` with no values to size it: every element is taken as nonzero (the largest result).",
+    "Also a size or number with no values behind it (`x[mask]`, `nonzero`, `masked_select`, `unique`, "
+    "`repeat_interleave`, `int(n.item())`): a mask is taken as all True, every element as nonzero or "
+    "distinct (the largest result), a number as 1, and the run goes on.",
     why="The branch that only runs on some values (BART's fp16 overflow clamp) is where a dtype error "
     "hides; the report says which side ran and whether the other was checked.",
     example="if hidden.dtype == torch.float16 and torch.isinf(hidden).any(): hidden = hidden.clamp(...)",
     fix="Nothing to fix: this says how the audit covered the branch. Where the other side was not "
     "checked, audit with `--real` on inputs that take it.",
 )
+
+
+def _assumed(size: dict[str, Any]) -> str:
+    return str(size.get("assumed", "every element taken as nonzero"))
 
 
 def _describe(site: dict[str, Any]) -> str:
@@ -49,7 +55,7 @@ def _sites(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             if key not in sites or not site.get("other_checked"):
                 sites[key] = site  # a site is checked only where every mode checked it
         for size in assumed:
-            sizes.setdefault(f"{size['op']} in {where(size['module'])}", size)
+            sizes.setdefault(f"{size['op']} in {where(size['module'])}: {_assumed(size)}", size)
     return list(sites.values()), list(sizes.values()), modes
 
 
@@ -71,10 +77,12 @@ def _scan(session: Session) -> list[Finding]:
             f"and {cover}. {listed}."
         )
     if sizes:
-        ops = ", ".join(f"{s['op']} in {where(s['module'])}" for s in sizes[:4]) + (", ..." if len(sizes) > 4 else "")
+        ops = "; ".join(f"{s['op']} in {where(s['module'])}: {_assumed(s)}" for s in sizes[:4]) + (
+            f"; and {len(sizes) - 4} more" if len(sizes) > 4 else ""
+        )
         parts.append(
-            f"{ops}: no values to size the result, so every element was taken as nonzero (the largest result; "
-            "every branch it feeds, e.g. each expert of a MoE loop, ran)."
+            f"{len(sizes)} size(s) or number(s) had no values behind them and were assumed (the largest "
+            f"result: every branch it feeds, e.g. each expert of a MoE loop, ran): {ops}."
         )
     details = [
         {
@@ -97,7 +105,13 @@ def _scan(session: Session) -> list[Finding]:
             message=" ".join(parts),
             details=(
                 ("branches", details),
-                ("assumed_sizes", [{"module": s["module"], "op": s["op"], "shape": list(s["shape"])} for s in sizes]),
+                (
+                    "assumed_sizes",
+                    [
+                        {"module": s["module"], "op": s["op"], "shape": list(s["shape"]), "assumed": _assumed(s)}
+                        for s in sizes
+                    ],
+                ),
             ),
         )
     ]
