@@ -211,5 +211,5 @@ def norm_backward_overflow() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     norm = nn.LayerNorm(8)
     inner = norm.forward
-    norm.forward = lambda x: ScaleGrad.apply(inner(x), 1e6)  # type: ignore[method-assign]
+    norm.forward = lambda x: ScaleGrad.apply(inner(x), 1e6)  # type: ignore[method-assign, assignment]
     return nn.Sequential(nn.Linear(8, 8), norm, nn.Linear(8, 1)), (torch.randn(4, 8),)
