@@ -28,6 +28,7 @@ from castwise._dtypes import short_of
 from castwise.errors import AuditError
 from castwise.numerics import _run
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
+from castwise.numerics.rows import forecast_rows
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import as_mode
 
@@ -280,6 +281,8 @@ def forecast(
     policy: Any = None,
     mode: str = "train",
     device: str | None = None,
+    layerwise: bool | None = None,
+    weights: Any = None,
 ) -> Report:
     """Run ``model`` once on real tensors in its current precision (or under ``policy``) and report
     where ``target`` ("f16", "bf16", "float8_e4m3fn", "float8_e5m2") would overflow (the margin
@@ -287,33 +290,54 @@ def forecast(
     backward. ``summary["numerics"]`` holds every module's ranges; for float8 targets
     ``summary["float8"]`` names the layers to leave out, as a castwise policy and as a torchao
     ``module_filter_fn``. The model, its gradients and the random state are left as they were.
+
+    ``layerwise``: run the model's repeated blocks one at a time (``castwise.numerics.layerwise``),
+    each materialised only while it runs when it is on the meta device, from ``weights`` (a
+    ``.safetensors`` file or a state dict; None: its own deterministic initialisation). None
+    (default): layerwise when the model is on the meta device or its weights do not fit this
+    machine. ``summary["numerics"]["layerwise"]`` says how it ran.
     """
     t = parse_target(target)
-    pol, dev = _run.check_args("forecast", model, policy, device, mode)
+    from castwise.numerics import layerwise as lw
+
+    meta = lw.on_meta(model) if isinstance(model, nn.Module) else False
+    pol, dev = _run.check_args("forecast", model, policy, device, mode, meta_ok=layerwise is not False)
+    if layerwise is None:
+        layerwise = meta or lw.too_large(model)
+    if layerwise and not lw.blocks_of(model):
+        raise AuditError(
+            f"layerwise=True: {type(model).__name__} has no repeated blocks (a ModuleList of two or more "
+            "modules of one class) to run one at a time; pass layerwise=False with a materialised model"
+        )
     from castwise.auditor import preserved_state
 
     with preserved_state():
-        run_model, applied = _run.on_device(model, pol, dev)
+        run_model, applied = _run.on_device(model, pol, dev) if not meta else (model, None)
         try:
             with _run.kept_as_is(run_model):
-                return _forecast(run_model, inputs, t, pol, mode, dev)
+                return _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
         finally:
             if applied is not None:
                 applied.remove()
 
 
-def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str) -> Report:
+def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any) -> Report:
+    from castwise.numerics import layerwise as lw
+
     inputs = _run.real_inputs(inputs, device)
     with torch.no_grad():
         fixed = {
             id(x): x.detach().abs().float().amax()
             for x in (*model.parameters(), *model.buffers())
-            if x.is_floating_point() and x.numel()
+            if x.is_floating_point() and x.numel() and x.device.type != "meta"
         }
     scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
     wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
     observer = RangeObserver(fixed, scaled, wide)
-    result = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer])
+    if plan.layerwise:
+        error, how = lw.run(model, inputs, mode, device, observer, plan.weights)
+    else:
+        error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
     rec = observer.rec
     origins = {} if t.float8 else _origins(rec, t.max)  # per-tensor float8 scaling does not overflow
     findings = _overflow_findings(origins, t, mode)
@@ -324,8 +348,10 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         f8, f8_findings = _float8(model, rec, t, mode)
         findings += f8_findings
         summary["float8"] = f8
-    if result.error is not None:
-        summary["numerics"]["error"] = f"{type(result.error).__name__}: {result.error}"
+    if how is not None:
+        summary["numerics"]["layerwise"] = how
+    if error is not None:
+        summary["numerics"]["error"] = f"{type(error).__name__}: {error}"
     return Report(
         findings=findings,
         runs=[
@@ -333,10 +359,12 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
                 as_mode(mode),
                 device,
                 None if policy is None else str(policy),
-                "incomplete" if result.error is not None else "ok",
+                "incomplete" if error is not None else "ok",
             )
         ],
         summary=summary,
-        title=f"castwise numerics --forecast {t.name} (real tensors, device {device}, policy "
+        extra={"numerics": forecast_rows(stats, t.name)},
+        title=f"castwise numerics --forecast {t.name} ({'layerwise, ' if how else ''}real tensors, device {device}, "
+        f"policy "
         f"{policy if policy is not None else 'none'})",
     )

@@ -369,6 +369,7 @@ class RangeObserver(Observer):
         # of another module reads it, it left the module in the target dtype: its magnitude counts
         # there (an origin of that module when it passes the limit), forward and backward alike
         self.wide_out = _AttrMap("wide_out")
+        self.paused = False  # a layerwise run's recomputed forward: its values are recorded already
 
     def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
         got: torch.Tensor | None = self.reach.get(t)
@@ -398,6 +399,8 @@ class RangeObserver(Observer):
             self.reach[t] = torch.maximum(self._reach_of(t), amax)
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        if self.paused:
+            return
         if self.wide:
             self._escaped(call)
         outs = _floats(outputs)
@@ -442,7 +445,7 @@ class RangeObserver(Observer):
             rec.op_in.append(in_reach)
 
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
-        if self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
+        if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
         parts = [("input", frame.inputs[0])] if frame.inputs else []
         parts.append(("weight", frame.module.weight))
