@@ -38,8 +38,10 @@ def _llama(planted: bool = True) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     model = LlamaForCausalLM(_config())
     if planted:
         with torch.no_grad():  # layer 1's MLP output passes 65504 (as T5's wo does in checkpoints)
-            model.get_submodule("model.layers.1.mlp.up_proj").weight.mul_(1e3)
-            model.get_submodule(DOWN).weight.mul_(3e4)
+            up: Any = model.get_submodule("model.layers.1.mlp.up_proj").weight
+            down: Any = model.get_submodule(DOWN).weight
+            up.mul_(1e3)
+            down.mul_(3e4)
     ids = torch.randint(0, 128, (2, 12))
     return model, {"input_ids": ids, "labels": ids}
 
