@@ -327,6 +327,17 @@ def absmax(t: torch.Tensor) -> torch.Tensor:
     return torch.where(raw < sentinel, raw, torch.where(sa < sentinel, sa, 0.0).amax())
 
 
+def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``absmax(t)`` and ``log2_hist`` of its sample, sharing one pass over a small tensor's
+    magnitudes (most of a forecast's per-op cost on small tensors is the number of kernels)."""
+    if t.numel() > SAMPLE:
+        sa, step = _sample(t)
+        return absmax(t), log2_hist(sa, step)
+    a = t.detach().reshape(-1).abs().float()  # float32: every floating dtype's magnitudes fit
+    sentinel = _SENTINEL.get(t.dtype, math.inf)
+    return torch.where(a < sentinel, a, 0.0).amax(), log2_hist(a, 1)
+
+
 def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
     """Counts of non-zero finite magnitudes per power of two, bin i holding [2**(LO+i), 2**(LO+i+1))
     (zeros, NaN and Inf are left out), each sampled element counting ``weight``."""
@@ -423,15 +434,13 @@ class RangeObserver(Observer):
         key = (call.module, call.phase)
         mr = rec.modules.get(key)
         for o in outs:
-            amax = absmax(o)
+            amax, h = reduce(o)
             self.amax[o] = amax
             if inside_wide:
                 self.reach[o] = in_reach
                 self.wide_out[o] = (call.module, call.name, call.phase, amax, in_reach)
             else:
                 self.reach[o] = torch.maximum(in_reach, amax)
-            sa, step = _sample(o)
-            h = log2_hist(sa, step)
             if mr is None:
                 mr = rec.modules[key] = ModuleRange(amax, h)
             else:
