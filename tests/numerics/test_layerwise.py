@@ -17,10 +17,11 @@ from castwise.numerics.layerwise import blocks_of
 DOWN = "model.layers.1.mlp.down_proj"
 
 
-def _config() -> Any:
+def _config(**more: Any) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
+        **more,
         vocab_size=128,
         hidden_size=32,
         intermediate_size=64,
@@ -31,11 +32,11 @@ def _config() -> Any:
     )
 
 
-def _llama(planted: bool = True) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+def _llama(planted: bool = True, **more: Any) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(_config())
+    model = LlamaForCausalLM(_config(**more))
     if planted:
         with torch.no_grad():  # layer 1's MLP output passes 65504 (as T5's wo does in checkpoints)
             up: Any = model.get_submodule("model.layers.1.mlp.up_proj").weight
@@ -73,6 +74,15 @@ def test_layerwise_finds_the_same_sites_and_ranges_as_the_whole_model() -> None:
     how = layered.summary["numerics"]["layerwise"]
     assert how["blocks"] == 3 and "in memory" in how["materialised"]
     assert "layerwise" in layered.title and "layerwise" not in whole.summary["numerics"]
+
+
+def test_dropout_draws_the_same_masks_in_the_recomputation() -> None:
+    model, inputs = _llama(planted=False, attention_dropout=0.3)
+    torch.manual_seed(1)
+    whole = _ranges(forecast(model, inputs, target="f16"))
+    torch.manual_seed(1)
+    layered = _ranges(forecast(model, inputs, target="f16", layerwise=True))
+    assert layered == pytest.approx(whole, rel=1e-4, abs=1e-6)
 
 
 def test_meta_model_runs_layerwise_from_a_safetensors_file(tmp_path: Path) -> None:

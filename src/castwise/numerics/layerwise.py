@@ -175,6 +175,8 @@ class BlockCall:
     name: str
     block: nn.Module
     args: Any  # (args, kwargs) as the model handed them
+    forward: Callable[..., Any]  # the block's own forward (the stand-in replaces it for the run)
+    rng: torch.Tensor  # the CPU random state it ran with: its recomputation draws the same dropout
     leaves: list[torch.Tensor] = field(default_factory=list)  # the outputs handed on, as leaves
 
 
@@ -232,6 +234,7 @@ class Runner:
                 # module that made them here, as a whole-model run tags them where it reads them
                 self.tracer.tag_outputs((args, kwargs))
             self._load(name, block)
+            rng = torch.get_rng_state()
             try:
                 with torch.no_grad():
                     out = forward(*args, **kwargs)
@@ -239,7 +242,7 @@ class Runner:
                 self._free(name, block)
             if not torch.is_grad_enabled():
                 return out
-            call = BlockCall(name, block, (args, kwargs))
+            call = BlockCall(name, block, (args, kwargs), forward, rng)
             self.calls.append(call)
 
             def leaf(t: Any) -> Any:
@@ -293,12 +296,14 @@ class Runner:
         try:
             tracer.phase = "forward"
             self.pause(True)
-            forward = call.block.__dict__.pop("forward")
+            stand_in = call.block.forward
+            call.block.forward = call.forward  # type: ignore[method-assign]
             try:
-                with torch.enable_grad():
+                with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                    torch.set_rng_state(call.rng)
                     out = call.block(*args2, **kwargs2)
             finally:
-                call.block.forward = forward  # type: ignore[method-assign]
+                call.block.forward = stand_in  # type: ignore[method-assign]
                 self.pause(False)
             tracer.tag_outputs(out)
             tracer.stack.clear()
