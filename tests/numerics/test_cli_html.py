@@ -56,3 +56,24 @@ def test_html_to_a_missing_folder_fails_before_the_run(tmp_path: Path) -> None:
 def test_layerwise_goes_with_forecast_only() -> None:
     code, out = _run("CW302_log_of_zero.py", "--locate", "--layerwise")
     assert code == 2 and "--layerwise goes with --forecast" in out
+
+
+def test_layerwise_forecast_from_the_cli_says_how_it_ran(tmp_path: Path) -> None:
+    builder = tmp_path / "build_llama.py"
+    builder.write_text(
+        "import torch\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
+        "def build():\n"
+        "    torch.manual_seed(0)\n"
+        "    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,\n"
+        "                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)\n"
+        "    ids = torch.randint(0, 64, (1, 8))\n"
+        "    return LlamaForCausalLM(cfg), {'input_ids': ids, 'labels': ids}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(
+        numerics_command, [f"{builder}:build", "--forecast", "f16", "--layerwise", "--json", "-"]
+    )
+    assert result.exit_code == 0, result.output
+    how = json.loads(result.stdout)["summary"]["numerics"]["layerwise"]
+    assert how["blocks"] == 2 and how["first"] == "model.layers.0"
