@@ -305,9 +305,15 @@ def forecast(
     if layerwise is None:
         layerwise = meta or lw.too_large(model)
     if layerwise and not lw.blocks_of(model):
+        why = "layerwise=True" if not meta else "on the meta device, it runs layerwise"
         raise AuditError(
-            f"layerwise=True: {type(model).__name__} has no repeated blocks (a ModuleList of two or more "
-            "modules of one class) to run one at a time; pass layerwise=False with a materialised model"
+            f"{type(model).__name__} ({why}) has no repeated blocks (a ModuleList of two or more modules of one "
+            "class) to run one at a time; materialise it and pass layerwise=False"
+        )
+    if meta and pol is not None:
+        raise AuditError(
+            "policy= with a model on the meta device is not supported: forecast would copy it to apply the policy; "
+            "run it in the precision to forecast from (its own dtypes), or materialise it first"
         )
     from castwise.auditor import preserved_state
 
