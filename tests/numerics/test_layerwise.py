@@ -130,3 +130,13 @@ def test_a_wrong_weights_file_is_refused(tmp_path: Path) -> None:
     ids = torch.randint(0, 128, (1, 8))
     with pytest.raises(CastwiseError, match="safetensors"):
         forecast(meta, {"input_ids": ids}, weights=tmp_path / "model.bin")
+
+
+def test_a_policy_on_a_meta_model_is_refused() -> None:
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(_config())
+    ids = torch.randint(0, 128, (1, 8))
+    with pytest.raises(CastwiseError, match="meta device is not supported"):
+        forecast(meta, {"input_ids": ids}, policy="bf16-mixed")
