@@ -64,6 +64,7 @@ class Source:
         self.model = model
         self.state: Mapping[str, torch.Tensor] | None = None
         self.file: Any = None
+        self.keys: set[str] = set()
         if isinstance(weights, (str, Path)):
             path = Path(weights)
             if path.suffix != ".safetensors" or not path.is_file():
@@ -76,6 +77,11 @@ class Source:
             self.file = safe_open(str(path), framework="pt")
             self.keys = set(self.file.keys())
         elif weights is not None:
+            if not isinstance(weights, Mapping):
+                raise AuditError(
+                    f"weights is a {type(weights).__name__}; valid: a .safetensors path, a state dict, or None "
+                    "(deterministic initialisation)"
+                )
             self.state = weights
             self.keys = set(weights)
         self.what = (
