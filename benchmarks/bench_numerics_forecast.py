@@ -7,8 +7,10 @@ Cases, across the real models of numerics_zoo (seeded):
 - backward: a random module's gradient amplified past 65504 in backward only;
 - clean: the model as built.
 
-Ground truth: the overflow sites (module, phase) where the real float16 run (model.half(), same
-inputs) has an op that makes Inf from finite inputs. Forecast's sites: its CW310 findings.
+Ground truth: the fp16 overflow sites (module, phase) of the real float16 run (model.half(), same
+inputs), one definition shared with forecast (docs/numerics.md): an op that makes +-Inf in a
+float16 output from finite inputs holding no float16 limit value (mask fills), where the same op
+on the same inputs in float32 stays finite. Forecast's sites: its CW310 findings.
 Forward cases compare forward sites (after a forward overflow, a float16 backward is all NaN and
 shows nothing); backward and clean cases compare both phases. Recall = true sites forecast
 found; precision = forecast sites that are true. Cost: forecast's wall time over a plain float32
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_numerics_locate import ScaleGrad, candidates
@@ -37,26 +40,57 @@ from numerics_zoo import MODELS, call, half_inputs, loss_of
 
 from castwise.numerics import _run
 from castwise.numerics.forecast import forecast
+from castwise.numerics.observe import _UNINITIALISED, _widen
 from castwise.trace.observers import Observer, OpCall
+
+F16_MAX = float(torch.finfo(torch.float16).max)
 
 
 class OverflowSites(Observer):
-    """Every op of a real run that makes Inf from finite inputs: (module, phase)."""
+    """The fp16 overflow sites of a real float16 run, (module, phase): ops that make +-Inf in a
+    float16 output from inputs that are finite and hold no float16 limit value (a finfo.min/max
+    mask fill stands for -inf: saturating it is the mask working, not an overflow), where the same
+    op on the same inputs in float32 is finite (float16's range made the Inf, not the computation:
+    T5's log of a zero relative position is -inf in float32 too)."""
 
     name = "overflow_sites"
 
     def __init__(self) -> None:
         self.sites: set[tuple[str, str]] = set()
+        self._pre: tuple[OpCall, dict[int, torch.Tensor]] | None = None
+
+    def check(self, call: OpCall) -> None:
+        # an in-place op overwrites its inputs: keep them as they were (a benchmark can afford it)
+        if call.func._schema.is_mutable:
+            self._pre = (call, {id(t): t.detach().clone() for t in call.tensors})
+        return None
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
-        if call.func.is_view or call.name.startswith("aten.empty"):
+        pre, self._pre = self._pre, None
+        if call.func.is_view or call.name in _UNINITIALISED:
             return
-        outs = [o for o in outputs if o.is_floating_point() and o.numel()]
+        outs = [o for o in outputs if o.dtype == torch.float16 and o.numel()]
         if not outs or not any(bool(torch.isinf(o).any()) for o in outs):
             return
-        scalars = [x for x in (*call.args, *call.kwargs.values()) if isinstance(x, float) and not math.isfinite(x)]
-        ins = [t for t in call.tensors if t.is_floating_point() and t.numel()]
-        if not scalars and all(bool(torch.isfinite(t).all()) for t in ins):
+        if any(isinstance(x, float) and not math.isfinite(x) for x in (*call.args, *call.kwargs.values())):
+            return
+        saved = pre[1] if pre is not None and pre[0] is call else {}
+        args, kwargs = tree_map(
+            lambda x: saved.get(id(x), x) if isinstance(x, torch.Tensor) else x, (call.args, call.kwargs)
+        )
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not all(bool(torch.isfinite(t).all()) for t in ins if t.numel()):
+            return
+        if any(t.dtype == torch.float16 and bool((t.abs() == F16_MAX).any()) for t in ins if t.numel()):
+            return
+        try:
+            w_args, w_kwargs = tree_map(_widen, (args, kwargs))
+            wide = call.func(*w_args, **w_kwargs)
+        except Exception:  # no float32 kernel for it: counted, as the Inf is there
+            self.sites.add((call.module, call.phase))
+            return
+        flat = [w for w in tree_flatten(wide)[0] if isinstance(w, torch.Tensor) and w.is_floating_point()]
+        if all(bool(torch.isfinite(w).all()) for w in flat):
             self.sites.add((call.module, call.phase))
 
 

@@ -203,3 +203,13 @@ def small_gradients() -> tuple[nn.Module, tuple[torch.Tensor]]:
             return self.head(torch.tanh(self.body(x))) * 1e-7
 
     return Tiny(), (torch.randn(4, 16),)
+
+
+def norm_backward_overflow() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """A gradient passing 65504 inside torch's LayerNorm (which computes in float32 inside), in its
+    own backward (the forward wrapped, as a hook would)."""
+    torch.manual_seed(0)
+    norm = nn.LayerNorm(8)
+    inner = norm.forward
+    norm.forward = lambda x: ScaleGrad.apply(inner(x), 1e6)  # type: ignore[method-assign, assignment]
+    return nn.Sequential(nn.Linear(8, 8), norm, nn.Linear(8, 1)), (torch.randn(4, 8),)

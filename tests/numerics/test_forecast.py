@@ -40,6 +40,16 @@ def test_inherited_overflow_is_not_an_origin() -> None:
     assert stats["absmax"] > 65504 and stats["overflow_ops"] == 1
 
 
+def test_backward_overflow_inside_a_norm_is_the_norms_not_the_top_levels() -> None:
+    # the norm's intermediates are float32 in an fp16 run, but the gradient it passes on is fp16
+    model, inputs = cases.norm_backward_overflow()
+    report = forecast(model, inputs, target="f16")
+    sites = [(f.module, dict(f.details)["phase"]) for f in report.findings if f.code == "CW310"]
+    assert sites == [("1", "backward")]
+    real = locate_nonfinite(model.half(), (inputs[0].half(),)).findings[0]
+    assert (real.module, dict(real.details)["phase"]) == ("1", "backward")
+
+
 def test_gradient_underflow_without_loss_scaling() -> None:
     model, inputs = cases.small_gradients()
     report = forecast(model, inputs, target="f16")

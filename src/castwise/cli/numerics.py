@@ -76,6 +76,7 @@ def _run(
     policy: str | None,
     mode: str,
     device: str | None,
+    layerwise: bool = False,
 ) -> Any:
     model, inputs, built = _load(target)
     report: Any
@@ -86,7 +87,15 @@ def _run(
     elif which == "--forecast":
         from castwise.numerics.forecast import forecast
 
-        report = forecast(model, inputs, target=forecast_dt or "f16", policy=policy, mode=mode, device=device)
+        report = forecast(
+            model,
+            inputs,
+            target=forecast_dt or "f16",
+            policy=policy,
+            mode=mode,
+            device=device,
+            layerwise=True if layerwise else None,
+        )
     elif which == "--compare":
         from castwise.numerics.compare import compare  # type: ignore[import-not-found, unused-ignore]
 
@@ -121,6 +130,12 @@ def _run(
 @click.option("--mode", type=click.Choice(["train", "eval"]), default="train", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where to run (default: the model's).")
 @click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the JSON report.")
+@click.option("--html", "html_path", default=None, metavar="PATH", help="Write the report as one offline HTML page.")
+@click.option(
+    "--layerwise",
+    is_flag=True,
+    help="--forecast one repeated block at a time (models too large to run whole; see docs/numerics.md).",
+)
 def numerics_command(
     target: str,
     locate: bool,
@@ -131,15 +146,27 @@ def numerics_command(
     mode: str,
     device: str | None,
     json_path: str | None,
+    html_path: str | None,
+    layerwise: bool,
 ) -> None:
     """Values, not dtypes: run TARGET (file.py:function or module:function -> (model, inputs), or
     a transformers config.json) on real tensors."""
     which = _pick(locate, forecast_dt, compare, tune_budget)
     try:
-        report = _run(target, which, forecast_dt, tune_budget, policy, mode, device)
+        if html_path is not None:
+            from castwise.report.html import check_html_path
+
+            check_html_path(html_path)  # a wrong path fails before the model runs
+        if layerwise and which != "--forecast":
+            raise CastwiseError(f"--layerwise goes with --forecast DT, not {which}")
+        report = _run(target, which, forecast_dt, tune_budget, policy, mode, device, layerwise)
         if json_path != "-":
             click.echo(str(report))
         _write_json(report.to_json(), json_path)
+        if html_path is not None:
+            from castwise.report.html import write_html
+
+            write_html(report, html_path)
         code = _exit_code(report)
     except CastwiseError as exc:
         click.echo(f"castwise: error: {exc}", err=True)

@@ -35,21 +35,24 @@ def model_device(model: nn.Module) -> str:
     return "cpu"
 
 
-def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any) -> tuple[Any, str]:
-    """The parsed policy (or None) and the device to run on; a CastwiseError on bad arguments."""
+def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any, *, meta_ok: bool = False) -> tuple[Any, str]:
+    """The parsed policy (or None) and the device to run on; a CastwiseError on bad arguments
+    (``meta_ok``: a layerwise run materialises the model's meta-device weights itself)."""
     if not isinstance(model, nn.Module):
         raise AuditError(f"{what} needs a torch.nn.Module, got {type(model).__name__}")
     if mode not in MODES:
         raise AuditError(f"mode={mode!r} is not valid; valid: {', '.join(MODES)}")
     dev = device if device is not None else model_device(model)
+    if meta_ok and dev == "meta":
+        dev = "cpu"  # where its weights are materialised
     if dev not in DEVICES:
         raise AuditError(f"device={dev!r} is not valid; valid: {', '.join(DEVICES)} (or None: where the model is)")
     if dev == "cuda" and not torch.cuda.is_available():
         raise AuditError(f"{what} runs on real tensors and this machine has no CUDA device; pass device='cpu'")
-    if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
+    if not meta_ok and any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
         raise AuditError(
             f"{type(model).__name__} is on the meta device: {what} needs values; materialise it "
-            "first (or pass a shrunk config)"
+            "first, pass a shrunk config, or run forecast(..., layerwise=True, weights=FILE)"
         )
     if policy is None:
         return None, dev

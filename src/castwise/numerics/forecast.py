@@ -28,6 +28,7 @@ from castwise._dtypes import short_of
 from castwise.errors import AuditError
 from castwise.numerics import _run
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
+from castwise.numerics.rows import forecast_rows
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import as_mode
 
@@ -111,16 +112,16 @@ def computes_in_float32(module: nn.Module) -> bool:
     return _NORM.search(cls.__name__) is not None and cls.__module__.split(".")[0] in _LIBRARIES
 
 
-def _origins(rec: RangeRecord, tmax: float, skip: set[str]) -> dict[tuple[str, str], list[tuple[str, float]]]:
+def _origins(rec: RangeRecord, tmax: float) -> dict[tuple[str, str], list[tuple[str, float]]]:
     """(module, phase) -> [(op, output absmax)] for ops that pass ``tmax`` from inputs within it
-    (ops directly in a module of ``skip``, which computes in float32, are left out)."""
+    (a module that computes in float32 inside counts by the values that leave it: see RangeObserver)."""
     if not rec.op_out:
         return {}
     outs = torch.stack(rec.op_out).tolist()
     ins = torch.stack(rec.op_in).tolist()
     found: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for (module, op, phase), o, i in zip(rec.op_keys, outs, ins, strict=True):
-        if o > tmax and i <= tmax and module not in skip:
+        if o > tmax and i <= tmax:
             found.setdefault((module, phase), []).append((op, o))
     return found
 
@@ -280,6 +281,8 @@ def forecast(
     policy: Any = None,
     mode: str = "train",
     device: str | None = None,
+    layerwise: bool | None = None,
+    weights: Any = None,
 ) -> Report:
     """Run ``model`` once on real tensors in its current precision (or under ``policy``) and report
     where ``target`` ("f16", "bf16", "float8_e4m3fn", "float8_e5m2") would overflow (the margin
@@ -287,35 +290,62 @@ def forecast(
     backward. ``summary["numerics"]`` holds every module's ranges; for float8 targets
     ``summary["float8"]`` names the layers to leave out, as a castwise policy and as a torchao
     ``module_filter_fn``. The model, its gradients and the random state are left as they were.
+
+    ``layerwise``: run the model's repeated blocks one at a time (``castwise.numerics.layerwise``),
+    each materialised only while it runs when it is on the meta device, from ``weights`` (a
+    ``.safetensors`` file or a state dict; None: its own deterministic initialisation). None
+    (default): layerwise when the model is on the meta device or its weights do not fit this
+    machine. ``summary["numerics"]["layerwise"]`` says how it ran.
     """
     t = parse_target(target)
-    pol, dev = _run.check_args("forecast", model, policy, device, mode)
+    from castwise.numerics import layerwise as lw
+
+    meta = lw.on_meta(model) if isinstance(model, nn.Module) else False
+    pol, dev = _run.check_args("forecast", model, policy, device, mode, meta_ok=layerwise is not False)
+    if layerwise is None:
+        layerwise = meta or lw.too_large(model)
+    if layerwise and not lw.blocks_of(model):
+        why = "layerwise=True" if not meta else "on the meta device, it runs layerwise"
+        raise AuditError(
+            f"{type(model).__name__} ({why}) has no repeated blocks (a ModuleList of two or more modules of one "
+            "class) to run one at a time; materialise it and pass layerwise=False"
+        )
+    if meta and pol is not None:
+        raise AuditError(
+            "policy= with a model on the meta device is not supported: forecast would copy it to apply the policy; "
+            "run it in the precision to forecast from (its own dtypes), or materialise it first"
+        )
     from castwise.auditor import preserved_state
 
     with preserved_state():
-        run_model, applied = _run.on_device(model, pol, dev)
+        run_model, applied = _run.on_device(model, pol, dev) if not meta else (model, None)
         try:
             with _run.kept_as_is(run_model):
-                return _forecast(run_model, inputs, t, pol, mode, dev)
+                return _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
         finally:
             if applied is not None:
                 applied.remove()
 
 
-def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str) -> Report:
+def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any) -> Report:
+    from castwise.numerics import layerwise as lw
+
     inputs = _run.real_inputs(inputs, device)
     with torch.no_grad():
         fixed = {
             id(x): x.detach().abs().float().amax()
             for x in (*model.parameters(), *model.buffers())
-            if x.is_floating_point() and x.numel()
+            if x.is_floating_point() and x.numel() and x.device.type != "meta"
         }
     scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
     wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
     observer = RangeObserver(fixed, scaled, wide)
-    result = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer])
+    if plan.layerwise:
+        error, how = lw.run(model, inputs, mode, device, observer, plan.weights)
+    else:
+        error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
     rec = observer.rec
-    origins = {} if t.float8 else _origins(rec, t.max, set(wide))  # per-tensor float8 scaling does not overflow
+    origins = {} if t.float8 else _origins(rec, t.max)  # per-tensor float8 scaling does not overflow
     findings = _overflow_findings(origins, t, mode)
     stats, more = _module_stats(rec, t, origins, mode)
     findings += more
@@ -324,8 +354,10 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         f8, f8_findings = _float8(model, rec, t, mode)
         findings += f8_findings
         summary["float8"] = f8
-    if result.error is not None:
-        summary["numerics"]["error"] = f"{type(result.error).__name__}: {result.error}"
+    if how is not None:
+        summary["numerics"]["layerwise"] = how
+    if error is not None:
+        summary["numerics"]["error"] = f"{type(error).__name__}: {error}"
     return Report(
         findings=findings,
         runs=[
@@ -333,10 +365,12 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
                 as_mode(mode),
                 device,
                 None if policy is None else str(policy),
-                "incomplete" if result.error is not None else "ok",
+                "incomplete" if error is not None else "ok",
             )
         ],
         summary=summary,
-        title=f"castwise numerics --forecast {t.name} (real tensors, device {device}, policy "
+        extra={"numerics": forecast_rows(stats, t.name)},
+        title=f"castwise numerics --forecast {t.name} ({'layerwise, ' if how else ''}real tensors, device {device}, "
+        f"policy "
         f"{policy if policy is not None else 'none'})",
     )

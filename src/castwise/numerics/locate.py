@@ -23,6 +23,7 @@ from castwise._dtypes import short_of
 from castwise.numerics import _run
 from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
+from castwise.numerics.rows import locate_rows
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import as_mode
 
@@ -217,6 +218,7 @@ def _locate(
             )
         ],
         summary={"numerics": numerics},
+        extra={"numerics": locate_rows(numerics["modules"])},
         title=f"castwise numerics --locate (real tensors, device {device}, policy "
         f"{policy if policy is not None else 'none'})",
     )

@@ -327,6 +327,17 @@ def absmax(t: torch.Tensor) -> torch.Tensor:
     return torch.where(raw < sentinel, raw, torch.where(sa < sentinel, sa, 0.0).amax())
 
 
+def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``absmax(t)`` and ``log2_hist`` of its sample, sharing one pass over a small tensor's
+    magnitudes (most of a forecast's per-op cost on small tensors is the number of kernels)."""
+    if t.numel() > SAMPLE:
+        sa, step = _sample(t)
+        return absmax(t), log2_hist(sa, step)
+    a = t.detach().reshape(-1).abs().float()  # float32: every floating dtype's magnitudes fit
+    sentinel = _SENTINEL.get(t.dtype, math.inf)
+    return torch.where(a < sentinel, a, 0.0).amax(), log2_hist(a, 1)
+
+
 def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
     """Counts of non-zero finite magnitudes per power of two, bin i holding [2**(LO+i), 2**(LO+i+1))
     (zeros, NaN and Inf are left out), each sampled element counting ``weight``."""
@@ -365,6 +376,11 @@ class RangeObserver(Observer):
         self.rec = RangeRecord()
         self.scaled_limit = scaled_limit
         self.wide = wide  # modules that compute in float32 inside: their intermediates add no reach
+        # a tensor a wide module made: (module, op, phase, its absmax, its inputs' reach). When an op
+        # of another module reads it, it left the module in the target dtype: its magnitude counts
+        # there (an origin of that module when it passes the limit), forward and backward alike
+        self.wide_out = _AttrMap("wide_out")
+        self.paused = False  # a layerwise run's recomputed forward: its values are recorded already
 
     def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
         got: torch.Tensor | None = self.reach.get(t)
@@ -379,16 +395,37 @@ class RangeObserver(Observer):
             self.amax[t] = got
         return got
 
+    def _escaped(self, call: OpCall) -> None:
+        """Tensors a wide module made that an op of another module reads now: their values leave
+        that module stored in the target dtype, so they count as that module's op outputs."""
+        for t in call.tensors:
+            made = self.wide_out.get(t)
+            if made is None or made[0] == call.module:
+                continue
+            module, op, phase, amax, in_reach = made
+            self.wide_out[t] = None
+            self.rec.op_keys.append((module, op, phase))
+            self.rec.op_out.append(amax)
+            self.rec.op_in.append(in_reach)
+            self.reach[t] = torch.maximum(self._reach_of(t), amax)
+
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        if self.paused:
+            return
+        if self.wide:
+            self._escaped(call)
         outs = _floats(outputs)
         if not outs or call.name in _UNINITIALISED:  # empty memory: garbage, not a magnitude
             return
         if call.func.is_view:
             if call.tensors:
                 base, reach = self._absmax_of(call.tensors[0]), self._reach_of(call.tensors[0])
+                made = self.wide_out.get(call.tensors[0])
                 for o in outs:
                     self.amax[o] = base  # a view's values are within its base's
                     self.reach[o] = reach
+                    if made is not None:
+                        self.wide_out[o] = made
             return
         ins = [self._reach_of(t) for t in _floats(call.tensors)]
         in_reach = torch.stack(ins).amax() if ins else torch.zeros(())
@@ -397,23 +434,27 @@ class RangeObserver(Observer):
         key = (call.module, call.phase)
         mr = rec.modules.get(key)
         for o in outs:
-            amax = absmax(o)
+            amax, h = reduce(o)
             self.amax[o] = amax
-            self.reach[o] = in_reach if inside_wide else torch.maximum(in_reach, amax)
-            sa, step = _sample(o)
-            h = log2_hist(sa, step)
+            if inside_wide:
+                self.reach[o] = in_reach
+                self.wide_out[o] = (call.module, call.name, call.phase, amax, in_reach)
+            else:
+                self.reach[o] = torch.maximum(in_reach, amax)
             if mr is None:
                 mr = rec.modules[key] = ModuleRange(amax, h)
             else:
                 mr.absmax = torch.maximum(mr.absmax, amax)
                 mr.hist = mr.hist + h
             mr.ops += 1
+            if inside_wide:
+                continue  # its intermediates are float32 in the target run: only what leaves counts
             rec.op_keys.append((call.module, call.name, call.phase))
             rec.op_out.append(amax)
             rec.op_in.append(in_reach)
 
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
-        if self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
+        if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
         parts = [("input", frame.inputs[0])] if frame.inputs else []
         parts.append(("weight", frame.module.weight))
