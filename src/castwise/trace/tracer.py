@@ -40,13 +40,10 @@ from castwise.trace.backward import engine_replaced
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer, OpCall, default_observers, flat_outputs, overrides
-from castwise.trace.values import NO_VALUE, ShadowValues
+from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
+from castwise.trace.values import NO_VALUE, ShadowValues, one_thread
 
 _aten = torch.ops.aten
-_SKIP = frozenset({torch.ops.prim.device.default})
-_SCALAR = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default})
-_NAMES: dict[Any, str] = {}
-_TO_COPY = frozenset({_aten._to_copy.default})
 # ops autocast runs in its low-precision dtype on every device: mixed floating operands reaching
 # dispatch inside a module entered under autocast mean autocast was turned off around them
 _AUTOCAST_LOW = frozenset(
@@ -245,32 +242,22 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     # -- the handler -------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func is PRIM_DEVICE:
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        if func in _SKIP:
-            return func(*args, **kwargs)
+        info = _INFO.get(id(func)) or info_of(func)
         tensors = _flat_tensors(args, kwargs)
-        if func in _SCALAR and self.fake and tensors and not any(type(t).__name__ == "FakeTensor" for t in tensors):
-            # real stand-in values (a fast-path mask check) run for real, outside the fake mode
-            with _disable_current_modes():
-                return func(*args, **kwargs)
-        if self.shadow_count and func in _SCALAR:
-            value = self._shadow_value(func, args, kwargs, tensors)
+        if info.scalar:
+            value = self._scalar(func, args, kwargs, tensors)
             if value is not NO_VALUE:
                 return value
         module = self.module()
-        if self.fake and func in _SCALAR:  # a value no shadow knows: a branch (trace/values.py)
-            value = self.branch_value(func, tensors, module)
-            if value is not NO_VALUE:
-                return value
-        name = _NAMES.get(func)
-        if name is None:
-            name = _NAMES[func] = fastpath.op_name(func)
-        is_fast = func in fastpath.HANDLED
+        name = info.name
+        is_fast = info.fast
         forward = self.phase == "forward"
-        if forward and torch.is_grad_enabled():
+        if forward and tensors and torch.is_grad_enabled():
             self._tag_nodes(tensors)
-        own_fake = fastpath.OWN_FAKE.get(func) if self.fake else None
-        call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast)
+        call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast, info)
         for obs in self._checkers:
             violation = obs.check(call)
             if violation is not None:
@@ -281,8 +268,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out = fastpath.run_fake(func, args, kwargs, self.stand, mask)
             elif is_fast:
                 out = self._run_with_caller_autocast(func, args, kwargs)
-            elif own_fake is not None:
-                out = own_fake(self, func, args, kwargs)
+            elif info.own_fake is not None and self.fake:
+                out = info.own_fake(self, func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
         except Exception as exc:
@@ -295,6 +282,21 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         for obs in self._afters:
             obs.after(call, outs)
         return out
+
+    def _scalar(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+        """The value of an op that returns a Python value (``.item()``, a truth value) when the
+        tracer supplies it, else NO_VALUE (the op runs as any other)."""
+        if self.fake and tensors and not any(type(t).__name__ == "FakeTensor" for t in tensors):
+            # real stand-in values (a fast-path mask check) run for real, outside the fake mode
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        if self.shadow_count:
+            value = self._shadow_value(func, args, kwargs, tensors)
+            if value is not NO_VALUE:
+                return value
+        if self.fake:  # a value no shadow knows: a branch (trace/values.py)
+            return self.branch_value(func, tensors, self.module())
+        return NO_VALUE
 
     def _run_with_caller_autocast(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dtype = self.autocast_here()
@@ -344,7 +346,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         if deepest < len(stack) - 1:
             return stack[deepest].name
         floats = {d for d in dtypes if d.is_floating_point}
-        if _NAMES.get(func) in _AUTOCAST_LOW and len(floats) > 1:
+        if info_of(func).name in _AUTOCAST_LOW and len(floats) > 1:
             return stack[deepest].name
         return None
 
@@ -394,7 +396,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             elif (
                 chosen.kind == "autocast"
                 and chosen.op == "aten._to_copy"
-                and func not in _TO_COPY
+                and not info_of(func).to_copy
                 and chosen.module == module
                 and forward
             ):
@@ -423,7 +425,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         desc = fmt_tensor(name_of(o.dtype), shape_of(o))
         if self.phase != "forward":
             return Prov("backward", module, name, desc, o.dtype)
-        if func in _TO_COPY and tensors and self.autocast_here() is not None:
+        to_copy = info_of(func).to_copy
+        if to_copy and tensors and self.autocast_here() is not None:
             return Prov("autocast", module, name, desc, o.dtype)
         # where the dtype was made in the user's code: only here, never per op (it walks the stack)
         line = source.where(2) if o.is_floating_point() else None
@@ -431,7 +434,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             name = f"{name} in forward hook {self.hook_stack[-1]}"
         if not tensors:
             return Prov("created", module, name, desc, o.dtype, line)
-        if func in _TO_COPY:
+        if to_copy:
             return Prov("cast", module, name, desc, o.dtype, line)
         return Prov("op", module, name, desc, o.dtype, line)
 
@@ -477,7 +480,7 @@ def run(
     else:
         model.train()
     try:
-        with tracer.hooks(), tracer:
+        with tracer.hooks(), one_thread(tracer.fake), tracer:
             if mode == "eval":
                 with torch.no_grad():
                     call(model, args, kwargs)
