@@ -242,7 +242,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     # -- the handler -------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if func is PRIM_DEVICE:
+        if func is PRIM_DEVICE:  # asked by C++ for about every op: answered as FakeTensor does
+            mode = getattr(args[0], "fake_mode", None) if len(args) == 1 else None
+            if mode is not None and not mode.in_kernel_invocation:
+                return args[0].fake_device
             return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         info = _INFO.get(id(func)) or info_of(func)
