@@ -80,6 +80,8 @@ def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
 
 
 _KEYS = itertools.count()
+# provenance preference among same-dtype inputs: autocast's casts, then weights, then the rest
+_RANK = {"autocast": 0, "param": 1, "buffer": 1}
 
 
 class _AttrMap:
@@ -375,10 +377,12 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             outs = [o for o in out if isinstance(o, torch.Tensor)]
         else:
             return []
-        prov = self.prov
-        record = self.record_ops
+        # the maps' dicts read inline: this loop runs for every output of every op
+        pkey = self.prov.key
+        ckey = self.creator.key
         for o in outs:
-            if o in prov:  # in-place: the tensor keeps its origin
+            odict = o.__dict__
+            if pkey in odict:  # in-place: the tensor keeps its origin
                 continue
             dtype = o.dtype
             chosen: Prov | None = None
@@ -386,10 +390,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             for t in tensors:
                 if t.dtype is not dtype:
                     continue
-                p = prov.get(t)
+                p = t.__dict__.get(pkey)
                 if p is None:
                     continue
-                r = 0 if p.kind == "autocast" else 1 if p.kind in ("param", "buffer") else 2
+                r = _RANK.get(p.kind, 2)
                 if r < rank:
                     chosen, rank = p, r
                     if r == 0:
@@ -397,7 +401,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             if chosen is None:
                 chosen = self._new_origin(func, name, module, tensors, o)
             elif (
-                chosen.kind == "autocast"
+                rank == 0
                 and chosen.op == "aten._to_copy"
                 and not info_of(func).to_copy
                 and chosen.module == module
@@ -405,21 +409,21 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             ):
                 # autocast casts the operands of the op it manages: name that op, not the cast
                 chosen = Prov("autocast", module, name, fmt_tensor(name_of(dtype), shape_of(o)), dtype)
-            prov[o] = chosen
+            odict[pkey] = chosen
             if forward:
-                self.creator[o] = module
+                odict[ckey] = module
                 if o.is_floating_point():
                     # the last tensors made here: the operands of a call that raises before it
                     # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
                     self.recent.append((module, o))
-        if record:  # raw (dtype, shape) pairs: formatting waits until someone reads them
+        if self.record_ops:  # raw (dtype, shape) pairs: formatting waits until someone reads them
             self.trace.ops.append(
                 (
                     module,
                     name,
                     self.phase,
-                    tuple((t.dtype, shape_of(t)) for t in tensors),
-                    tuple((o.dtype, shape_of(o)) for o in outs),
+                    tuple([(t.dtype, shape_of(t)) for t in tensors]),
+                    tuple([(o.dtype, shape_of(o)) for o in outs]),
                 )
             )
         return outs

@@ -146,8 +146,10 @@ class ShadowValues:
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor], out: Any
     ) -> None:
         shadow = self.shadow
-        if not all(t in shadow for t in tensors):  # first: the cheap test that fails for most ops
-            return
+        key = shadow.key
+        for t in tensors:  # first: the cheap test that fails for most ops (a dict hit per tensor)
+            if key not in t.__dict__:
+                return
         outs = (
             [out]
             if isinstance(out, torch.Tensor)
