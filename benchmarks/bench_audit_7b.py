@@ -51,9 +51,9 @@ def llama_405b(layers: int | None = None) -> Any:
         num_key_value_heads=8,
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={
+        rope_parameters={
             "rope_type": "llama3",
+            "rope_theta": 500000.0,
             "factor": 8.0,
             "low_freq_factor": 1.0,
             "high_freq_factor": 4.0,
@@ -62,7 +62,7 @@ def llama_405b(layers: int | None = None) -> Any:
     )
 
 
-def build(layers: int | None, size: str = "7b") -> torch.nn.Module:
+def build(layers: int | None, size: str = "7b") -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = llama_405b(layers) if size == "405b" else LlamaConfig(num_hidden_layers=layers or 32)
