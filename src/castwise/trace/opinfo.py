@@ -22,7 +22,7 @@ _TO_COPY = _aten._to_copy.default
 class OpInfo:
     """One op's fixed facts. A plain slotted object: read on the hot path."""
 
-    __slots__ = ("fast", "func", "fused", "is_view", "name", "own_fake", "rnn", "scalar", "to_copy")
+    __slots__ = ("fast", "func", "fused", "is_view", "name", "rnn", "scalar", "to_copy")
 
     def __init__(self, func: Any) -> None:
         self.func = func  # kept: the cache is keyed by its id
@@ -31,7 +31,6 @@ class OpInfo:
         self.fast = func in fastpath.HANDLED  # a fused fast-path op (trace/fastpath.py)
         self.fused = func in fastpath.FUSED
         self.rnn = func in fastpath.RNN_CONTRACT
-        self.own_fake = fastpath.OWN_FAKE.get(func)  # castwise's fake kernel, if it has one
         self.to_copy = func is _TO_COPY
         self.is_view = bool(getattr(func, "is_view", False))
 
