@@ -15,6 +15,11 @@ Why this shape (each point was measured, see DESIGN.md "Engine principles"):
   origin; a dtype-preserving op passes on the origin of an input of that dtype (autocast's
   casts first, then parameters and buffers, then the rest in argument order).
 
+- Per-op cost (a 405B audit runs ~60,000 ops): the op's fixed facts are looked up once by id
+  (``trace/opinfo.py``), the contract once per (op, device), tensor metadata is read with
+  subclass torch functions off, and a fake run's few real kernels (shadow values) run on one
+  thread. ``benchmarks/bench_audit_7b.py`` measures it against the bare fake run.
+
 The tracer keeps provenance and the module stack; everything else it does with an op (contract
 checks, up-casts, activation bytes, numerics) is an observer (``castwise.trace.observers``).
 """
