@@ -20,6 +20,7 @@ import torch
 from castwise._dtypes import name_of
 from castwise.trace import contracts, fastpath
 from castwise.trace.events import Upcast, shape_of
+from castwise.trace.opinfo import OpInfo, info_of
 
 if TYPE_CHECKING:
     from castwise.trace.contracts import Violation
@@ -32,7 +33,7 @@ _LOW_NAMES = ("bfloat16", "float16")
 class OpCall:
     """One op as the tracer sees it. A plain slotted object, not a dataclass: one is made per op."""
 
-    __slots__ = ("args", "func", "is_fast", "kwargs", "module", "name", "phase", "tensors", "tracer")
+    __slots__ = ("args", "func", "info", "is_fast", "kwargs", "module", "name", "phase", "tensors", "tracer")
 
     def __init__(
         self,
@@ -44,6 +45,7 @@ class OpCall:
         kwargs: dict[str, Any],
         tensors: list[torch.Tensor],
         is_fast: bool,
+        info: OpInfo | None = None,
     ) -> None:
         self.tracer = tracer
         self.func = func  # the aten OpOverload
@@ -54,6 +56,7 @@ class OpCall:
         self.kwargs = kwargs
         self.tensors = tensors  # the op's tensor arguments, flattened
         self.is_fast = is_fast  # a fused fast-path kernel (TransformerEncoderLayer, MHA)
+        self.info = info if info is not None else info_of(func)  # the op's fixed facts, cached
 
     @property
     def device(self) -> Any:
@@ -114,18 +117,20 @@ class ContractObserver(Observer):
 
     def check(self, call: OpCall) -> Violation | None:
         func = call.func
+        info = call.info
         if call.is_fast:
-            if func in fastpath.FUSED:
+            if info.fused:
                 return fastpath.check_fused(
                     func, call.args, call.kwargs, call.tracer.stand, call.tracer.autocast_here()
                 )
             return None
-        if func in fastpath.RNN_CONTRACT:
+        if info.rnn:
             return fastpath.check_rnn_cell(func, call.args, call.kwargs)
-        violation = contracts.check(func, call.args, call.kwargs, call.device)
-        if not contracts.is_covered(func):
+        # one lookup (cached per op and device) answers both coverage and the check
+        found = contracts.lookup(func, call.tracer.device)
+        if not found.covered:
             call.trace.uncovered.setdefault(call.name, set()).add(call.module)
-        return violation
+        return found.check(call.args, call.kwargs)
 
 
 class ActivationBytesObserver(Observer):
@@ -134,7 +139,7 @@ class ActivationBytesObserver(Observer):
     name = "activation_bytes"
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
-        if call.phase != "forward" or call.func.is_view:
+        if call.phase != "forward" or call.info.is_view:
             return
         counts = call.trace.activation_bytes
         for o in outputs:

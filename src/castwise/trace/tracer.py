@@ -15,6 +15,11 @@ Why this shape (each point was measured, see DESIGN.md "Engine principles"):
   origin; a dtype-preserving op passes on the origin of an input of that dtype (autocast's
   casts first, then parameters and buffers, then the rest in argument order).
 
+- Per-op cost (a 405B audit runs ~60,000 ops): the op's fixed facts are looked up once by id
+  (``trace/opinfo.py``), the contract once per (op, device), tensor metadata is read with
+  subclass torch functions off, and a fake run's few real kernels (shadow values) run on one
+  thread. ``benchmarks/bench_audit_7b.py`` measures it against the bare fake run.
+
 The tracer keeps provenance and the module stack; everything else it does with an op (contract
 checks, up-casts, activation bytes, numerics) is an observer (``castwise.trace.observers``).
 """
@@ -40,13 +45,10 @@ from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer, OpCall, default_observers, flat_outputs, overrides
-from castwise.trace.values import NO_VALUE, ShadowValues
+from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
+from castwise.trace.values import NO_VALUE, ShadowValues, one_thread
 
 _aten = torch.ops.aten
-_SKIP = frozenset({torch.ops.prim.device.default})
-_SCALAR = frozenset({_aten._local_scalar_dense.default, _aten.is_nonzero.default, _aten.equal.default})
-_NAMES: dict[Any, str] = {}
-_TO_COPY = frozenset({_aten._to_copy.default})
 # ops autocast runs in its low-precision dtype on every device: mixed floating operands reaching
 # dispatch inside a module entered under autocast mean autocast was turned off around them
 _AUTOCAST_LOW = frozenset(
@@ -83,6 +85,9 @@ def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
 
 
 _KEYS = itertools.count()
+_NO_SUBCLASS_FUNCTION = torch._C.DisableTorchFunctionSubclass
+# provenance preference among same-dtype inputs: autocast's casts, then weights, then the rest
+_RANK = {"autocast": 0, "param": 1, "buffer": 1}
 
 
 class _AttrMap:
@@ -247,32 +252,34 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     # -- the handler -------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func in _SKIP:
-            return func(*args, **kwargs)
+        if func is PRIM_DEVICE:  # asked by C++ for about every op: answered as FakeTensor does
+            mode = getattr(args[0], "fake_mode", None) if len(args) == 1 else None
+            if mode is not None and not mode.in_kernel_invocation:
+                return args[0].fake_device
+            return func(*args, **(kwargs or {}))
+        # the handler reads tensors' metadata (dtype, shape, is_floating_point) dozens of times per
+        # op: on a tensor subclass (FakeTensor) each read is a Python __torch_function__ call
+        # unless subclass torch functions are off (measured: 0.5-1.4 µs a read, ten times less)
+        with _NO_SUBCLASS_FUNCTION():
+            return self._dispatch(func, args, kwargs or {})
+
+    def _dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The handler proper: scalar values, contract checks, the op, provenance, observers."""
+        info = _INFO.get(id(func)) or info_of(func)
         tensors = _flat_tensors(args, kwargs)
-        if func in _SCALAR and self.fake and tensors and not any(type(t).__name__ == "FakeTensor" for t in tensors):
-            # real stand-in values (a fast-path mask check) run for real, outside the fake mode
-            with _disable_current_modes():
-                return func(*args, **kwargs)
-        if self.shadow_count and func in _SCALAR:
-            value = self._shadow_value(func, args, kwargs, tensors)
+        if info.scalar:
+            value = self._scalar(func, args, kwargs, tensors)
             if value is not NO_VALUE:
                 return value
         module = self.module()
-        if self.fake and func in _SCALAR:  # a value no shadow knows: a branch (trace/values.py)
-            value = self.branch_value(func, tensors, module)
-            if value is not NO_VALUE:
-                return value
-        name = _NAMES.get(func)
-        if name is None:
-            name = _NAMES[func] = fastpath.op_name(func)
-        is_fast = func in fastpath.HANDLED
+        name = info.name
+        is_fast = info.fast
         forward = self.phase == "forward"
-        if forward and torch.is_grad_enabled():
+        if forward and tensors and torch.is_grad_enabled():
             self._tag_nodes(tensors)
+        # read per op, not cached: the table may change while a process runs (a test patches it)
         own_fake = fastpath.OWN_FAKE.get(func) if self.fake else None
-        call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast)
+        call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast, info)
         for obs in self._checkers:
             violation = obs.check(call)
             if violation is not None:
@@ -299,6 +306,21 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         for obs in self._afters:
             obs.after(call, outs)
         return out
+
+    def _scalar(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+        """The value of an op that returns a Python value (``.item()``, a truth value) when the
+        tracer supplies it, else NO_VALUE (the op runs as any other)."""
+        if self.fake and tensors and not any(type(t).__name__ == "FakeTensor" for t in tensors):
+            # real stand-in values (a fast-path mask check) run for real, outside the fake mode
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        if self.shadow_count:
+            value = self._shadow_value(func, args, kwargs, tensors)
+            if value is not NO_VALUE:
+                return value
+        if self.fake:  # a value no shadow knows: a branch (trace/values.py)
+            return self.branch_value(func, tensors, self.module())
+        return NO_VALUE
 
     def _run_with_caller_autocast(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dtype = self.autocast_here()
@@ -348,7 +370,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         if deepest < len(stack) - 1:
             return stack[deepest].name
         floats = {d for d in dtypes if d.is_floating_point}
-        if _NAMES.get(func) in _AUTOCAST_LOW and len(floats) > 1:
+        if info_of(func).name in _AUTOCAST_LOW and len(floats) > 1:
             return stack[deepest].name
         return None
 
@@ -374,10 +396,12 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             outs = [o for o in out if isinstance(o, torch.Tensor)]
         else:
             return []
-        prov = self.prov
-        record = self.record_ops
+        # the maps' dicts read inline: this loop runs for every output of every op
+        pkey = self.prov.key
+        ckey = self.creator.key
         for o in outs:
-            if o in prov:  # in-place: the tensor keeps its origin
+            odict = o.__dict__
+            if pkey in odict:  # in-place: the tensor keeps its origin
                 continue
             dtype = o.dtype
             chosen: Prov | None = None
@@ -385,10 +409,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             for t in tensors:
                 if t.dtype is not dtype:
                     continue
-                p = prov.get(t)
+                p = t.__dict__.get(pkey)
                 if p is None:
                     continue
-                r = 0 if p.kind == "autocast" else 1 if p.kind in ("param", "buffer") else 2
+                r = _RANK.get(p.kind, 2)
                 if r < rank:
                     chosen, rank = p, r
                     if r == 0:
@@ -396,29 +420,29 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             if chosen is None:
                 chosen = self._new_origin(func, name, module, tensors, o)
             elif (
-                chosen.kind == "autocast"
+                rank == 0
                 and chosen.op == "aten._to_copy"
-                and func not in _TO_COPY
+                and not info_of(func).to_copy
                 and chosen.module == module
                 and forward
             ):
                 # autocast casts the operands of the op it manages: name that op, not the cast
                 chosen = Prov("autocast", module, name, fmt_tensor(name_of(dtype), shape_of(o)), dtype)
-            prov[o] = chosen
+            odict[pkey] = chosen
             if forward:
-                self.creator[o] = module
+                odict[ckey] = module
                 if o.is_floating_point():
                     # the last tensors made here: the operands of a call that raises before it
                     # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
                     self.recent.append((module, o))
-        if record:  # raw (dtype, shape) pairs: formatting waits until someone reads them
+        if self.record_ops:  # raw (dtype, shape) pairs: formatting waits until someone reads them
             self.trace.ops.append(
                 (
                     module,
                     name,
                     self.phase,
-                    tuple((t.dtype, shape_of(t)) for t in tensors),
-                    tuple((o.dtype, shape_of(o)) for o in outs),
+                    tuple([(t.dtype, shape_of(t)) for t in tensors]),
+                    tuple([(o.dtype, shape_of(o)) for o in outs]),
                 )
             )
         return outs
@@ -427,7 +451,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         desc = fmt_tensor(name_of(o.dtype), shape_of(o))
         if self.phase != "forward":
             return Prov("backward", module, name, desc, o.dtype)
-        if func in _TO_COPY and tensors and self.autocast_here() is not None:
+        to_copy = info_of(func).to_copy
+        if to_copy and tensors and self.autocast_here() is not None:
             return Prov("autocast", module, name, desc, o.dtype)
         # where the dtype was made in the user's code: only here, never per op (it walks the stack)
         line = source.where(2) if o.is_floating_point() else None
@@ -435,7 +460,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             name = f"{name} in forward hook {self.hook_stack[-1]}"
         if not tensors:
             return Prov("created", module, name, desc, o.dtype, line)
-        if func in _TO_COPY:
+        if to_copy:
             return Prov("cast", module, name, desc, o.dtype, line)
         return Prov("op", module, name, desc, o.dtype, line)
 
@@ -481,7 +506,8 @@ def run(
     else:
         model.train()
     try:
-        with tracer.hooks(), tensor_hooks_recorded() if not engine_backward else nullcontext(), tracer:
+        hooks_kept = tensor_hooks_recorded() if not engine_backward else nullcontext()
+        with tracer.hooks(), hooks_kept, one_thread(tracer.fake), tracer:
             if mode == "eval":
                 with torch.no_grad():
                     call(model, args, kwargs)

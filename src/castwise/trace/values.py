@@ -20,9 +20,11 @@ and the run goes on: ``trace/datadep.py`` runs the ops whose output size depends
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,6 +44,25 @@ _LOOP_LIMIT = 64
 _BOOL_SCALARS = ("is_nonzero", "_local_scalar_dense")
 # frames that are not the model's: castwise's own and torch's
 _OWN = (os.path.dirname(os.path.dirname(__file__)) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+
+
+@contextlib.contextmanager
+def one_thread(enabled: bool = True) -> Iterator[None]:
+    """Torch's intra-op threads limited to one while a fake run lasts, then restored.
+
+    The only real kernels a fake run calls are the shadows' (masks, ids: tens of elements), and
+    a parallel kernel on a busy machine waits for a worker thread to be scheduled (measured:
+    ``tril`` of a 16x16 bool mask, 2 µs on one thread, 18 ms on two with the cores loaded), and
+    workers left spinning after it slow every op that follows."""
+    before = torch.get_num_threads()
+    if not enabled or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def branch_site() -> tuple[str, int, str]:
@@ -254,8 +275,10 @@ class ShadowValues:
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor], out: Any
     ) -> None:
         shadow = self.shadow
-        if not all(t in shadow for t in tensors):  # first: the cheap test that fails for most ops
-            return
+        key = shadow.key
+        for t in tensors:  # first: the cheap test that fails for most ops (a dict hit per tensor)
+            if key not in t.__dict__:
+                return
         outs = (
             [out]
             if isinstance(out, torch.Tensor)

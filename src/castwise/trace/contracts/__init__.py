@@ -103,7 +103,7 @@ from castwise.trace.contracts.norm import (
     _rms_norm,
 )
 
-__all__ = ["Violation", "check", "is_covered", "result_dtype", "tensor_args"]
+__all__ = ["Lookup", "Violation", "check", "is_covered", "lookup", "result_dtype", "tensor_args"]
 
 _TABLE: dict[str, Rule] = {}
 
@@ -483,14 +483,17 @@ _register(
     "profiler._record_function_exit",
 )
 
-_CACHE: dict[Any, tuple[Rule, str] | None] = {}
+_CACHE: dict[int, tuple[Any, tuple[Rule, str] | None]] = {}
+# rules that only name the result dtype: they never refuse, so a check can skip them
+_NEVER_REFUSE: frozenset[Rule] = frozenset({_same_as_self, _comparison, _like, _to_long, _no_tensor})
 
 
 def _rule(func: torch._ops.OpOverload) -> tuple[Rule, str] | None:
-    try:
-        return _CACHE[func]
-    except KeyError:
-        pass
+    # keyed by id: an OpOverload's __hash__ is Python code, and this runs for every op (the func
+    # is kept in the value, so its id is never reused)
+    hit = _CACHE.get(id(func))
+    if hit is not None:
+        return hit[1]
     entry: tuple[Rule, str] | None = None
     try:
         packet = f"{func.namespace}.{func._opname}"
@@ -499,21 +502,60 @@ def _rule(func: torch._ops.OpOverload) -> tuple[Rule, str] | None:
             entry = (rule, packet)
     except AttributeError:  # not an OpOverload (e.g. a HigherOrderOperator)
         pass
-    _CACHE[func] = entry
+    _CACHE[id(func)] = (func, entry)
     return entry
 
 
-def _outcome(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: Device | str) -> Any:
+class Lookup:
+    """One op's contract on one device, looked up once: the rule (the device's own if it has
+    one), the op's name, whether the table covers the op and whether the rule can refuse."""
+
+    __slots__ = ("covered", "device", "name", "refuses", "rule")
+
+    def __init__(self, rule: Rule | None, name: str, device: Device, covered: bool) -> None:
+        self.rule = rule
+        self.name = name
+        self.device = device
+        self.covered = covered  # the family table knows the op (a device delta alone does not count)
+        self.refuses = rule is not None and rule not in _NEVER_REFUSE
+
+    def outcome(self, args: Args, kwargs: Kwargs) -> Any:
+        """A Violation (the kernel refuses), the result dtype (it accepts), or None (no claim)."""
+        if self.rule is None:
+            return None
+        return _apply(self.rule, self.name, args, kwargs, self.device)
+
+    def check(self, args: Args, kwargs: Kwargs) -> Violation | None:
+        """The violation the real kernel would raise, or None."""
+        if not self.refuses:
+            return None
+        out = self.outcome(args, kwargs)
+        return out if isinstance(out, Violation) else None
+
+
+_LOOKUPS: dict[tuple[int, int], tuple[Any, Lookup]] = {}
+
+
+def lookup(func: torch._ops.OpOverload, device: Device | str) -> Lookup:
+    """The contract of ``func`` on ``device``, cached per (op, device)."""
     dev = get_device(device)
+    key = (id(func), id(dev))
+    hit = _LOOKUPS.get(key)
+    if hit is not None and hit[0][1] is dev:
+        return hit[1]
     entry = _rule(func)
+    covered = entry is not None
     if dev.contracts and entry is not None:
         # the device's own rule for this op replaces its kernel family's
         entry = (dev.contracts.get(entry[1], entry[0]), entry[1])
     elif dev.contracts:
         entry = _delta_rule(func, dev)
-    if entry is None:
-        return None
-    rule, name = entry
+    found = Lookup(entry[0], entry[1], dev, covered) if entry is not None else Lookup(None, "", dev, covered)
+    _LOOKUPS[key] = ((func, dev), found)  # both kept: their ids are never reused
+    return found
+
+
+def _apply(rule: Rule, name: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     args, kwargs = tuple(args), dict(kwargs or {})
     try:
         return rule(name, args, kwargs, dev)
@@ -525,6 +567,10 @@ def _outcome(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: De
         # an overload whose arguments the rule does not model (e.g. an out= variant): no claim,
         # and never an exception on the tracer's hot path
         return None
+
+
+def _outcome(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: Device | str) -> Any:
+    return lookup(func, device).outcome(args, kwargs)
 
 
 def _delta_rule(func: torch._ops.OpOverload, dev: Device) -> tuple[Rule, str] | None:
@@ -539,8 +585,7 @@ def _delta_rule(func: torch._ops.OpOverload, dev: Device) -> tuple[Rule, str] | 
 
 def check(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: Device | str) -> Violation | None:
     """The violation the real kernel on ``device`` (a Device or a registered name) would raise, or None."""
-    out = _outcome(func, args, kwargs, device)
-    return out if isinstance(out, Violation) else None
+    return lookup(func, device).check(args, kwargs)
 
 
 def result_dtype(func: torch._ops.OpOverload, args: Args, kwargs: Kwargs, device: Device | str) -> torch.dtype | None:

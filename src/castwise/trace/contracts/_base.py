@@ -171,15 +171,23 @@ class _NoPromotion(Exception):
         self.dtypes = dtypes
 
 
+_PROMOTED: dict[tuple[torch.dtype, torch.dtype], torch.dtype] = {}
+
+
 def _promote(a: torch.dtype | None, b: torch.dtype | None) -> torch.dtype | None:
     if a is None:
         return b
     if b is None or a == b:
         return a
+    # cached: inside an audit torch.promote_types is an op the fake mode dispatches in Python
+    found = _PROMOTED.get((a, b))
+    if found is not None:
+        return found
     try:
-        return torch.promote_types(a, b)
+        found = _PROMOTED[(a, b)] = torch.promote_types(a, b)
     except RuntimeError as e:
         raise _NoPromotion(str(e), (a, b)) from None
+    return found
 
 
 def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
