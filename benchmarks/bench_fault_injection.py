@@ -16,7 +16,7 @@ Scoring rule (benchmarks/zoo/scoring.py has the details):
 - incomplete = the audit could not check the whole model; an incomplete audit is never ``ok``.
 Nothing is special-cased per model or fault: the same rule scores every case.
 
-    python benchmarks/bench_fault_injection.py [--limit N] [--jobs J] [--heldout] [--out results.json]
+    python benchmarks/bench_fault_injection.py [--limit N] [--jobs J] [--heldout] [--classes a,b] [--out results.json]
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.zoo.cases import Case, evaluate, fault_case, quiet  # noqa: E402
+from benchmarks.zoo.faults import FAULTS  # noqa: E402
 from benchmarks.zoo.summary import print_summary  # noqa: E402
 
 
-def _one(job: tuple[int, bool, int]) -> dict[str, Any]:
-    index, heldout, timeout = job
+def _one(job: tuple[int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
+    index, heldout, timeout, classes = job
     quiet()
     try:
-        case = fault_case(index, heldout)
+        case = fault_case(index, heldout, classes=classes)
         if case is None:
             return {"index": index, "skipped": "no model has a place for this fault"}
         record = evaluate(case, timeout=timeout)
@@ -55,8 +56,15 @@ def _one(job: tuple[int, bool, int]) -> dict[str, Any]:
     return record
 
 
-def run(indices: list[int], heldout: bool, jobs: int, timeout: int, progress: bool = True) -> list[dict[str, Any]]:
-    work = [(i, heldout, timeout) for i in indices]
+def run(
+    indices: list[int],
+    heldout: bool,
+    jobs: int,
+    timeout: int,
+    progress: bool = True,
+    classes: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
+    work = [(i, heldout, timeout, classes) for i in indices]
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
     if jobs <= 1:
@@ -84,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--heldout", action="store_true", help="score the held-out models and seeds")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
+    parser.add_argument(
+        "--classes",
+        default="",
+        help="comma-separated fault classes to run (default: all); the index cycles through these only",
+    )
     parser.add_argument("--out", type=Path, help="write the per-fault results as JSON here")
     parser.add_argument(
         "--from",
@@ -102,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             examples=opts.examples,
         )
         return 0
+    classes = tuple(c for c in opts.classes.split(",") if c)
+    unknown = sorted(set(classes) - set(FAULTS))
+    if unknown:
+        parser.error(f"unknown fault classes {', '.join(unknown)}; valid: {', '.join(sorted(FAULTS))}")
     start = time.perf_counter()
-    results = run(list(range(opts.start, opts.start + opts.limit)), opts.heldout, opts.jobs, opts.timeout)
+    indices = list(range(opts.start, opts.start + opts.limit))
+    results = run(indices, opts.heldout, opts.jobs, opts.timeout, classes=classes)
     elapsed = time.perf_counter() - start
     print(
         f"fault injection: {len(results)} faults ({'held-out' if opts.heldout else 'tuning'} models and seeds), "

@@ -84,7 +84,8 @@ class Ctx:
 
     @property
     def modules(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p.module for p in self.culprit_provs if p.module))
+        # a shared Parameter's other holders too: a cast through any of them changed it
+        return tuple(dict.fromkeys(m for p in self.culprit_provs for m in (p.module, *p.shared) if m))
 
     def diag(
         self,

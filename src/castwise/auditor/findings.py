@@ -3,6 +3,7 @@ precedence order, the model's own error, merged across modes and repeated blocks
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -198,7 +199,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     text = f"{type(exc).__name__}: {_first_line(exc)}"
     grad_hooks = [c for c in trace.hook_changes if c.kind == "grad"]
     if grad_hooks and "changed the type of value" in str(exc):
-        change = grad_hooks[0]
+        change = grad_hooks[-1]  # autograd checks each hook's result as it returns: the last one raised
         return cw115.grad_hook_diag(change, text, Origin(change.module or None, None, change.tensor))
     unsupported = unsupported_dtype(str(exc))
     kind = "unsupported" if unsupported is not False else None
@@ -251,14 +252,29 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
 
 
+def _with_hook(d: Diag, r: RunRecord) -> Diag:
+    """A forward hook's finding (CW115 at the layer its output reaches) with the hook's name and
+    its code fix, from what the run recorded of the hook."""
+    made = d.origin.op if d.origin is not None else None
+    if d.code != "CW115" or d.details or made is None or "in forward hook" not in made:
+        return d
+    hook = made.split("in forward hook", 1)[1].strip()
+    change = next((c for c in r.trace.hook_changes if c.kind == "forward" and c.hook == hook), None)
+    if change is None:
+        return d
+    return dataclasses.replace(
+        d, code_fix=d.code_fix or change.code_fix, details=(("hook", hook), ("hook_kind", "forward"))
+    )
+
+
 def diags_of_run(r: RunRecord) -> list[Diag]:
     """The error findings of one run: contract violations, then what the model raised."""
     forward = [ev for ev in r.trace.events if ev.phase == "forward"]
-    out = [_from_event(ev, r) for ev in r.trace.events if not _forward_echo(ev, forward)]
+    out = [_with_hook(_from_event(ev, r), r) for ev in r.trace.events if not _forward_echo(ev, forward)]
     if r.trace.error is not None:
         raised = _raised(r, r.trace.error)
         if raised is not None:
-            out.append(raised)
+            out.append(_with_hook(raised, r))
     return out
 
 
@@ -278,22 +294,7 @@ def merge(per_mode: dict[str, list[Diag]]) -> list[Finding]:
                 places.append(d.module)
             extra = tuple(m for m in d.culprit_modules if m not in first.culprit_modules)
             if extra:
-                merged[key] = (
-                    Diag(
-                        first.code,
-                        first.module,
-                        first.op,
-                        first.origin,
-                        first.message,
-                        first.fix,
-                        first.culprit_modules + extra,
-                        first.expected,
-                        first.source,
-                        first.code_fix,
-                    ),
-                    modes,
-                    places,
-                )
+                merged[key] = (dataclasses.replace(first, culprit_modules=first.culprit_modules + extra), modes, places)
     order: tuple[Mode, ...] = ("train", "eval")
     return [_finding(d, tuple(m for m in order if m in modes), places) for d, modes, places in merged.values()]
 
@@ -311,6 +312,7 @@ def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
         details.append(("culprit_modules", list(d.culprit_modules)))
     if len(places) > 1:
         details.append(("also_at", places[1:]))
+    details.extend(d.details)
     code_fix = CodeFix(*d.code_fix) if d.code_fix is not None else None
     return Finding(
         code=d.code,

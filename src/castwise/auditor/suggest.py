@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -115,3 +116,39 @@ def _safe_fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -
     except CastwiseError:  # two rules that disagree on a module: not a candidate
         return None
     return None if fixed == policy else fixed
+
+
+def _hooks_to_cast_back(report: Report) -> frozenset[str]:
+    return frozenset(
+        str(dict(f.details)["hook"]) for f in report.errors if f.code == "CW115" and "hook" in dict(f.details)
+    )
+
+
+def verify_code_fixes(
+    model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool, report: Report
+) -> Report:
+    """The hook findings' code fix (each hook's result cast back to the dtype it was given),
+    simulated in a re-audit under the suggested policy (else the user's): when it finds no error,
+    each such finding's ``code_fix`` says it was verified. Returns the report, updated."""
+    from castwise.trace.hooks import casting_back
+
+    names = _hooks_to_cast_back(report)
+    if not names:
+        return report
+    under = report.suggested_policy if report.suggested_policy is not None else policy
+    try:
+        with casting_back(names):
+            again, _runs = run_audit(model, inputs, under, device, mode, fake)
+    except CastwiseError:
+        return report
+    # a re-audit that stops earlier than the user's (CW902) does not verify it
+    cut_short = any(f.code == "CW902" for f in again.findings) and not any(f.code == "CW902" for f in report.findings)
+    if again.errors or cut_short:
+        return report
+    report.findings = [
+        dataclasses.replace(f, code_fix=dataclasses.replace(f.code_fix, verified=True))
+        if f.code_fix is not None and f.code == "CW115" and dict(f.details).get("hook") in names
+        else f
+        for f in report.findings
+    ]
+    return report

@@ -179,7 +179,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             full = f"{mname}.{pname}" if mname else pname
             shared = [f"{m}.{n}" if m else n for m, n, _p in entry[:-1]]
             text = f"param {full}" + (f" (shared with {', '.join(shared)})" if shared else "")
-            self.prov[p] = Prov("param", mname, None, text, p.dtype)
+            holders = tuple(dict.fromkeys(m for m, _n, _p in entry[:-1] if m != mname))
+            self.prov[p] = Prov("param", mname, None, text, p.dtype, shared=holders)
 
     def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
@@ -223,7 +224,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         pre = module_mod.register_module_forward_pre_hook(self._pre_hook)
         post = module_mod.register_module_forward_hook(self._post_hook)
         try:
-            yield
+            with hooks.tensor_hooks(self):  # gradient hooks registered on activations during the run
+                yield
         finally:
             pre.remove()
             post.remove()
