@@ -39,7 +39,7 @@ MODES = ("train", "eval")
 NOT_CHECKED = ("CW901", "CW902")  # "could not check" warnings: never a detection
 _DTYPE_TEXT = re.compile(
     r"dtype|scalar ?type|same type|type of value|bfloat16|BFloat16|float16|Half|Float|Double|mat1 and mat2|"
-    r"primitive descriptor|not implemented for",
+    r"primitive descriptor|not implemented for|(?:weight|bias) type \(",
 )
 # an interpolation left empty: " , ", "``", "()" (not a call like `.to()`), "[]", "None", "meets . Real",
 # "meets  weights"

@@ -38,14 +38,30 @@ def _base_policy(policy: Policy | None, compute: torch.dtype) -> Policy:
     return Policy.parse("32-true")
 
 
-def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Policy:
-    """One step: the policy with the fixes the error findings point at (each rule's ``policy_fix``)."""
+def float64_modules(model: nn.Module) -> frozenset[str]:
+    """The modules holding a float64 parameter of their own (a ``.double()`` left behind)."""
+    return frozenset(
+        name for name, m in model.named_modules() if any(p.dtype == torch.float64 for p in m.parameters(recurse=False))
+    )
+
+
+def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: frozenset[str] = frozenset()) -> Policy:
+    """One step: the policy with the fixes the error findings point at (each rule's
+    ``policy_fix``). A finding whose culprit is a module left in float64 (``f64``) is fixed at
+    that module instead: a float32 island there (its weights cast to float32, its output cast
+    back), which no rule's own fix does (they fix where the float64 arrives)."""
     units = audit_rules.rules()
     fx = FixContext(compute, existing=tuple(policy.rules))
     p = policy
     for f in findings:
         rule = units.get(f.code)
-        if f.level == "error" and rule is not None and rule.policy_fix is not None:
+        if f.level != "error" or rule is None:
+            continue
+        doubles = [m for m in (*fx.culprits(f), f.origin.module if f.origin else None) if m in f64]
+        if doubles:
+            for m in dict.fromkeys(doubles):
+                fx.add(m or "", torch.float32, "keep")
+        elif rule.policy_fix is not None:
             p = rule.policy_fix(p, f, fx)
     if fx.rules:
         p = p.with_rules(*fx.rules)
@@ -80,7 +96,8 @@ def suggest_policy(
     tried: set[str] = set() if policy is None else {str(policy)}
     before = _signature(runs)
     incomplete = any(f.code == "CW902" for f in report.findings)
-    candidate = _safe_fixes(base, report.findings, compute)
+    f64 = float64_modules(model)
+    candidate = _safe_fixes(base, report.findings, compute, f64)
     if candidate is not None:
         queue.append((candidate, report.findings))
     audits = 0
@@ -98,7 +115,7 @@ def suggest_policy(
         cut_short = any(f.code == "CW902" for f in again.findings) and not incomplete
         if not again.errors and not cut_short and _signature(again_runs) != before:
             return candidate
-        following = _safe_fixes(candidate, again.findings, compute)
+        following = _safe_fixes(candidate, again.findings, compute, f64)
         if following is not None and str(following) not in tried:
             queue.append((following, again.findings))
     return None
@@ -110,9 +127,11 @@ def _signature(runs: list[RunRecord]) -> list[Any]:
     return [(r.mode, r.trace.ops, r.trace.error is not None) for r in runs]
 
 
-def _safe_fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Policy | None:
+def _safe_fixes(
+    policy: Policy, findings: list[Finding], compute: torch.dtype, f64: frozenset[str] = frozenset()
+) -> Policy | None:
     try:
-        fixed = fixes(policy, findings, compute)
+        fixed = fixes(policy, findings, compute, f64)
     except CastwiseError:  # two rules that disagree on a module: not a candidate
         return None
     return None if fixed == policy else fixed

@@ -346,7 +346,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         if deepest < len(stack) - 1:
             return stack[deepest].name
         floats = {d for d in dtypes if d.is_floating_point}
-        if _NAMES.get(func) in _AUTOCAST_LOW and len(floats) > 1:
+        # autocast never casts float64 operands: a float64 one reaches the kernel as it is anyway
+        if _NAMES.get(func) in _AUTOCAST_LOW and len(floats) > 1 and torch.float64 not in floats:
             return stack[deepest].name
         return None
 

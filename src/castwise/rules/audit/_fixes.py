@@ -11,18 +11,30 @@ if TYPE_CHECKING:
     from castwise.report import Finding
 
 
+def selector_for(name: str, finding: Finding) -> str:
+    """The policy selector for ``name``: generalized over repeated blocks (``layers.*.norm``) only
+    when the finding shows at another instance of the same pattern too (a place or a culprit);
+    a fault in one block gets a rule for that block, and the others keep their low precision."""
+    general = generalize(name)
+    if general == name:
+        return name
+    details = dict(finding.details)
+    seen = {finding.module or "", *details.get("also_at", ()), *details.get("culprit_modules", ())}
+    return general if any(m != name and generalize(m) == general for m in seen) else name
+
+
 def keep_module_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
     """Make the failing module a float32 island (and norms float32 under a *-true policy)."""
     import torch
 
     if policy.norms is None and not policy.is_mixed and policy.compute_dtype in (torch.float16, torch.bfloat16):
         policy = policy.replace(norms=torch.float32)
-    fx.add(generalize(finding.module or ""), torch.float32, "keep")
+    fx.add(selector_for(finding.module or "", finding), torch.float32, "keep")
     return policy
 
 
 def out_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
     """Cast the culprit modules' outputs to the compute dtype."""
     for m in fx.culprits(finding):
-        fx.add(generalize(m), fx.compute, "out")
+        fx.add(selector_for(m, finding), fx.compute, "out")
     return policy
