@@ -152,6 +152,9 @@ def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
     operands of a call that checks dtypes before it dispatches (sdpa's q/k/v check)."""
     if r.tracer is None:
         return []
+    refused = r.tracer.refused
+    if refused is not None and refused[0] == module and len({t.dtype for t in refused[1]}) > 1:
+        return refused[1]  # the very operands sdpa refused (q, k, v and a floating mask)
     recent = [t for m, t in r.tracer.recent if m == module][-3:]
     return recent if len({t.dtype for t in recent}) > 1 else []
 

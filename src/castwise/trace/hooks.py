@@ -184,3 +184,28 @@ def tensor_hooks(tracer: Tracer) -> Iterator[None]:
         yield
     finally:
         torch.Tensor.register_hook = original  # type: ignore[method-assign]
+
+
+@contextmanager
+def refused_operands(tracer: Tracer) -> Iterator[None]:
+    """``scaled_dot_product_attention`` checks q/k/v dtypes before it dispatches, so the tracer
+    never sees those operands: when it raises, keep them (and a floating mask) in
+    ``tracer.refused`` with the module, so the finding blames the operand off the run's dtype."""
+    functional: Any = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    def sdpa(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception:
+            named = [kwargs.get(k) for k in ("query", "key", "value", "attn_mask")]
+            given = [*args[:4], *named[len(args[:4]) :]]
+            operands = [t for t in given if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            tracer.refused = (tracer.module(), operands)
+            raise
+
+    functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original

@@ -141,6 +141,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._exits = [o for o in self.observers if overrides(o, "module_exit")]
         self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
         self.recent: collections.deque[tuple[str, torch.Tensor]] = collections.deque(maxlen=8)
+        self.refused: tuple[str, list[torch.Tensor]] | None = None  # (module, operands) sdpa refused
         self._seed(model)
         hooks.observe_hooks(self, model)
 
@@ -224,7 +225,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         pre = module_mod.register_module_forward_pre_hook(self._pre_hook)
         post = module_mod.register_module_forward_hook(self._post_hook)
         try:
-            with hooks.tensor_hooks(self):  # gradient hooks registered on activations during the run
+            # gradient hooks registered on activations during the run; sdpa's operands when it refuses
+            with hooks.tensor_hooks(self), hooks.refused_operands(self):
                 yield
         finally:
             pre.remove()
@@ -388,6 +390,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if p is None:
                     continue
                 r = 0 if p.kind == "autocast" else 1 if p.kind in ("param", "buffer") else 2
+                if r == 2 and len(tensors) > 1 and any(type(n) is int and n == 0 for n in t.shape):
+                    r = 3  # an empty tensor (a cache's start in a cat) carries no values: last resort
                 if r < rank:
                     chosen, rank = p, r
                     if r == 0:
