@@ -237,3 +237,73 @@ def test_an_island_in_an_nn_sequential_child_is_suggested_and_runs_for_real() ->
         _train_step(model, _x())
     finally:
         applied.remove()
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(16, 16)
+        self.k_proj = nn.Linear(16, 16)
+        self.v_proj = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (p(x).view(2, 5, 2, 8).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = (q * 0.5).contiguous() + 0.0  # ops after the projections: q/k/v are not the last tensors made
+        a = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(a.transpose(1, 2).reshape(2, 5, 16))
+
+
+class _UpcastK(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            return super().forward(x.float())  # kept f32, output not cast back
+
+
+def test_sdpa_refusing_q_k_v_blames_the_projection_off_the_models_dtype() -> None:
+    torch.manual_seed(0)
+    model = _Attention().to(BF16)
+    model.k_proj.__class__ = _UpcastK
+    model.k_proj.float()
+    x = torch.randn(2, 5, 16, dtype=BF16)
+    report = castwise.audit(model, x, mode="eval")
+    first = report.errors[0]
+    assert first.origin is not None and first.origin.module == "k_proj"
+    assert "receives ," not in first.message
+    with pytest.raises(RuntimeError, match="same dtype"), torch.no_grad():
+        model(x)
+    applied = castwise.apply(model, report.suggested_policy)
+    try:
+        _train_step_3d(model, x)
+    finally:
+        applied.remove()
+
+
+def _train_step_3d(model: nn.Module, x: torch.Tensor) -> None:
+    model(x).float().sum().backward()
+
+
+class _NoAutocastConv(nn.Conv2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):  # an un-decorated custom op does this
+            return super().forward(x)
+
+
+def test_a_layer_that_turns_autocast_off_itself_is_the_region_and_gets_the_island() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), _NoAutocastConv(8, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    x = torch.randn(1, 3, 12, 12)
+    report = castwise.audit(model, x, policy="bf16-mixed")
+    first = report.errors[0]
+    assert first.code == "CW114" and first.origin is not None and first.origin.module == "2"
+    assert str(report.suggested_policy) == "bf16-mixed,keep[2]=f32"
+    for policy in ("bf16-mixed", report.suggested_policy):
+        applied = castwise.apply(model, policy)
+        try:
+            if policy == "bf16-mixed":
+                with pytest.raises(RuntimeError, match="should be the same"):
+                    _train_step(model, x)
+            else:
+                _train_step(model, x)
+        finally:
+            applied.remove()

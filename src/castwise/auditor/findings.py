@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import torch
+from torch import nn
 
 from castwise import devices
 from castwise.auditor.context import RunRecord, culprits_of, make_ctx
@@ -159,6 +160,21 @@ def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
     return recent if len({t.dtype for t in recent}) > 1 else []
 
 
+def _region_off(stack: list[Any], dtypes: tuple[torch.dtype, ...]) -> str | None:
+    """The module whose forward turned autocast off around the raise (as the tracer's own
+    ``_disabled_by`` reads the stack for an op): the deepest frame entered with autocast on, when
+    a frame below it was entered with it off, or when it is a linear or conv layer itself that
+    met mixed dtypes (autocast would have cast them; it never casts float64)."""
+    deepest = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].autocast is not None), None)
+    if deepest is None:
+        return None
+    if deepest < len(stack) - 1:
+        return str(stack[deepest].name)
+    floats = {d for d in dtypes if d.is_floating_point}
+    autocast_layer = isinstance(stack[deepest].module, (nn.Linear, nn.modules.conv._ConvNd))
+    return str(stack[deepest].name) if autocast_layer and len(floats) > 1 and torch.float64 not in floats else None
+
+
 def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None) -> Diag:
     """Code raised on dtypes before any op dispatched (a strict layer's own check, sdpa's q/k/v
     check): the last operands made in the module if they mix dtypes, else its inputs and weights."""
@@ -186,6 +202,8 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
         autocast=frame.autocast if frame else None,
         expected=None,
         unsupported=bad,
+        disabled_by=_region_off(trace.stack, dtypes),
+        region_module=r.submodule(_region_off(trace.stack, dtypes)),
     )
 
 
