@@ -307,3 +307,26 @@ def test_a_layer_that_turns_autocast_off_itself_is_the_region_and_gets_the_islan
                 _train_step(model, x)
         finally:
             applied.remove()
+
+
+class _Promoting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.side = nn.Sequential(nn.Linear(8, 8))
+        self.out = nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.a(x) + self.side(x.half()))  # bf16 + f16 -> f32
+
+
+def test_a_type_promotion_names_the_operand_off_the_models_dtype() -> None:
+    torch.manual_seed(0)
+    model = _Promoting().to(BF16)
+    model.side.half()  # the module the user changed
+    report = castwise.audit(model, _x(), mode="eval")
+    first = report.errors[0]
+    assert first.origin is not None and first.origin.op == "aten.add"  # where the f32 was made
+    assert "side.0" in dict(first.details)["culprit_modules"]  # and why: the f16 operand's module
+    with pytest.raises(RuntimeError, match="same dtype"), torch.no_grad():
+        model(_x())

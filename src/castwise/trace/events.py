@@ -72,6 +72,9 @@ class Prov:
     # a shared Parameter (tied weights): the other modules holding it; any of them may be the one
     # the user changed (a cast through either changes both), so findings name them all
     shared: tuple[str, ...] = ()
+    # an op that promoted mixed floating operands (f16 + bf16 -> f32): the operands' own origins,
+    # those not in the result's dtype; the one off the run's compute dtype is the cause
+    promoted: tuple[Prov, ...] = ()
 
     def origin(self) -> Origin:
         if self.kind == "input":  # the tensor text says it is a model input

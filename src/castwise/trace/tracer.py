@@ -440,7 +440,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             return Prov("created", module, name, desc, o.dtype, line)
         if func in _TO_COPY:
             return Prov("cast", module, name, desc, o.dtype, line)
-        return Prov("op", module, name, desc, o.dtype, line)
+        # type promotion of mixed operands: keep their origins (rare: only dtype-changing ops get here)
+        mixed = [p for t in tensors if t.is_floating_point() and t.dtype != o.dtype and (p := self.prov.get(t))]
+        return Prov("op", module, name, desc, o.dtype, line, promoted=tuple(mixed))
 
 
 # -- running a model under the tracer ---------------------------------------------------------
