@@ -53,7 +53,9 @@ def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: fr
     units = audit_rules.rules()
     fx = FixContext(compute, existing=tuple(policy.rules))
     p = policy
+    upcasters = sorted({f.module for f in findings if f.code == "CW120" and f.module}, key=len)
     for f in findings:
+        f = _lifted(f, upcasters)
         rule = units.get(f.code)
         if f.level != "error" or rule is None:
             continue
@@ -125,6 +127,19 @@ def _signature(runs: list[RunRecord]) -> list[Any]:
     """Every op each run traced, with its operands' dtypes: two policies with the same signature
     run the model identically (one is a no-op re-spelling of the other)."""
     return [(r.mode, r.trace.ops, r.trace.error is not None) for r in runs]
+
+
+def _lifted(f: Finding, upcasters: list[str]) -> Finding:
+    """The finding with each culprit inside a module that turns low-precision activations into
+    float32 (a CW120 upcast) replaced by that module: the island belongs where the upcast is, not
+    at the last layer inside it that made the float32."""
+    details = dict(f.details)
+    culprits = list(details.get("culprit_modules", ())) or ([f.origin.module] if f.origin and f.origin.module else [])
+    lifted = [next((u for u in upcasters if c.startswith(u + ".")), c) for c in culprits]
+    if lifted == culprits:
+        return f
+    details["culprit_modules"] = list(dict.fromkeys(lifted))
+    return dataclasses.replace(f, details=tuple(details.items()))
 
 
 def _safe_fixes(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from castwise.rules.audit._text import generalize
+from castwise.rules.audit._text import generalize, is_ancestor
 
 if TYPE_CHECKING:
     from castwise.auditor.context import FixContext
@@ -34,7 +34,13 @@ def keep_module_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
 
 
 def out_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
-    """Cast the culprit modules' outputs to the compute dtype."""
+    """Cast the culprit modules' outputs to the compute dtype; a culprit that contains the module
+    where the finding shows (it upcasts for its own children) becomes a float32 island instead:
+    casting its output back comes too late for the op inside it."""
+    import torch
+
+    at = finding.module or ""
     for m in fx.culprits(finding):
-        fx.add(selector_for(m, finding), fx.compute, "out")
+        inside = m != at and is_ancestor(m, at)
+        fx.add(selector_for(m, finding), torch.float32 if inside else fx.compute, "keep" if inside else "out")
     return policy
