@@ -330,3 +330,39 @@ def test_a_type_promotion_names_the_operand_off_the_models_dtype() -> None:
     assert "side.0" in dict(first.details)["culprit_modules"]  # and why: the f16 operand's module
     with pytest.raises(RuntimeError, match="same dtype"), torch.no_grad():
         model(_x())
+
+
+class _UpcastBlock(nn.Sequential):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float())  # upcasts its inputs, never casts back
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 32)
+        self.block = _UpcastBlock(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+        self.head = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.stem(x)))
+
+
+@pytest.mark.parametrize("island", [True, False], ids=["f32-island-no-castback", "upcast-inputs-only"])
+def test_a_block_that_upcasts_its_inputs_gets_the_island_at_the_block(island: bool) -> None:
+    torch.manual_seed(0)
+    model = _Net().to(BF16)
+    if island:
+        model.block.float()
+    report = castwise.audit(model, _x())
+    assert report.errors
+    # the island is the block that upcasts, not its last layer (island) nor an output cast of the
+    # block that comes after its first layer already refused the float32 (inputs only)
+    assert str(report.suggested_policy) == "bf16-true,keep[block]=f32"
+    with pytest.raises(RuntimeError, match="same dtype"):
+        _train_step(model, _x())
+    applied = castwise.apply(model, report.suggested_policy)
+    try:
+        _train_step(model, _x())
+    finally:
+        applied.remove()
