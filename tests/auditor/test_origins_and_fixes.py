@@ -366,3 +366,27 @@ def test_a_block_that_upcasts_its_inputs_gets_the_island_at_the_block(island: bo
         _train_step(model, _x())
     finally:
         applied.remove()
+
+
+class _UpcastConv(nn.Conv2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float())  # the conv's own check raises before any op dispatches
+
+
+def test_a_layer_that_upcasts_its_own_input_is_the_origin_where_its_check_raises() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_UpcastConv(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.Conv2d(16, 4, 3)).to(BF16)
+    x = torch.randn(1, 3, 12, 12, dtype=BF16)
+    report = castwise.audit(model, x)
+    first = report.errors[0]
+    assert first.module == "0" and first.origin is not None and first.origin.module == "0"
+    # CW101: the cast in its forward met its own weights (was CW105: "model input ... meets weights")
+    assert first.code == "CW101" and "aten._to_copy" in first.message
+    assert str(report.suggested_policy) == "bf16-true,keep[0]=f32"
+    with pytest.raises(RuntimeError, match="should be the same"):
+        _train_step(model, x)
+    applied = castwise.apply(model, report.suggested_policy)
+    try:
+        _train_step(model, x)
+    finally:
+        applied.remove()

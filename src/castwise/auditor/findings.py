@@ -184,6 +184,12 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
     recent = _recent_operands(r, module)
     own = {} if recent else r.module_params.get(module, {})
     tensors = recent or ([t for t in frame.inputs if t.is_floating_point()] if frame else [])
+    made = [t for m, t in r.tracer.recent if m == module][-1:] if r.tracer is not None and not recent else []
+    cast = made and (p := prov_of(made[0])) is not None and p.kind == "cast" and p.module == module
+    if cast and own and made[0].dtype not in own.values():
+        # the module's forward changed its input's dtype itself (`x.float()`) before the layer's
+        # own check raised: that tensor, not the input it was given, met the weights
+        tensors = made
     provs = tuple(prov_of(t) for t in tensors) + tuple(
         Prov("param", module, None, f"param {module + '.' if module else ''}{n}", d) for n, d in own.items()
     )
