@@ -12,9 +12,10 @@ if TYPE_CHECKING:
 
 
 def selector_for(name: str, finding: Finding) -> str:
-    """The policy selector for ``name``: generalized over repeated blocks (``layers.*.norm``) only
-    when the finding shows at another instance of the same pattern too (a place or a culprit);
-    a fault in one block gets a rule for that block, and the others keep their low precision."""
+    """The selector of a float32 island at ``name``: generalized over repeated blocks
+    (``layers.*.norm``) only when the finding shows at another instance of the same pattern too
+    (a place or a culprit); a fault in one block gets an island in that block, and the others
+    keep their low precision."""
     general = generalize(name)
     if general == name:
         return name
@@ -41,6 +42,8 @@ def out_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
 
     at = finding.module or ""
     for m in fx.culprits(finding):
-        inside = m != at and is_ancestor(m, at)
-        fx.add(selector_for(m, finding), torch.float32 if inside else fx.compute, "keep" if inside else "out")
+        if m != at and is_ancestor(m, at):
+            fx.add(selector_for(m, finding), torch.float32, "keep")
+        else:  # a cast to the compute dtype costs no low precision: every repeated block gets it
+            fx.add(generalize(m), fx.compute, "out")
     return policy
