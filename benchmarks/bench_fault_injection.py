@@ -11,8 +11,11 @@ Scoring rule (benchmarks/zoo/scoring.py has the details):
   equals or lies inside the planted module (for a shared Parameter: the module the user changed);
 - empty slot = an interpolation left empty in a message, fix or origin (``receives , which``);
 - verified fix = under the suggested policy, applied with ``castwise.apply`` to a fresh build,
-  the REAL CPU run passes in both modes; its low-precision share = the fraction of matmul/conv/
-  attention FLOPs (torch's flop formulas) that ran in the dtype the user asked for;
+  the REAL CPU run passes in both modes; or, where no policy can express it, a code fix castwise
+  verified by a re-audit (a hook's result cast back) applied to a fresh build by the harness's
+  own code (scoring.hooks_cast_back) and the REAL run passes in both modes; its low-precision
+  share = the fraction of matmul/conv/attention FLOPs (torch's flop formulas) that ran in the
+  dtype the user asked for;
 - incomplete = the audit could not check the whole model; an incomplete audit is never ``ok``.
 Nothing is special-cased per model or fault: the same rule scores every case.
 
@@ -60,7 +63,13 @@ def _one(job: tuple[int, bool, int]) -> dict[str, Any]:
     return record
 
 
-def run(indices: list[int], heldout: bool, jobs: int, timeout: int, progress: bool = True) -> list[dict[str, Any]]:
+def run(
+    indices: list[int],
+    heldout: bool,
+    jobs: int,
+    timeout: int,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     work = [(i, heldout, timeout) for i in indices]
     results: list[dict[str, Any]] = []
     start = time.perf_counter()

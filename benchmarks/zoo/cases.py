@@ -25,6 +25,7 @@ from benchmarks.zoo.scoring import (
     Score,
     audit_outcome,
     errors_in,
+    hooks_cast_back,
     low_share,
     real_run,
     run_mode,
@@ -61,12 +62,17 @@ def build_case(case: Case) -> tuple[nn.Module, Any, PlantedFault | None]:
     return model, inputs, planted
 
 
-def verify_fix(case: Case, policy: str) -> tuple[bool, str, float | None]:
-    """Whether the real CPU run passes in both modes under ``policy`` applied to fresh builds, and
-    the share of matmul/conv FLOPs that ran in the situation's low-precision dtype."""
+def verify_fix(
+    case: Case, policy: str | None, cast_back: frozenset[str] = frozenset()
+) -> tuple[bool, str, float | None]:
+    """Whether the real CPU run passes in both modes under ``policy`` applied to fresh builds
+    (None: the model as it is), with the hooks named in ``cast_back`` returning their results in
+    the dtype they were given (a hook code fix), and the share of matmul/conv FLOPs that ran in
+    the situation's low-precision dtype."""
     for mode in MODES:
         model, inputs, _ = build_case(case)
-        outcome = real_run(model, inputs, policy, mode)
+        with hooks_cast_back(model, cast_back):
+            outcome = real_run(model, inputs, policy, mode)
         if outcome.status != "ok":
             return False, f"{mode}: {outcome.message}", None
     low = SITUATIONS[case.situation].low
@@ -75,10 +81,11 @@ def verify_fix(case: Case, policy: str) -> tuple[bool, str, float | None]:
     import castwise
 
     model, inputs, _ = build_case(case)
-    castwise.apply(model, policy)
+    if policy is not None:
+        castwise.apply(model, policy)
     counter = DtypeFlops()
     try:
-        with counter:
+        with counter, hooks_cast_back(model, cast_back):
             run_mode(model, inputs, "train")
     except Exception:  # the count is a measurement only: a mode that refuses it gives no share
         return True, "", None
@@ -129,11 +136,20 @@ def evaluate(case: Case, *, fix: bool = True, timeout: int = 120) -> dict[str, A
         "fix": None,
     }
     has_errors = any(errors_in(audit, m) for m in MODES)
-    if fix and s.detected and audit.suggested_policy is not None:
+    # a code fix castwise verified (a hook's result cast back) is applied to the real run too,
+    # under the suggested policy if there is one (castwise verified it under that), else the user's
+    hooks = frozenset(f.hook for f in audit.findings if f.code_fix_verified and f.hook)
+    if fix and s.detected and audit.suggested_policy is not None and not hooks:
         verified, why, share = verify_fix(case, audit.suggested_policy)
         record["fix"] = {"policy": audit.suggested_policy, "verified": verified, "why": why, "low_share": share}
+    elif fix and s.detected and hooks:
+        policy = audit.suggested_policy or situation.policy
+        verified, why, share = verify_fix(case, policy, hooks)
+        code = [f.code_fix for f in audit.findings if f.code_fix_verified]
+        record["fix"] = {"policy": policy, "code_fix": code, "verified": verified, "why": why, "low_share": share}
     elif fix and has_errors:
-        record["fix"] = {"policy": None, "verified": False, "why": "no suggested policy", "low_share": None}
+        why = "no suggested policy or verified code fix"
+        record["fix"] = {"policy": None, "verified": False, "why": why, "low_share": None}
     record["seconds"] = round(time.perf_counter() - start, 3)
     return record
 

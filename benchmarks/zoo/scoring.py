@@ -39,10 +39,12 @@ MODES = ("train", "eval")
 NOT_CHECKED = ("CW901", "CW902")  # "could not check" warnings: never a detection
 _DTYPE_TEXT = re.compile(
     r"dtype|scalar ?type|same type|type of value|bfloat16|BFloat16|float16|Half|Float|Double|mat1 and mat2|"
-    r"primitive descriptor|not implemented for",
+    r"primitive descriptor|not implemented for|(?:weight|bias) type \(",
 )
-# an interpolation left empty: " , ", "``", "()" (not a call like `.to()`), "[]", "None", "meets . Real"
-_EMPTY_SLOT = re.compile(r"\s,|``|''|(?<![\w.])\(\s*\)|\[\s*\]|\{\s*\}|\bNone\b|(?<=\S) {2,}(?=\S)|\s\.(?:\s|$)")
+# an interpolation left empty: " , ", "``", "()" (not a call like `.to()`), "[]", "None", "meets . Real",
+# "meets  weights"
+# (two spaces before "#" are PEP 8's inline comment in a quoted code line, not an empty slot)
+_EMPTY_SLOT = re.compile(r"\s,|``|''|(?<![\w.])\(\s*\)|\[\s*\]|\{\s*\}|\bNone\b|(?<=\S) {2,}(?=[^\s#])|\s\.(?:\s|$)")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class FindingView:
     message: str
     fix: str
     origin_text: str
+    hook: str | None = None  # the user hook a CW115 finding names
+    code_fix: str = ""  # "file:line: new line", where the finding has a code change
+    code_fix_verified: bool = False  # castwise's re-audit with the change simulated found no error
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,9 @@ def view(finding: Any) -> FindingView:
         message=finding.message,
         fix=finding.fix or "",
         origin_text=str(origin) if origin is not None else "",
+        hook=details.get("hook"),
+        code_fix=str(finding.code_fix) if finding.code_fix is not None else "",
+        code_fix_verified=finding.code_fix is not None and finding.code_fix.verified,
     )
 
 
@@ -193,6 +201,55 @@ def audit_outcome(model: nn.Module, inputs: Any, policy: str | None, timeout: in
         suggested_policy=None if report.suggested_policy is None else str(report.suggested_policy),
         seconds=time.perf_counter() - start,
     )
+
+
+# -- a code fix, applied to the real run ------------------------------------------------------------
+
+
+def _cast_back(hook: Any) -> Any:
+    """``hook`` with its result cast back to the dtype of what it was given (its last argument):
+    the code change a verified CW115 code fix names (``return new.to(grad.dtype)``)."""
+
+    def cast(*args: Any) -> Any:
+        out = hook(*args)
+        given = args[-1]
+        if isinstance(out, torch.Tensor) and isinstance(given, torch.Tensor) and out.dtype != given.dtype:
+            return out.to(given.dtype)  # the fix itself: the result in the dtype the hook was given
+        return out
+
+    cast.__name__ = getattr(hook, "__name__", "hook")
+    return cast
+
+
+def _hook_named(hook: Any, names: frozenset[str]) -> bool:
+    return (getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None)) in names
+
+
+@contextmanager
+def hooks_cast_back(model: nn.Module, names: frozenset[str]) -> Iterator[None]:
+    """Apply the hook code fix to a real model (a fresh build, thrown away after): every forward
+    hook and gradient hook named in ``names`` returns its result in the dtype it was given, also
+    gradient hooks registered on activations while the model runs. Written here, not taken from
+    castwise, so the real run checks the change independently of the audit's own simulation."""
+    for module in model.modules():
+        for key, hook in list(module._forward_hooks.items()):
+            if _hook_named(hook, names):
+                module._forward_hooks[key] = _cast_back(hook)
+        for p in module._parameters.values():
+            table = getattr(p, "_backward_hooks", None) if p is not None else None
+            for key, hook in list((table or {}).items()):
+                if _hook_named(hook, names):
+                    table[key] = _cast_back(hook)  # type: ignore[index]  # table is the hooks dict
+    original: Any = torch.Tensor.register_hook  # torch leaves it untyped
+
+    def register(t: torch.Tensor, hook: Any) -> Any:
+        return original(t, _cast_back(hook) if _hook_named(hook, names) else hook)
+
+    torch.Tensor.register_hook = register  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.Tensor.register_hook = original  # type: ignore[method-assign]
 
 
 # -- the score ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from torch import nn
 
 from castwise._state import preserved_state
 from castwise.auditor.session import MODES, check_args, run_audit
-from castwise.auditor.suggest import suggest_policy
+from castwise.auditor.suggest import suggest_policy, verify_code_fixes
 from castwise.policy import Policy
 from castwise.report import Report
 
@@ -53,6 +53,7 @@ def audit(
     report, runs = run_audit(model, inputs, pol, dev, mode, fake)
     if report.errors:  # an incomplete run alone has nothing for a policy to fix
         report.suggested_policy = suggest_policy(model, inputs, pol, dev, mode, fake, report, runs)
+        report = verify_code_fixes(model, inputs, pol, dev, mode, fake, report)
     return report
 
 

@@ -84,7 +84,12 @@ class Ctx:
 
     @property
     def modules(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p.module for p in self.culprit_provs if p.module))
+        # a shared Parameter's other holders too: a cast through any of them changed it; and for a
+        # type promotion (f16 + bf16 -> f32), where the operand off the compute dtype came from
+        off = [q.module for p in self.culprit_provs for q in p.promoted if q.dtype != self.compute]
+        return tuple(dict.fromkeys(m for p in self.culprit_provs for m in (p.module, *p.shared) if m)) + tuple(
+            m for m in dict.fromkeys(off) if m and all(m != p.module for p in self.culprit_provs)
+        )
 
     def diag(
         self,

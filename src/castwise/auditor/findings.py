@@ -3,10 +3,12 @@ precedence order, the model's own error, merged across modes and repeated blocks
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 import torch
+from torch import nn
 
 from castwise import devices
 from castwise.auditor.context import RunRecord, culprits_of, make_ctx
@@ -152,8 +154,26 @@ def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
     operands of a call that checks dtypes before it dispatches (sdpa's q/k/v check)."""
     if r.tracer is None:
         return []
+    refused = r.tracer.refused
+    if refused is not None and refused[0] == module and len({t.dtype for t in refused[1]}) > 1:
+        return refused[1]  # the very operands sdpa refused (q, k, v and a floating mask)
     recent = [t for m, t in r.tracer.recent if m == module][-3:]
     return recent if len({t.dtype for t in recent}) > 1 else []
+
+
+def _region_off(stack: list[Any], dtypes: tuple[torch.dtype, ...]) -> str | None:
+    """The module whose forward turned autocast off around the raise (as the tracer's own
+    ``_disabled_by`` reads the stack for an op): the deepest frame entered with autocast on, when
+    a frame below it was entered with it off, or when it is a linear or conv layer itself that
+    met mixed dtypes (autocast would have cast them; it never casts float64)."""
+    deepest = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].autocast is not None), None)
+    if deepest is None:
+        return None
+    if deepest < len(stack) - 1:
+        return str(stack[deepest].name)
+    floats = {d for d in dtypes if d.is_floating_point}
+    autocast_layer = isinstance(stack[deepest].module, (nn.Linear, nn.modules.conv._ConvNd))
+    return str(stack[deepest].name) if autocast_layer and len(floats) > 1 and torch.float64 not in floats else None
 
 
 def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None) -> Diag:
@@ -165,6 +185,12 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
     recent = _recent_operands(r, module)
     own = {} if recent else r.module_params.get(module, {})
     tensors = recent or ([t for t in frame.inputs if t.is_floating_point()] if frame else [])
+    made = [t for m, t in r.tracer.recent if m == module][-1:] if r.tracer is not None and not recent else []
+    cast = made and (p := prov_of(made[0])) is not None and p.kind == "cast" and p.module == module
+    if cast and own and made[0].dtype not in own.values():
+        # the module's forward changed its input's dtype itself (`x.float()`) before the layer's
+        # own check raised: that tensor, not the input it was given, met the weights
+        tensors = made
     provs = tuple(prov_of(t) for t in tensors) + tuple(
         Prov("param", module, None, f"param {module + '.' if module else ''}{n}", d) for n, d in own.items()
     )
@@ -183,6 +209,8 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
         autocast=frame.autocast if frame else None,
         expected=None,
         unsupported=bad,
+        disabled_by=_region_off(trace.stack, dtypes),
+        region_module=r.submodule(_region_off(trace.stack, dtypes)),
     )
 
 
@@ -199,7 +227,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     text = f"{type(exc).__name__}: {_first_line(exc)}"
     grad_hooks = [c for c in trace.hook_changes if c.kind == "grad"]
     if grad_hooks and "changed the type of value" in str(exc):
-        change = grad_hooks[0]
+        change = grad_hooks[-1]  # autograd checks each hook's result as it returns: the last one raised
         return cw115.grad_hook_diag(change, text, Origin(change.module or None, None, change.tensor))
     unsupported = unsupported_dtype(str(exc))
     kind = "unsupported" if unsupported is not False else None
@@ -263,14 +291,29 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     return cw130.diagnose(module=module, op=fail.op if fail else None, exc=exc)
 
 
+def _with_hook(d: Diag, r: RunRecord) -> Diag:
+    """A forward hook's finding (CW115 at the layer its output reaches) with the hook's name and
+    its code fix, from what the run recorded of the hook."""
+    made = d.origin.op if d.origin is not None else None
+    if d.code != "CW115" or d.details or made is None or "in forward hook" not in made:
+        return d
+    hook = made.split("in forward hook", 1)[1].strip()
+    change = next((c for c in r.trace.hook_changes if c.kind == "forward" and c.hook == hook), None)
+    if change is None:
+        return d
+    return dataclasses.replace(
+        d, code_fix=d.code_fix or change.code_fix, details=(("hook", hook), ("hook_kind", "forward"))
+    )
+
+
 def diags_of_run(r: RunRecord) -> list[Diag]:
     """The error findings of one run: contract violations, then what the model raised."""
     forward = [ev for ev in r.trace.events if ev.phase == "forward"]
-    out = [_from_event(ev, r) for ev in r.trace.events if not _forward_echo(ev, forward)]
+    out = [_with_hook(_from_event(ev, r), r) for ev in r.trace.events if not _forward_echo(ev, forward)]
     if r.trace.error is not None:
         raised = _raised(r, r.trace.error)
         if raised is not None:
-            out.append(raised)
+            out.append(_with_hook(raised, r))
     return out
 
 
@@ -290,22 +333,7 @@ def merge(per_mode: dict[str, list[Diag]]) -> list[Finding]:
                 places.append(d.module)
             extra = tuple(m for m in d.culprit_modules if m not in first.culprit_modules)
             if extra:
-                merged[key] = (
-                    Diag(
-                        first.code,
-                        first.module,
-                        first.op,
-                        first.origin,
-                        first.message,
-                        first.fix,
-                        first.culprit_modules + extra,
-                        first.expected,
-                        first.source,
-                        first.code_fix,
-                    ),
-                    modes,
-                    places,
-                )
+                merged[key] = (dataclasses.replace(first, culprit_modules=first.culprit_modules + extra), modes, places)
     order: tuple[Mode, ...] = ("train", "eval")
     return [_finding(d, tuple(m for m in order if m in modes), places) for d, modes, places in merged.values()]
 
@@ -323,6 +351,7 @@ def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
         details.append(("culprit_modules", list(d.culprit_modules)))
     if len(places) > 1:
         details.append(("also_at", places[1:]))
+    details.extend(d.details)
     code_fix = CodeFix(*d.code_fix) if d.code_fix is not None else None
     return Finding(
         code=d.code,

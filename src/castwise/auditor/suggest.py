@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -37,14 +38,32 @@ def _base_policy(policy: Policy | None, compute: torch.dtype) -> Policy:
     return Policy.parse("32-true")
 
 
-def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Policy:
-    """One step: the policy with the fixes the error findings point at (each rule's ``policy_fix``)."""
+def float64_modules(model: nn.Module) -> frozenset[str]:
+    """The modules holding a float64 parameter of their own (a ``.double()`` left behind)."""
+    return frozenset(
+        name for name, m in model.named_modules() if any(p.dtype == torch.float64 for p in m.parameters(recurse=False))
+    )
+
+
+def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: frozenset[str] = frozenset()) -> Policy:
+    """One step: the policy with the fixes the error findings point at (each rule's
+    ``policy_fix``). A finding whose culprit is a module left in float64 (``f64``) is fixed at
+    that module instead: a float32 island there (its weights cast to float32, its output cast
+    back), which no rule's own fix does (they fix where the float64 arrives)."""
     units = audit_rules.rules()
     fx = FixContext(compute, existing=tuple(policy.rules))
     p = policy
+    upcasters = sorted({f.module for f in findings if f.code == "CW120" and f.module}, key=len)
     for f in findings:
+        f = _lifted(f, upcasters)
         rule = units.get(f.code)
-        if f.level == "error" and rule is not None and rule.policy_fix is not None:
+        if f.level != "error" or rule is None:
+            continue
+        doubles = [m for m in (*fx.culprits(f), f.origin.module if f.origin else None) if m in f64]
+        if doubles:
+            for m in dict.fromkeys(doubles):
+                fx.add(m or "", torch.float32, "keep")
+        elif rule.policy_fix is not None:
             p = rule.policy_fix(p, f, fx)
     if fx.rules:
         p = p.with_rules(*fx.rules)
@@ -79,7 +98,8 @@ def suggest_policy(
     tried: set[str] = set() if policy is None else {str(policy)}
     before = _signature(runs)
     incomplete = any(f.code == "CW902" for f in report.findings)
-    candidate = _safe_fixes(base, report.findings, compute)
+    f64 = float64_modules(model)
+    candidate = _safe_fixes(base, report.findings, compute, f64)
     if candidate is not None:
         queue.append((candidate, report.findings))
     audits = 0
@@ -97,7 +117,7 @@ def suggest_policy(
         cut_short = any(f.code == "CW902" for f in again.findings) and not incomplete
         if not again.errors and not cut_short and _signature(again_runs) != before:
             return candidate
-        following = _safe_fixes(candidate, again.findings, compute)
+        following = _safe_fixes(candidate, again.findings, compute, f64)
         if following is not None and str(following) not in tried:
             queue.append((following, again.findings))
     return None
@@ -109,9 +129,60 @@ def _signature(runs: list[RunRecord]) -> list[Any]:
     return [(r.mode, r.trace.ops, r.trace.error is not None) for r in runs]
 
 
-def _safe_fixes(policy: Policy, findings: list[Finding], compute: torch.dtype) -> Policy | None:
+def _lifted(f: Finding, upcasters: list[str]) -> Finding:
+    """The finding with each culprit inside a module that turns low-precision activations into
+    float32 (a CW120 upcast) replaced by that module: the island belongs where the upcast is, not
+    at the last layer inside it that made the float32."""
+    details = dict(f.details)
+    culprits = list(details.get("culprit_modules", ())) or ([f.origin.module] if f.origin and f.origin.module else [])
+    lifted = [next((u for u in upcasters if c.startswith(u + ".")), c) for c in culprits]
+    if lifted == culprits:
+        return f
+    details["culprit_modules"] = list(dict.fromkeys(lifted))
+    return dataclasses.replace(f, details=tuple(details.items()))
+
+
+def _safe_fixes(
+    policy: Policy, findings: list[Finding], compute: torch.dtype, f64: frozenset[str] = frozenset()
+) -> Policy | None:
     try:
-        fixed = fixes(policy, findings, compute)
+        fixed = fixes(policy, findings, compute, f64)
     except CastwiseError:  # two rules that disagree on a module: not a candidate
         return None
     return None if fixed == policy else fixed
+
+
+def _hooks_to_cast_back(report: Report) -> frozenset[str]:
+    return frozenset(
+        str(dict(f.details)["hook"]) for f in report.errors if f.code == "CW115" and "hook" in dict(f.details)
+    )
+
+
+def verify_code_fixes(
+    model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool, report: Report
+) -> Report:
+    """The hook findings' code fix (each hook's result cast back to the dtype it was given),
+    simulated in a re-audit under the suggested policy (else the user's): when it finds no error,
+    each such finding's ``code_fix`` says it was verified. Returns the report, updated."""
+    from castwise.trace.hooks import casting_back
+
+    names = _hooks_to_cast_back(report)
+    if not names:
+        return report
+    under = report.suggested_policy if report.suggested_policy is not None else policy
+    try:
+        with casting_back(names):
+            again, _runs = run_audit(model, inputs, under, device, mode, fake)
+    except CastwiseError:
+        return report
+    # a re-audit that stops earlier than the user's (CW902) does not verify it
+    cut_short = any(f.code == "CW902" for f in again.findings) and not any(f.code == "CW902" for f in report.findings)
+    if again.errors or cut_short:
+        return report
+    report.findings = [
+        dataclasses.replace(f, code_fix=dataclasses.replace(f.code_fix, verified=True))
+        if f.code_fix is not None and f.code == "CW115" and dict(f.details).get("hook") in names
+        else f
+        for f in report.findings
+    ]
+    return report

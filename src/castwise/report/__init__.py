@@ -19,15 +19,25 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 @dataclass(frozen=True)
 class CodeFix:
-    """A one-line code change: in ``file`` at ``line``, the line becomes ``replace``."""
+    """A one-line code change: in ``file`` at ``line``, the line becomes ``replace``.
+
+    ``verified``: a re-audit with the change simulated (the hook's result cast back, ...) found
+    no error; False: not simulated, or the re-audit still found one."""
 
     file: str
     line: int
     replace: str
     original: str | None = None
+    verified: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "replace": self.replace, "original": self.original}
+        return {
+            "file": self.file,
+            "line": self.line,
+            "replace": self.replace,
+            "original": self.original,
+            "verified": self.verified,
+        }
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: {self.replace.strip()}"

@@ -43,7 +43,8 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
     lines += _field("why", f.message, width)
     lines += _field("fix", f.fix or f.rule.fix, width)
     if f.code_fix is not None:
-        lines += _field("change", f"{f.code_fix.file}:{f.code_fix.line}  {f.code_fix.replace.strip()}", width)
+        checked = "  (verified by a re-audit)" if f.code_fix.verified else ""
+        lines += _field("change", f"{f.code_fix.file}:{f.code_fix.line}  {f.code_fix.replace.strip()}{checked}", width)
     return lines
 
 

@@ -69,6 +69,12 @@ class Prov:
     tensor: str | None
     dtype: torch.dtype
     source: str | None = None  # "models/rope.py:42": the user's line that made it (made/cast tensors)
+    # a shared Parameter (tied weights): the other modules holding it; any of them may be the one
+    # the user changed (a cast through either changes both), so findings name them all
+    shared: tuple[str, ...] = ()
+    # an op that promoted mixed floating operands (f16 + bf16 -> f32): the operands' own origins,
+    # those not in the result's dtype; the one off the run's compute dtype is the cause
+    promoted: tuple[Prov, ...] = ()
 
     def origin(self) -> Origin:
         if self.kind == "input":  # the tensor text says it is a model input
@@ -140,6 +146,8 @@ class HookChange:
     before: torch.dtype
     after: torch.dtype
     source: str | None  # where the hook is defined ("train.py:12")
+    # the code fix: (file, line, new line, old line) of the hook's return with the cast back
+    code_fix: tuple[str, int, str, str | None] | None = None
 
 
 @dataclass

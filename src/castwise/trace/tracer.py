@@ -148,6 +148,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._exits = [o for o in self.observers if overrides(o, "module_exit")]
         self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
         self.recent: collections.deque[tuple[str, torch.Tensor]] = collections.deque(maxlen=8)
+        self.refused: tuple[str, list[torch.Tensor]] | None = None  # (module, operands) sdpa refused
         self._seed(model)
         hooks.observe_hooks(self, model)
 
@@ -186,7 +187,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             full = f"{mname}.{pname}" if mname else pname
             shared = [f"{m}.{n}" if m else n for m, n, _p in entry[:-1]]
             text = f"param {full}" + (f" (shared with {', '.join(shared)})" if shared else "")
-            self.prov[p] = Prov("param", mname, None, text, p.dtype)
+            holders = tuple(dict.fromkeys(m for m, _n, _p in entry[:-1] if m != mname))
+            self.prov[p] = Prov("param", mname, None, text, p.dtype, shared=holders)
 
     def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
@@ -230,7 +232,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         pre = module_mod.register_module_forward_pre_hook(self._pre_hook)
         post = module_mod.register_module_forward_hook(self._post_hook)
         try:
-            yield
+            # gradient hooks registered on activations during the run; sdpa's operands when it refuses
+            with hooks.tensor_hooks(self), hooks.refused_operands(self):
+                yield
         finally:
             pre.remove()
             post.remove()
@@ -370,7 +374,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         if deepest < len(stack) - 1:
             return stack[deepest].name
         floats = {d for d in dtypes if d.is_floating_point}
-        if info_of(func).name in _AUTOCAST_LOW and len(floats) > 1:
+        # autocast never casts float64 operands: a float64 one reaches the kernel as it is anyway
+        if info_of(func).name in _AUTOCAST_LOW and len(floats) > 1 and torch.float64 not in floats:
             return stack[deepest].name
         return None
 
@@ -413,6 +418,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 if p is None:
                     continue
                 r = _RANK.get(p.kind, 2)
+                if r == 2 and len(tensors) > 1 and any(type(n) is int and n == 0 for n in t.shape):
+                    r = 3  # an empty tensor (a cache's start in a cat) carries no values: last resort
                 if r < rank:
                     chosen, rank = p, r
                     if r == 0:
@@ -462,7 +469,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             return Prov("created", module, name, desc, o.dtype, line)
         if to_copy:
             return Prov("cast", module, name, desc, o.dtype, line)
-        return Prov("op", module, name, desc, o.dtype, line)
+        # type promotion of mixed operands: keep their origins (rare: only dtype-changing ops get here)
+        mixed = [p for t in tensors if t.is_floating_point() and t.dtype != o.dtype and (p := self.prov.get(t))]
+        return Prov("op", module, name, desc, o.dtype, line, promoted=tuple(mixed))
 
 
 # -- running a model under the tracer ---------------------------------------------------------

@@ -43,6 +43,7 @@ class Diag:
     source: str | None = None  # the user's line where the origin was made ("file.py:42")
     # (file, line, replacement line, original line): the code change where no policy fixes it
     code_fix: tuple[str, int, str, str | None] | None = None
+    details: tuple[tuple[str, Any], ...] = ()  # extra JSON fields of the finding (e.g. the hook)
 
 
 Match = Callable[["Ctx"], "Diag | None"]

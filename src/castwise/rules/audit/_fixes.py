@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from castwise.rules.audit._text import generalize
+from castwise.rules.audit._text import generalize, is_ancestor
 
 if TYPE_CHECKING:
     from castwise.auditor.context import FixContext
     from castwise.report import Finding
+
+
+def selector_for(name: str, finding: Finding) -> str:
+    """The selector of a float32 island at ``name``: generalized over repeated blocks
+    (``layers.*.norm``) only when the finding shows at another instance of the same pattern too
+    (a place or a culprit); a fault in one block gets an island in that block, and the others
+    keep their low precision."""
+    general = generalize(name)
+    if general == name:
+        return name
+    details = dict(finding.details)
+    seen = {finding.module or "", *details.get("also_at", ()), *details.get("culprit_modules", ())}
+    return general if any(m != name and generalize(m) == general for m in seen) else name
 
 
 def keep_module_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
@@ -17,12 +30,20 @@ def keep_module_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
 
     if policy.norms is None and not policy.is_mixed and policy.compute_dtype in (torch.float16, torch.bfloat16):
         policy = policy.replace(norms=torch.float32)
-    fx.add(generalize(finding.module or ""), torch.float32, "keep")
+    fx.add(selector_for(finding.module or "", finding), torch.float32, "keep")
     return policy
 
 
 def out_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
-    """Cast the culprit modules' outputs to the compute dtype."""
+    """Cast the culprit modules' outputs to the compute dtype; a culprit that contains the module
+    where the finding shows (it upcasts for its own children) becomes a float32 island instead:
+    casting its output back comes too late for the op inside it."""
+    import torch
+
+    at = finding.module or ""
     for m in fx.culprits(finding):
-        fx.add(generalize(m), fx.compute, "out")
+        if m != at and is_ancestor(m, at):
+            fx.add(selector_for(m, finding), torch.float32, "keep")
+        else:  # a cast to the compute dtype costs no low precision: every repeated block gets it
+            fx.add(generalize(m), fx.compute, "out")
     return policy

@@ -12,8 +12,13 @@ if TYPE_CHECKING:
 
 
 def generalize(name: str) -> str:
-    """``blocks.0.attn.q_norm`` -> ``blocks.*.attn.q_norm``: one rule for every repeated block."""
-    return ".".join("*" if seg.isdigit() else seg for seg in name.split("."))
+    """``blocks.0.attn.q_norm`` -> ``blocks.*.attn.q_norm``: one rule for every repeated block.
+    A name of indices only (``0``, ``2.1``: an ``nn.Sequential``'s children) stays as it is: all
+    stars would select every module of that depth, not a repeated block."""
+    parts = name.split(".")
+    if all(seg.isdigit() for seg in parts):
+        return name
+    return ".".join("*" if seg.isdigit() else seg for seg in parts)
 
 
 def is_ancestor(parent: str, child: str) -> bool:

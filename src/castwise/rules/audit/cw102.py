@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule, Check, Diag
+from castwise.rules.audit._fixes import selector_for
 from castwise.rules.audit._text import (
     generalize,
     is_ancestor,
@@ -71,7 +72,7 @@ def _fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
     import torch
 
     for m in fx.culprits(finding):
-        fx.add(generalize(m), torch.float32, "keep")
+        fx.add(selector_for(m, finding), torch.float32, "keep")
     return policy
 
 

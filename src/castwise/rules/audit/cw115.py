@@ -71,6 +71,8 @@ def grad_hook_diag(change: HookChange, text: str, origin: Origin) -> Diag:
         (change.module,) if change.module else (),
         None,
         change.source,
+        change.code_fix,
+        (("hook", change.hook), ("hook_kind", change.kind)),
     )
 
 
