@@ -120,9 +120,12 @@ class ContractObserver(Observer):
         info = call.info
         if call.is_fast:
             if info.fused:
-                return fastpath.check_fused(
-                    func, call.args, call.kwargs, call.tracer.stand, call.tracer.autocast_here()
-                )
+                v = fastpath.check_fused(func, call.args, call.kwargs, call.tracer.stand, call.tracer.autocast_here())
+                # the table has the kernel's measured exceptions (f32 norms with a 16-bit input,
+                # a qkv bias of any float dtype on CPU): the fused path fails only where it refuses too
+                if v is not None and contracts.check(func, call.args, call.kwargs, call.tracer.device) is None:
+                    return None
+                return v
             return None
         if info.rnn:
             return fastpath.check_rnn_cell(func, call.args, call.kwargs)
