@@ -86,6 +86,7 @@ def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
 
 _KEYS = itertools.count()
 _NO_SUBCLASS_FUNCTION = torch._C.DisableTorchFunctionSubclass
+_ADD = torch.ops.aten.add.Tensor  # nn.Linear's bias add on its matmul path (see _linear_bias_add)
 # provenance preference among same-dtype inputs: autocast's casts, then weights, then the rest
 _RANK = {"autocast": 0, "param": 1, "buffer": 1}
 
@@ -298,6 +299,11 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out = own_fake(self, func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
+                if func is _ADD and self.fake and self._linear_bias_add(args, out):
+                    # ATen's linear (matmul path: a non-contiguous input) adds a plain bias in
+                    # place, keeping the product's dtype, but a tensor subclass's (a fake one's)
+                    # out of place, promoting it: the fake run follows the real tensors' branch
+                    out = out.to(args[0].dtype)
         except Exception as exc:
             if self.trace.failure is None:
                 self.trace.failure = self._event(func, name, module, args, kwargs, None, exc, is_fast)
@@ -310,6 +316,20 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         for obs in self._afters:
             obs.after(call, outs)
         return out
+
+    def _linear_bias_add(self, args: tuple[Any, ...], out: Any) -> bool:
+        """Whether this ``add`` is nn.Linear's own bias add whose real result keeps the product's dtype."""
+        if len(args) != 2 or not self.stack or not isinstance(out, torch.Tensor):
+            return False
+        product, bias = args
+        module = self.stack[-1].module
+        return (
+            isinstance(module, nn.Linear)
+            and bias is module.bias
+            and isinstance(product, torch.Tensor)
+            and out.dtype != product.dtype
+            and product.is_floating_point()
+        )
 
     def _scalar(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
         """The value of an op that returns a Python value (``.item()``, a truth value) when the
