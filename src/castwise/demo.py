@@ -215,7 +215,8 @@ def _numerics_story(out: _Out) -> bool:
             out.field(what, f"skipped ({module} is not installed)")
             continue
         first = next(iter(found.findings), None)
-        out.field(what, "no finding" if first is None else f"{first.code} at `{first.module}`")
+        where = "" if first is None else f"`{first.module}`" if first.module else "the model's top level"
+        out.field(what, "no finding" if first is None else f"{first.code} at {where}")
     tuned = _timed(out, "tuning float32 islands (real runs)", lambda: tune(model, inputs, policy=policy, budget=1e-2))
     out.field("islands", ", ".join(tuned.islands) or "none")
     out.field(

@@ -130,9 +130,13 @@ def finding_of(p: Producer, verdict: str, cause: str, absorbed: bool, mode: str)
 
 def _state_finding(bad: list[str], mode: str) -> Finding:
     listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    # the module holding the first bad parameter or buffer ("parameter a.b.weight" -> "a.b"); an
+    # input's is the model's top level
+    kind, _, name = bad[0].partition(" ")
+    module = name.rpartition(".")[0] if kind in ("parameter", "buffer") else ""
     return Finding(
         code="CW303",
-        module="",
+        module=module,
         modes=(as_mode(mode),),
         details=(("tensors", bad),),
         message=f"NaN/Inf before any op ran: {listed}. No op of the model made it.",
