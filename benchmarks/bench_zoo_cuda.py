@@ -22,7 +22,6 @@ import collections
 import json
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,14 +34,11 @@ from benchmarks.zoo import models  # noqa: E402
 from benchmarks.zoo.cases import Case, build_case, fault_case, quiet  # noqa: E402
 from benchmarks.zoo.scoring import (  # noqa: E402
     MODES,
-    AuditOutcome,
     RealOutcome,
+    audit_outcome,
     first_line,
-    is_dtype_error,
-    run_mode,
+    real_run,
     score,
-    time_limit,
-    view,
 )
 from torch import nn  # noqa: E402
 from torch.utils._pytree import tree_map  # noqa: E402
@@ -56,51 +52,23 @@ def to_cuda(model: nn.Module, inputs: Any) -> tuple[nn.Module, Any]:
 
 
 def real_cuda_run(case: Case, policy: str | None, mode: str) -> RealOutcome:
-    import castwise
-
+    """The zoo's real run (``real_run``), on the CUDA device."""
     model, inputs, _ = build_case(case)
+    model, inputs = to_cuda(model, inputs)
+    outcome = real_run(model, inputs, policy, mode)
     try:
-        model, inputs = to_cuda(model, inputs)
-        if policy is not None:
-            castwise.apply(model, policy)
-        run_mode(model, inputs, mode)
         torch.cuda.synchronize()  # an asynchronous kernel error surfaces here
-    except Exception as exc:
-        status = "dtype_error" if is_dtype_error(exc) else "other_error"
-        return RealOutcome(status, f"{type(exc).__name__}: {first_line(exc)}")
-    return RealOutcome("ok")
-
-
-def simulated_audit(case: Case, policy: str | None, timeout: int) -> AuditOutcome:
-    """The audit a user without a GPU runs: fake tensors, the CUDA device simulated."""
-    import castwise
-
-    model, inputs, _ = build_case(case)
-    start = time.perf_counter()
-    try:
-        with time_limit(timeout):
-            report = castwise.audit(model, inputs, policy=policy, mode="both", device="cuda")
-    except Exception as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        text = f"{type(exc).__name__}: {first_line(exc)} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
-        return AuditOutcome("crash", message=text, seconds=time.perf_counter() - start)
-    incomplete = any(r.status == "incomplete" for r in report.runs) or any(f.code == "CW902" for f in report.findings)
-    return AuditOutcome(
-        "done",
-        ok=report.ok,
-        incomplete=incomplete,
-        findings=tuple(view(f) for f in report.sorted_findings()),
-        suggested_policy=None if report.suggested_policy is None else str(report.suggested_policy),
-        seconds=time.perf_counter() - start,
-    )
+    except RuntimeError as exc:
+        return RealOutcome("other_error", f"{type(exc).__name__}: {first_line(exc)}")
+    return outcome
 
 
 def evaluate(case: Case, timeout: int) -> dict[str, Any]:
     from benchmarks.zoo.situations import SITUATIONS
 
     policy = SITUATIONS[case.situation].policy
-    planted = build_case(case)[2]
-    audit = simulated_audit(case, policy, timeout)
+    model, inputs, planted = build_case(case)
+    audit = audit_outcome(model, inputs, policy, timeout, device="cuda")  # what a user without a GPU runs
     real = {mode: real_cuda_run(case, policy, mode) for mode in MODES}
     s = score(real, audit, planted.expected_origin if planted else None)
     codes = sorted({f.code for f in audit.findings if f.level == "error"})

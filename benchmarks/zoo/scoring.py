@@ -179,13 +179,16 @@ def view(finding: Any) -> FindingView:
     )
 
 
-def audit_outcome(model: nn.Module, inputs: Any, policy: str | None, timeout: int = 120) -> AuditOutcome:
+def audit_outcome(
+    model: nn.Module, inputs: Any, policy: str | None, timeout: int = 120, device: str | None = None
+) -> AuditOutcome:
+    """The audit of ``model`` (both modes); ``device``: the target device to simulate ("cuda")."""
     import castwise
 
     start = time.perf_counter()
     try:
         with time_limit(timeout):
-            report = castwise.audit(model, inputs, policy=policy, mode="both")
+            report = castwise.audit(model, inputs, policy=policy, mode="both", device=device)
     except Timeout as exc:
         return AuditOutcome("timeout", message=str(exc), seconds=time.perf_counter() - start)
     except Exception as exc:

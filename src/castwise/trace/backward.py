@@ -103,9 +103,6 @@ def _run_tensor_hooks(tracer: Tracer, node: Any, grads: list[Any]) -> list[Any]:
     leaf's on its AccumulateGrad node, a non-leaf's on its grad_fn (recorded at registration, as
     the node keeps them out of Python's reach). A hook returning another dtype is refused with the
     engine's own error."""
-    from castwise.devices import get as get_device
-    from castwise.trace.contracts._base import _legacy
-
     leaf = getattr(node, "variable", None) if node.name() == "torch::autograd::AccumulateGrad" else None
     for nr, g in enumerate(grads):
         hooks = getattr(leaf, "_backward_hooks", None) if leaf is not None else _TENSOR_HOOKS.get((node, nr))
@@ -116,6 +113,9 @@ def _run_tensor_hooks(tracer: Tracer, node: Any, grads: list[Any]) -> list[Any]:
             if out is None:
                 continue
             if out.dtype != g.dtype:
+                from castwise.devices import get as get_device  # only on the way to the error
+                from castwise.trace.contracts._base import _legacy
+
                 dev = get_device(tracer.device_type)
                 raise RuntimeError(
                     f"hook '{getattr(hook, '__name__', type(hook).__name__)}' has changed the type of value "

@@ -254,14 +254,10 @@ def _where(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 
 def _loss_input(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # huber_loss / mse_loss_backward / smooth_l1_loss_backward return the input's dtype
-    x = args[1] if op.endswith("_backward") else args[0]
     if dev.kernels == "cuda" and op == "aten.mse_loss_backward":
         # CUDA (measured, H100): one TensorIterator over grad, input and target, no promotion
-        bad = [a for a in (args[2], args[0]) if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
-        if bad:
-            msg = f"Found dtype {_sc(bad[0].dtype)} but expected {_sc(x.dtype)}"
-            return _viol(op, "mismatch", msg, args, kwargs, bad, x.dtype)
-    return x.dtype
+        return _loss_same(op, args, kwargs, dev)
+    return (args[1] if op.endswith("_backward") else args[0]).dtype
 
 
 def _loss_target(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
