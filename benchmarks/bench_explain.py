@@ -124,6 +124,14 @@ def main() -> int:
             f"  top-1 {s['top1']}/{n} ({100 * s['top1'] / n:.1f}%)  top-3 {s['top3']}/{n} "
             f"({100 * s['top3'] / n:.1f}%)  confidence>=0.8: {prec} right  unsure: {s['unsure']}"
         )
+        for added in sorted({str(r.get("added", "")) for r in part}):
+            group = [r for r in part if str(r.get("added", "")) == added]
+            if len(group) < len(part):  # the reports added in each round, scored apart
+                g = score(group)
+                print(
+                    f"  added {added or 'before 2026-11-23'}: {g['n']} reports, top-1 {g['top1']}/{g['n']} "
+                    f"({100 * g['top1'] / g['n']:.1f}%), top-3 {g['top3']}/{g['n']} ({100 * g['top3'] / g['n']:.1f}%)"
+                )
         print("  reliability:  bin          n  right  accuracy  mean conf")
         for b in s["bins"]:
             if b["n"]:

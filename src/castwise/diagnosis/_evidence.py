@@ -96,7 +96,9 @@ FAMILY_WEIGHTS: dict[str, Weights] = {
     "conv-dtype": {INP: 5.0, UNC: 2.5, DIST: 1.5, EXT: 0.8, NORM: 0.5},
     "norm-mixed-dtype": {NORM: 5.0, DOWN: 3.0, LEAK: 1.0},
     "norm-output-type": {NORM: 5.0, STRICT: 3.0},
-    "grad-output-type": {OPT: 4.0, NORM: 3.0},
+    # a gradient against a weight in backward: the gradient side first; a norm only when the
+    # frames or words name one (cudnn_batch_norm_backward)
+    "grad-output-type": {OPT: 6.0, NORM: 3.0},
     # cuDNN batch norm's argument check in the forward: input against the norm's parameters
     "norm-arg-type": {NORM: 5.0, DOWN: 1.5, LEAK: 1.0, INP: 1.0},
     "index-put-dtype": {STRICT: 12.0},
@@ -210,7 +212,7 @@ USER_FRAME_CLUES = frozenset({"adapter script name"})
 # -- words in the whole text (message, code lines, the user's prose) --------------------------
 TEXT_CLUES: tuple[Clue, ...] = (
     _c("LoRA", r"lora|\bdora\b", {ADA: 5.0}),
-    _c("PEFT/adapters", r"\bpeft\b|\badapters?\b|\bia3\b|\bloha\b|\boft\b", {ADA: 3.0}),
+    _c("PEFT/adapters", r"\bpeft\b|\badapters?\b|\bia3\b|\bloha\b|\boft\b|ip[-_]?adapter|t2i[-_]?adapter", {ADA: 3.0}),
     _c(
         "quantised model",
         r"qlora|\b[48][-_ ]?bit|load_in_[48]bit|bnb_|bitsandbytes|quanto|quantiz|\bgptq\b|\bawq\b"

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from castwise.diagnosis import _evidence as ev
+from castwise.diagnosis._context_clues import CONTEXT_CLUES
 from castwise.diagnosis._frames import Frame, evidence_text, is_plumbing, locus_frame, numbered_code, parse_frames
 from castwise.diagnosis._patterns import Signal, read_signals
 
@@ -63,139 +64,6 @@ class Evidence:
             out.setdefault(f.name, f.why)
         return out
 
-
-# -- typed context clues beyond the hand-written tables ---------------------------------------
-CONTEXT_CLUES: tuple[ev.Clue, ...] = (
-    ev._c(
-        "GPU without bf16",
-        r"\b(?:tesla )?(?:t4|v100|p100|p40|k80|gtx ?1\d\d\d|rtx ?20[6-8]0|20[6-8]0 ?ti|"
-        r"1080 ?ti|turing|volta|pascal|sm_?[67]\d)\b|compute capability (?:of )?[3-7]\.\d",
-        {ev.DEV: 3.0},
-    ),
-    ev._c(
-        "CPU run",
-        r"\bon (?:the )?cpu\b|device\s*=\s*['\"]cpu|--use-cpu|--device cpu|cpu[- ]only|cpu版本|"
-        r"在cpu|\bcpu\b[^\n]{0,20}(?:inference|推理)|_cpu_?\b",
-        {ev.DEV: 2.0},
-    ),
-    ev._c(
-        "macOS / Apple GPU",
-        r"\bmps\b|macbook|mac ?os|\bmac\b|apple silicon|\bm[1-4] (?:pro|max|ultra)\b|"
-        r"sonoma|sequoia|ventura",
-        {ev.DEV: 2.0},
-    ),
-    ev._c(
-        "resume / checkpoint reload",
-        r"resum(?:e|ing)|load_state_dict|from_checkpoint|reload(?:ed|ing)? "
-        r"(?:the )?checkpoint",
-        {ev.OPT: 1.5},
-    ),
-    ev._c(
-        "black or blank images",
-        r"black (?:images?|output|result|screen|video)|(?:all|pure|completely|total) "
-        r"black|黑屏|黑图|全黑|blank images?",
-        {ev.OVF: 4.0},
-    ),
-    ev._c("loss scaling", r"loss[ _]?scal(?:e|er|ing)|skipping step|min_loss_scale|dynamic loss", {ev.SCALE: 3.0}),
-    ev._c(
-        "training stalls",
-        r"(?:loss|training)[^\n.]{0,20}(?:not decreas|stuck|stall|plateau|doesn'?t "
-        r"(?:decrease|converge))|never converges?|decreases? (?:much )?(?:more )?slowly|"
-        r"hasn'?t responded",
-        {ev.SCALE: 1.5, ev.ROUND: 1.5},
-    ),
-    ev._c(
-        "precision-loss words",
-        r"precision (?:loss|issues?|errors?|problems?)|los(?:e|es|t|ing) precision|"
-        r"\brounded?\b|\brounding\b|mantissa|\bulp\b|stochastic rounding|epsilon|"
-        r"numerically identical|(?:can ?not|can no longer|cannot) represent|"
-        r"accumulat(?:e|ion|ing) in (?:bf16|fp16|half|bfloat16)",
-        {ev.ROUND: 3.0},
-    ),
-    ev._c(
-        "results drift",
-        r"different (?:results|outputs|values)|differs? from (?:fp32|float32|eager)|"
-        r"diverge(?:s|nce)?|allclose|not (?:bit-)?exact|mismatch between",
-        {ev.ROUND: 1.5, ev.COMP: 0.5},
-    ),
-    ev._c("EMA", r"\bema\b|moving average", {ev.OPT: 1.5, ev.ROUND: 1.0}),
-    ev._c(
-        "rotary embeddings",
-        r"\brope\b|rotary|cos_cached|sin_cached|inv_freq|\bcos\b.{0,10}\bsin\b",
-        {ev.ROUND: 0.5, ev.ISL: 1.0},
-    ),
-    ev._c(
-        "apex fused norm", r"fusedlayernorm|fusedrmsnorm|fused_layer_norm|fused_rms_norm", {ev.EXT: 2.0, ev.LEAK: 0.5}
-    ),
-    ev._c("T5 family", r"\bt5\b|flan-t5|\bmt5\b|t5xxl|t5encoder|codet5", {ev.LEAK: 1.5, ev.OVF: 1.0}),
-    ev._c("SyncBatchNorm", r"syncbatchnorm|sync_batchnorm|convert_sync_batchnorm|syncbn", {ev.NORM: 3.0}),
-    ev._c("ZeRO++ / quantised communication", r"zero_quantized|zero\+\+|zero_hpz", {ev.QUANT: 2.0, ev.DIST: 2.0}),
-    ev._c("8-bit optimizer", r"adamw_?8bit|8bit adam|paged_adamw", {ev.OPT: 0.5}),
-    ev._c(
-        "tensor created in the code",
-        r"torch\.(?:zeros|ones|randn|rand|arange|tensor|full|empty|eye|linspace)(?:_like)?\(|\.new_(?:zeros|ones|"
-        r"tensor|full)\(|hard-?coded|always (?:float32|fp32)|is still (?:torch\.)?float32|not converted|default dtype",
-        {ev.UNC: 2.0, ev.MASK: 0.5},
-    ),
-    ev._c(
-        "compiled extension in the code",
-        r"/ops/\w+\.py|csrc/|\w+_cuda\.\w+\(|_ext\.\w+\(|\bext\.\w+\(|cuda kernel|c\+\+ extension|"
-        r"data_ptr<float>|autograd\.function",
-        {ev.EXT: 2.0},
-    ),
-    ev._c(
-        "inputs named as the odd side",
-        r"\binputs?\b[^\n.]{0,30}\b(?:float32|fp32|half|fp16|float16|double|float64)\b|\bcast (?:the )?inputs?\b|"
-        r"(?:images?|pixel_values|latents|batch)\b[^\n.]{0,20}(?:float32|fp32|\.float\(\)|\.half\(\))",
-        {ev.INP: 1.5},
-    ),
-    ev._c(
-        "launcher or trainer",
-        r"accelerate launch|torchrun|torch\.distributed\.launch|--nproc_per_node|deepspeed --|\bTrainer\(|"
-        r"TrainingArguments|SFTTrainer|pl\.Trainer|lightning",
-        {ev.DIST: 1.0},
-    ),
-    # the languages reports come in: a few precision words are enough to weigh a Chinese report
-    ev._c("zh: quantisation", r"量化", {ev.QUANT: 3.0}),
-    ev._c("zh: not supported", r"不支持", {ev.DEV: 2.0}),
-    ev._c("zh: overflow", r"溢出", {ev.OVF: 3.0}),
-    ev._c("zh: half precision", r"半精度|混合精度|精度", {}),
-    ev._c("zh: fine-tuning", r"微调|训练", {}),
-    ev._c("zh: inference", r"推理", {}),
-    # flags that say how the run was set up: no prior, the data decides what they mean
-    ev._c(
-        "dtype mismatch words",
-        r"dtype mismatch|type mismatch|mismatch(?:ed)? (?:of )?(?:d)?types?|"
-        r"same (?:d)?type|types? (?:do not|don'?t) match|wrong (?:d)?type",
-        {},
-    ),
-    # (no clue for the half-precision words themselves: nearly every report has them, so they
-    # would only learn the corpus's class frequencies)
-    ev._c(
-        "model cast to half",
-        r"\.half\(\)|torch_dtype\s*=\s*torch\.(?:float16|half|bfloat16)|"
-        r"model\.to\([^)]*(?:float16|bfloat16|half)",
-        {},
-    ),
-    ev._c(
-        "precision flag",
-        r"--(?:fp16|bf16)\b|\b(?:fp16|bf16)\s*=\s*true|mixed_precision|precision\s*[=:]\s*['\"]?"
-        r"(?:16|bf16)",
-        {},
-    ),
-    # the failure came with switching a framework's precision on (a config dict, a DeepSpeed json, a
-    # trainer option): the config, not the model code, is the first suspect
-    ev._c(
-        "precision switched on in a config",
-        r"fp16\s*=\s*dict|[\"']fp16[\"']\s*:\s*\{|[\"']bf16[\"']\s*:\s*\{|(?:fp16|bf16)\.enabled|"
-        r"enabl\w* (?:the )?(?:fp16|bf16|mixed[- ]precision|amp)\b|"
-        r"(?:fp16|bf16) (?:config|mode|option) (?:is )?(?:on|enabled)",
-        {ev.DIST: 1.0},
-    ),
-    ev._c("inference / generate", r"\bgenerate\(|\binference\b|\binfer\b|\.eval\(\)", {}),
-    ev._c("UI front-end", r"comfyui|custom_nodes|webui|stable-diffusion-webui|invokeai|sdnext", {}),
-    ev._c("detection toolbox", r"mmdet|mmcv|mmaction|mmseg|detectron2|fp16\s*=\s*dict", {}),
-)
 
 _COARSE = {
     "float32": "f32",
@@ -236,8 +104,11 @@ _SILENT_WORDS = re.compile(
 )
 # from the causes' definitions (castwise.categories): which can show without any error raised.
 # Overflow, underflow and rounding are silent by nature; the others raise, except that engines,
-# norms' statistics, optimizers and compile can also quietly compute in the wrong dtype
-SILENT_CAPABLE = frozenset({ev.OVF, ev.SCALE, ev.ROUND, ev.COMP, ev.DIST, ev.NORM, ev.OPT})
+# norms' statistics, optimizers, compile and a loss computed in low precision can also quietly
+# compute in the wrong dtype
+SILENT_CAPABLE = frozenset({ev.OVF, ev.SCALE, ev.ROUND, ev.COMP, ev.DIST, ev.NORM, ev.OPT, ev.LOSS})
+# devices whose half precision is known to fail without an error
+SILENT_DEVICE_CLUES = frozenset({"clue:GTX 16xx"})
 SILENT_SHAPE: Weights = {ev.OVF: 1.0, ev.SCALE: 1.0, ev.ROUND: 1.0} | {
     c: -1.0
     for c in (
@@ -253,7 +124,6 @@ SILENT_SHAPE: Weights = {ev.OVF: 1.0, ev.SCALE: 1.0, ev.ROUND: 1.0} | {
         ev.ADA,
         ev.QUANT,
         ev.SCALER,
-        ev.LOSS,
         ev.DEV,
     )
 }
@@ -299,6 +169,7 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     feats = _message_features(signals, ctx)
     feats += _frame_features(frames, keys)
     feats += _word_features(text, signals, frames, keys)
+    feats += _bag_of_words(text)
     # 4. the report's shape: an error raised, or a silent problem described in words. The same
     # words mean different things in the two (a T4 named next to an error is a missing kernel,
     # next to NaN outputs an fp16 overflow): in silent reports the word clues get their own weights
@@ -347,6 +218,11 @@ def _message_features(signals: list[Signal], ctx: ev.Context) -> list[Feature]:
             )
         if last.op:
             feats.append(Feature(f"op:{last.op}", 1.0, f"the refusing op is {last.op}"))
+            kind = kernel_kind(last.op) if last.family == "no-kernel-for-dtype" else None
+            if kind is not None:
+                feats.append(
+                    Feature(f"kernel:{kind}", 1.0, f"{last.op} is {_KERNEL_WHY[kind]}", _KERNEL_PRIOR.get(kind, {}))
+                )
     for op in sorted(ctx.ops):
         feats.append(Feature(f"code:{op}", 1.0, f"the failing code line is a {op} op"))
     if ctx.backward:
@@ -354,6 +230,29 @@ def _message_features(signals: list[Signal], ctx: ev.Context) -> list[Feature]:
     if ctx.autocast:
         feats.append(Feature("shape:autocast", 1.0, "autocast / AMP is on"))
     return feats
+
+
+# ATen's kernel names follow a few conventions (addmm_impl_cpu_, LayerNormKernelImpl,
+# triu_tril_cuda_template, nll_loss_forward_out_cpu); an extension names its own
+# (ROIAlign_forward, ms_deform_attn_forward_cuda, upfirdn2d): a kernel with no half version in an
+# extension is the extension's limit, not the device's
+_EXTENSION_KERNEL = re.compile(
+    r"roi_?align|roi_?pool|deform|\bdcn|nms|knn|ball_query|furthest|voxel|spconv|sparse_conv|upfirdn|"
+    r"bias_act|fused_leaky|filtered_lrelu|scatter_(?:max|min|mean)|segment_|grid_sample_3d|chamfer|emd",
+    re.I,
+)
+_ATEN_KERNEL = re.compile(r"(?:_cpu_?|_cuda_?|_out|_template|Impl|Kernel|_kernel|_impl)$|^(?:at::|aten::)")
+_KERNEL_WHY = {"aten": "one of PyTorch's own kernels", "extension": "a kernel of an extension, not PyTorch's"}
+_KERNEL_PRIOR: dict[str, Weights] = {"extension": {ev.EXT: 9.0, ev.DEV: -6.0}}
+
+
+def kernel_kind(op: str) -> str | None:
+    """Whose kernel a "... not implemented for 'Half'" message names: PyTorch's or an extension's."""
+    if _EXTENSION_KERNEL.search(op) or (op[:1].isupper() and not _ATEN_KERNEL.search(op)):
+        return "extension"
+    if _ATEN_KERNEL.search(op) or "::" in op:
+        return "aten"
+    return None
 
 
 def _frame_features(frames: list[Frame], keys: list[str]) -> list[Feature]:
@@ -417,6 +316,138 @@ def _word_features(text: str, signals: list[Signal], frames: list[Frame], keys: 
     return feats
 
 
+# 5. the words themselves: what the typed clues above do not name (a library, a model family,
+# a flag) still says something about the cause. Each word is a feature with no prior; the fit
+# keeps the words seen in two or more train reports and holds their weights small
+_WORD = re.compile(r"[a-z_][a-z0-9_]{2,29}")
+WORD_VALUE = 0.5
+# English glue and the words every traceback has: they say nothing about a cause
+_STOP = frozenset(
+    [
+        "the",
+        "and",
+        "for",
+        "with",
+        "that",
+        "this",
+        "from",
+        "are",
+        "was",
+        "were",
+        "not",
+        "but",
+        "have",
+        "has",
+        "had",
+        "been",
+        "can",
+        "could",
+        "would",
+        "should",
+        "will",
+        "just",
+        "when",
+        "what",
+        "which",
+        "while",
+        "there",
+        "their",
+        "then",
+        "than",
+        "them",
+        "they",
+        "you",
+        "your",
+        "our",
+        "any",
+        "all",
+        "some",
+        "one",
+        "two",
+        "use",
+        "used",
+        "using",
+        "get",
+        "got",
+        "also",
+        "into",
+        "out",
+        "only",
+        "more",
+        "most",
+        "very",
+        "like",
+        "after",
+        "before",
+        "about",
+        "does",
+        "did",
+        "doing",
+        "done",
+        "how",
+        "why",
+        "its",
+        "here",
+        "where",
+        "other",
+        "same",
+        "each",
+        "such",
+        "may",
+        "might",
+        "must",
+        "file",
+        "line",
+        "lines",
+        "recent",
+        "call",
+        "last",
+        "traceback",
+        "self",
+        "return",
+        "forward",
+        "site",
+        "packages",
+        "lib",
+        "python",
+        "usr",
+        "local",
+        "home",
+        "env",
+        "envs",
+        "anaconda3",
+        "miniconda3",
+        "conda",
+        "dist",
+        "src",
+        "args",
+        "kwargs",
+        "error",
+        "errors",
+        "runtimeerror",
+        "exception",
+        "raise",
+        "raised",
+        "issue",
+        "bug",
+        "bugs",
+        "thanks",
+        "thank",
+        "hello",
+        "please",
+    ]
+)
+
+
+def words(text: str) -> list[str]:
+    """The distinct telling words of a report, lowercased, in order of first appearance."""
+    return [w for w in dict.fromkeys(_WORD.findall(text.lower())) if w not in _STOP]
+
+
+def _bag_of_words(text: str) -> list[Feature]:
+    return [Feature(f"word:{w}", WORD_VALUE, f"the word {w!r}") for w in words(text)]
+
+
 def _silent_features(feats: list[Feature]) -> list[Feature]:
     """A report that raised no error and names none: its word clues become their silent
     versions, whose prior keeps only the causes that can be silent (a T4 named next to an error
@@ -424,11 +455,18 @@ def _silent_features(feats: list[Feature]) -> list[Feature]:
     out = [Feature("shape:no error message", 1.0, "no error message: a silent problem", SILENT_SHAPE)]
     for f in feats:
         if f.name.startswith(("text:", "clue:")):
-            prior = {c: w for c, w in f.prior.items() if c in SILENT_CAPABLE}
-            out.append(Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised", prior))
+            out.append(
+                Feature(f"silent&{f.name}", f.value, f"{f.why}, with no error raised", _silent_prior(f.name, f.prior))
+            )
         else:
             out.append(f)
     return out
+
+
+def _silent_prior(name: str, prior: Weights) -> Weights:
+    """A clue's prior in a report with no error: only the causes that can be silent."""
+    keep = SILENT_CAPABLE | ({ev.DEV} if name in SILENT_DEVICE_CLUES else set())
+    return {c: w for c, w in prior.items() if c in keep}
 
 
 def static_priors() -> dict[str, Weights]:
@@ -444,6 +482,12 @@ def static_priors() -> dict[str, Weights]:
         out[f"text:{clue.name}"] = clue.weights
     for clue in CONTEXT_CLUES:
         out[f"clue:{clue.name}"] = clue.weights
+    for name in [n for n in out if n.startswith(("text:", "clue:"))]:
+        silent = _silent_prior(name, out[name])
+        if silent:  # a clue that speaks only for causes that raise says nothing in a silent report
+            out[f"silent&{name}"] = silent
     out["ctx:no adapter evidence"] = {ev.ADA: -1.5}
     out["shape:no error message"] = SILENT_SHAPE
+    for kind, weights in _KERNEL_PRIOR.items():
+        out[f"kernel:{kind}"] = weights
     return out

@@ -203,7 +203,9 @@ def _expected_got(m: re.Match[str]) -> dict[str, object]:
 PATTERNS: tuple[Pattern, ...] = (
     # -- GradScaler ----------------------------------------------------------------------------
     _p(
-        "unscale-low-precision-grads", r"Attempting to unscale FP16 gradients", _const("GradScaler.unscale_", "float16")
+        "unscale-low-precision-grads",
+        r"Attem?pt(?:ing|ed)? to unscale (?:FP16|half|float16) gradients",  # reports retype it with typos
+        _const("GradScaler.unscale_", "float16"),
     ),
     _p(
         "unscale-low-precision-grads",

@@ -253,6 +253,18 @@ def _read(error: BaseException | str) -> tuple[str, str, list[Signal], Evidence]
     return raw, text, signals, extract(text, signals=signals)
 
 
+# a single word is weak evidence: listed after the structured reasons, and only where it weighed
+_WORD_PUSH = 0.3
+
+
+def _decisive(pushes: list[tuple[float, str]], reasons: dict[str, str]) -> tuple[str, ...]:
+    """What decided the answer, for the listing: the structured evidence first (the message, the
+    frames, the clues), then at most two words that weighed on their own."""
+    named = [reasons[n] for _, n in pushes if not n.startswith("word:")]
+    words = [reasons[n] for p, n in pushes if n.startswith("word:") and p >= _WORD_PUSH][:2]
+    return tuple(dict.fromkeys(named[:6] + words))[:6]
+
+
 def read_evidence(error: BaseException | str) -> Evidence:
     """The evidence ``explain`` reads from ``error``: what the fitted model scores (the fitting
     script reads reports through this same function, so training and use never diverge)."""
@@ -293,7 +305,7 @@ def explain(error: BaseException | str) -> Explanation:
         fixes = FIXES.get(category, ())
         runner = candidates[1].category if len(candidates) > 1 else None
         reasons = evidence.why()
-        why = tuple(dict.fromkeys(reasons[name] for _, name in model.contributions(x, category, runner)))[:6]
+        why = _decisive(model.contributions(x, category, runner), reasons)
         if unsure:
             settle = tuple(f"{c}: {hint}" for c, hint in model.settlers(x, [c.category for c in candidates[:3]]))
 
