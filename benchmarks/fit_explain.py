@@ -1,6 +1,6 @@
 """Fit ``castwise explain``'s model from the train split of the report corpus.
 
-usage: python benchmarks/fit_explain.py [--check] [--cv K [--misses]]
+usage: python benchmarks/fit_explain.py [--check] [--cv K [--misses]] [--curve]
 
 Reads ``benchmarks/data/explain/reports.jsonl`` (train split only: the test split is never looked
 at here), reads every report through ``castwise.diagnosis.explain.read_evidence`` (the same code
@@ -393,6 +393,43 @@ def cross_validate(k: int, misses: bool) -> dict[str, Any]:
     return result
 
 
+def learning_curve(shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> list[dict[str, float]]:
+    """Out-of-fold top-1/top-3 (folds by project, the stored regularisation) when each fold's model
+    is fitted on a share of the other folds' projects: does more data of this kind still help?"""
+    stored = json.loads(OUT.read_text(encoding="utf-8"))
+    cats = list(CATEGORIES)
+    train = load("train")
+    x, y, names, p, _ = design(train, cats)
+    penalty = penalties(names, p, stored_lams(stored))
+    folds = np.array([fold_of(r) for r in train])
+    share_of = np.array(
+        [int(hashlib.sha256(f"sub:{r['project'].lower()}".encode()).hexdigest()[:8], 16) / 2**32 for r in train]
+    )
+    out = []
+    for share in shares:
+        oof = np.zeros((len(train), len(cats)))
+        sizes = []
+        for f in range(FOLDS):
+            tr, te = (folds != f) & (share_of < share), folds == f
+            w, b = fit(x[tr], y[tr], p, penalty)
+            oof[te] = x[te] @ w + b
+            sizes.append(int(tr.sum()))
+        order = np.argsort(-oof, axis=1, kind="stable")
+        row = {
+            "share": share,
+            "train_reports_per_fold": float(np.mean(sizes)),
+            "top1": float((order[:, 0] == y).mean()),
+            "top3": float((order[:, :3] == y[:, None]).any(axis=1).mean()),
+        }
+        print(
+            f"  {share:.2f} of the projects: {row['train_reports_per_fold']:.0f} train reports per fold, "
+            f"out-of-fold top-1 {100 * row['top1']:.1f}%, top-3 {100 * row['top3']:.1f}%",
+            flush=True,
+        )
+        out.append(row)
+    return out
+
+
 def _print_scores(order: np.ndarray, conf: np.ndarray, y: np.ndarray, unsure_below: float) -> dict[str, Any]:
     """Top-1/top-3, the precision of confident answers, and the reliability table (predicted
     confidence against how often those answers were right)."""
@@ -442,7 +479,11 @@ def main() -> int:
     )
     ap.add_argument("--cv", type=int, metavar="K", help="K-fold cross-validation on the train split only")
     ap.add_argument("--misses", action="store_true", help="with --cv: list each out-of-fold miss")
+    ap.add_argument("--curve", action="store_true", help="learning curve: out-of-fold scores against train size")
     args = ap.parse_args()
+    if args.curve:
+        learning_curve()
+        return 0
     if args.cv:
         cross_validate(args.cv, args.misses)
         return 0
