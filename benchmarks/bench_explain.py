@@ -34,15 +34,18 @@ HIGH = 0.8
 
 
 def score(rows: list[dict[str, Any]], misses: bool = False) -> dict[str, Any]:
+    """The scores of a split; ``hits`` holds each report's (top-1, top-3) for scoring its parts."""
     n = len(rows)
     top1 = top3 = high = high_right = unsure = 0
     per_bin = {b: [0, 0, 0.0] for b in BINS}
+    hits: list[tuple[bool, bool]] = []
     for r in rows:
         e = explain(r["text"])
         cands = [c.category for c in e.candidates]
         hit1 = e.category == r["category"]
+        hits.append((hit1, r["category"] in cands[:3]))
         top1 += hit1
-        top3 += r["category"] in cands[:3]
+        top3 += hits[-1][1]
         unsure += e.unsure
         if e.confidence >= HIGH:
             high += 1
@@ -61,6 +64,7 @@ def score(rows: list[dict[str, Any]], misses: bool = False) -> dict[str, Any]:
         "high": high,
         "high_right": high_right,
         "unsure": unsure,
+        "hits": hits,
         "bins": [
             {
                 "bin": f"[{lo:.1f}, {min(hi, 1.0):.1f}{']' if hi > 1 else ')'}",
@@ -124,13 +128,14 @@ def main() -> int:
             f"  top-1 {s['top1']}/{n} ({100 * s['top1'] / n:.1f}%)  top-3 {s['top3']}/{n} "
             f"({100 * s['top3'] / n:.1f}%)  confidence>=0.8: {prec} right  unsure: {s['unsure']}"
         )
+        hits = s.pop("hits")
         for added in sorted({str(r.get("added", "")) for r in part}):
-            group = [r for r in part if str(r.get("added", "")) == added]
+            group = [h for r, h in zip(part, hits, strict=True) if str(r.get("added", "")) == added]
             if len(group) < len(part):  # the reports added in each round, scored apart
-                g = score(group)
+                g1, g3 = sum(h[0] for h in group), sum(h[1] for h in group)
                 print(
-                    f"  added {added or 'before 2026-11-23'}: {g['n']} reports, top-1 {g['top1']}/{g['n']} "
-                    f"({100 * g['top1'] / g['n']:.1f}%), top-3 {g['top3']}/{g['n']} ({100 * g['top3'] / g['n']:.1f}%)"
+                    f"  added {added or 'before 2026-11-23'}: {len(group)} reports, top-1 {g1}/{len(group)} "
+                    f"({100 * g1 / len(group):.1f}%), top-3 {g3}/{len(group)} ({100 * g3 / len(group):.1f}%)"
                 )
         print("  reliability:  bin          n  right  accuracy  mean conf")
         for b in s["bins"]:

@@ -219,9 +219,10 @@ def build(stored: dict[str, Any] | None = None) -> dict[str, Any]:
     runs: list[tuple[float, Lams, np.ndarray]] = []
     for lam in LAMBDAS:
         oof = np.zeros((len(train), len(cats)))
+        penalty = penalties(names, p, lam)
         for k in range(FOLDS):
             tr, te = folds != k, folds == k
-            w, b = fit(x[tr], y[tr], p, penalties(names, p, lam))
+            w, b = fit(x[tr], y[tr], p, penalty)
             oof[te] = x[te] @ w + b
         acc = float((oof.argmax(axis=1) == y).mean())
         nll = min(_nll(oof, y, t) for t in TEMPERATURES)
@@ -363,20 +364,27 @@ def same(a: dict[str, Any], b: dict[str, Any], tol: float = 2e-3) -> bool:
     )
 
 
+def _stored_setup() -> tuple[dict[str, Any], list[dict[str, Any]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The stored model, the train reports, X, y, the prior and the stored penalties: what the
+    evaluations of the stored regularisation start from."""
+    stored = json.loads(OUT.read_text(encoding="utf-8"))
+    train = load("train")
+    x, y, names, p, _ = design(train, list(CATEGORIES))
+    return stored, train, x, y, p, penalties(names, p, stored_lams(stored))
+
+
 def cross_validate(k: int, misses: bool) -> dict[str, Any]:
     """Out-of-fold answers on the train split with the stored regularisation: what a report the
     fit never saw gets. The temperature and the confidence map are cross-fitted too (for each
     fold, fitted on the other folds' out-of-fold scores), so the reliability table is held-out."""
-    stored = json.loads(OUT.read_text(encoding="utf-8"))
+    stored, train, x, y, p, penalty = _stored_setup()
     cats = list(CATEGORIES)
-    train = load("train")
-    x, y, names, p, _ = design(train, cats)
     lam = stored_lams(stored)
     folds = np.array([fold_of(r, k) for r in train])
     oof = np.zeros((len(train), len(cats)))
     for f in range(k):
         tr, te = folds != f, folds == f
-        w, b = fit(x[tr], y[tr], p, penalties(names, p, lam))
+        w, b = fit(x[tr], y[tr], p, penalty)
         oof[te] = x[te] @ w + b
     conf = np.zeros(len(train))
     for f in range(k):
@@ -396,11 +404,8 @@ def cross_validate(k: int, misses: bool) -> dict[str, Any]:
 def learning_curve(shares: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> list[dict[str, float]]:
     """Out-of-fold top-1/top-3 (folds by project, the stored regularisation) when each fold's model
     is fitted on a share of the other folds' projects: does more data of this kind still help?"""
-    stored = json.loads(OUT.read_text(encoding="utf-8"))
+    _, train, x, y, p, penalty = _stored_setup()
     cats = list(CATEGORIES)
-    train = load("train")
-    x, y, names, p, _ = design(train, cats)
-    penalty = penalties(names, p, stored_lams(stored))
     folds = np.array([fold_of(r) for r in train])
     share_of = np.array(
         [int(hashlib.sha256(f"sub:{r['project'].lower()}".encode()).hexdigest()[:8], 16) / 2**32 for r in train]

@@ -67,3 +67,19 @@ def test_an_old_gpu_named_in_an_xformers_refusal_is_a_device_limit() -> None:
         "`cutlassF` is not supported because:\n    bf16 is only supported on A100+ GPUs"
     )
     assert explain(report).category == "DTYPE_UNSUPPORTED_ON_DEVICE"
+
+
+def test_a_gtx16_card_keeps_its_device_weight_in_a_silent_report_and_a_t4_does_not() -> None:
+    report = "fp16 training: the loss turns NaN after a few steps on my GTX 1660 Super and on a T4"
+    feats = {f.name: f for f in read_evidence(report).features}
+    assert "shape:no error message" in feats
+    assert feats["silent&clue:GTX 16xx"].prior.get("DTYPE_UNSUPPORTED_ON_DEVICE", 0) > 0
+    assert "DTYPE_UNSUPPORTED_ON_DEVICE" not in feats["silent&clue:GPU without bf16"].prior
+
+
+def test_a_loss_computed_in_low_precision_can_be_silent() -> None:
+    report = (
+        "Training in bf16: we computed the cross-entropy loss in bf16 and accuracy dropped; "
+        "computing the loss in fp32 improved accuracy"
+    )
+    assert explain(report).category == "UNSAFE_OR_LOWPREC_LOSS"

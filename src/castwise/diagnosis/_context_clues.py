@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from castwise.diagnosis import _evidence as ev
 
-# -- typed context clues beyond the hand-written tables ---------------------------------------
 CONTEXT_CLUES: tuple[ev.Clue, ...] = (
     ev._c(
         "GPU without bf16",
