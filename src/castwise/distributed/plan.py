@@ -222,15 +222,23 @@ def _repeated_blocks(model: nn.Module) -> list[tuple[str, str]]:
                 found.append((name, f"repeated block {type(module).__name__} (_no_split_modules)"))
         if found:
             return found
+    blocks = repeated_children(model, (nn.ModuleList, nn.Sequential))
+    return [(name, f"repeated block {type(block).__name__}") for name, block in blocks]
+
+
+def repeated_children(model: nn.Module, containers: tuple[type[nn.Module], ...]) -> list[tuple[str, nn.Module]]:
+    """The children of every container (of ``containers``) holding two or more modules of one
+    class with parameters: a model's repeated blocks, outermost containers only (a layer's own
+    list of experts stays inside its layer)."""
+    found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
-        if not isinstance(module, (nn.ModuleList, nn.Sequential)) or any(_is_inside(name, f) for f, _ in found):
+        if not isinstance(module, containers) or any(_is_inside(name, f) for f, _ in found):
             continue
         children = list(module.named_children())
         kinds = {type(c) for _, c in children}
         if len(children) >= 2 and len(kinds) == 1 and any(True for _ in children[0][1].parameters()):
             prefix = f"{name}." if name else ""
-            cls = type(children[0][1]).__name__
-            found += [(prefix + child, f"repeated block {cls}") for child, _ in children]
+            found += [(prefix + child, c) for child, c in children]
     return found
 
 

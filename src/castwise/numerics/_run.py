@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from castwise.errors import AuditError, CastwiseError, PolicyError
+from castwise.trace.fake import on_meta
 from castwise.trace.observers import Observer, flat_outputs
 from castwise.trace.tracer import Tracer, run
 
@@ -49,7 +50,7 @@ def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any, *, me
         raise AuditError(f"device={dev!r} is not valid; valid: {', '.join(DEVICES)} (or None: where the model is)")
     if dev == "cuda" and not torch.cuda.is_available():
         raise AuditError(f"{what} runs on real tensors and this machine has no CUDA device; pass device='cpu'")
-    if not meta_ok and any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
+    if not meta_ok and on_meta(model):
         raise AuditError(
             f"{type(model).__name__} is on the meta device: {what} needs values; materialise it "
             "first, pass a shrunk config, or run forecast(..., layerwise=True, weights=FILE)"

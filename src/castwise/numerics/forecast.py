@@ -31,6 +31,7 @@ from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import as_mode
+from castwise.trace.fake import on_meta
 
 TARGETS: dict[str, str] = {
     "f16": "float16",
@@ -300,7 +301,7 @@ def forecast(
     t = parse_target(target)
     from castwise.numerics import layerwise as lw
 
-    meta = lw.on_meta(model) if isinstance(model, nn.Module) else False
+    meta = on_meta(model) if isinstance(model, nn.Module) else False
     pol, dev = _run.check_args("forecast", model, policy, device, mode, meta_ok=layerwise is not False)
     if layerwise is None:
         layerwise = meta or lw.too_large(model)

@@ -29,7 +29,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
+from castwise.distributed.plan import repeated_children
 from castwise.errors import AuditError
+from castwise.trace.fake import on_meta
 from castwise.trace.observers import Observer
 from castwise.trace.tracer import Tracer, pick_loss
 
@@ -39,21 +41,7 @@ Weights = str | Path | Mapping[str, torch.Tensor] | None
 def blocks_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The repeated blocks: children of every ``ModuleList`` holding two or more modules of one
     class with parameters, outermost lists only (a layer's own list of experts stays in it)."""
-    found: list[tuple[str, nn.Module]] = []
-    taken: list[str] = []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or any(name.startswith(t + ".") for t in taken):
-            continue
-        kids = list(module.named_children())
-        kinds = {type(m) for _, m in kids}
-        if len(kids) >= 2 and len(kinds) == 1 and any(True for _ in kids[0][1].parameters()):
-            taken.append(name)
-            found += [(f"{name}.{k}" if name else k, m) for k, m in kids]
-    return found
-
-
-def on_meta(module: nn.Module) -> bool:
-    return any(t.device.type == "meta" for t in (*module.parameters(), *module.buffers()))
+    return repeated_children(model, (nn.ModuleList,))
 
 
 class Source:

@@ -90,9 +90,14 @@ def fake_inputs(obj: Any, mode: FakeTensorMode, device: str, memo: dict[int, tor
     return obj
 
 
+def on_meta(module: nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` is on the meta device (has no values)."""
+    return any(t.device.type == "meta" for t in (*module.parameters(), *module.buffers()))
+
+
 def real_model(model: nn.Module) -> nn.Module:
     """A full copy for a real-tensor audit (the user's model is never run)."""
-    if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
+    if on_meta(model):
         raise AuditError(
             f"{type(model).__name__} is on the meta device: it has no values to run on real tensors; "
             "audit it with fake=True (the default), or materialise it first"
