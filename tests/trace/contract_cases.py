@@ -156,14 +156,16 @@ def run_fake(case: Case) -> Outcome:
     return Outcome(False, None if first is None else first.dtype)
 
 
-def predict(case: Case, device_type: str = "cpu") -> Outcome:
-    """What the contract table says."""
+def predict(case: Case, device: Any = "cpu") -> Outcome:
+    """What the contract table says for ``device`` (a registered name or a Device)."""
+    from castwise.devices import get
     from castwise.trace.contracts import check, result_dtype
 
-    args, kwargs = make_for(case, device_type)
-    if check(case.func, args, kwargs, device_type) is not None:
+    dev = get(device)
+    args, kwargs = make_for(case, dev.kernels)
+    if check(case.func, args, kwargs, dev) is not None:
         return Outcome(True, None)
-    return Outcome(False, result_dtype(case.func, args, kwargs, device_type))
+    return Outcome(False, result_dtype(case.func, args, kwargs, dev))
 
 
 # ---------------------------------------------------------------------------------------------

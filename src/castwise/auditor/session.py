@@ -16,7 +16,7 @@ from castwise._dtypes import name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
 from castwise.auditor.findings import diags_of_run, merge
-from castwise.errors import AuditError, PolicyError
+from castwise.errors import AuditError, CastwiseError, PolicyError
 from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
@@ -215,10 +215,13 @@ def check_args(model: Any, policy: Any, device: Any, mode: Any, fake: Any) -> tu
         raise AuditError(f"audit needs a torch.nn.Module, got {type(model).__name__}")
     if mode not in MODES:
         raise AuditError(f"mode={mode!r} is not valid; valid: {', '.join(sorted(MODES))}")
-    if device is not None and str(device) not in devices.names():
-        raise AuditError(
-            f"device={device!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
-        )
+    if device is not None:
+        try:
+            devices.get(device)
+        except CastwiseError:
+            raise AuditError(
+                f"device={device!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
+            ) from None
     from castwise.applied import applied_to
 
     applied = applied_to(model)
@@ -234,18 +237,34 @@ def check_args(model: Any, policy: Any, device: Any, mode: Any, fake: Any) -> tu
         pol = _parse_policy(policy)
     except PolicyError as exc:
         raise AuditError(f"policy: {exc}") from exc
-    dev = str(device) if device is not None else _model_device(model)
-    if dev not in devices.names():
+    where = str(device) if device is not None else _model_device(model)
+    try:
+        target = devices.get(where)
+    except CastwiseError:
         raise AuditError(
-            f"the model is on {dev!r}; castwise simulates {', '.join(devices.names())}: pass "
+            f"the model is on {where!r}; castwise simulates {', '.join(devices.names())}: pass "
             "device='cpu' or device='cuda'"
-        )
-    if not fake and devices.get(dev).kernels == "cuda" and not torch.cuda.is_available():
+        ) from None
+    _check_real(target, fake)
+    return pol, target.name
+
+
+def _check_real(target: devices.Device, fake: bool) -> None:
+    """A real-tensor audit runs this machine's kernels: only a device this machine is."""
+    if fake:
+        return
+    if target.kernels == "cuda" and not torch.cuda.is_available():
         raise AuditError(
             "a real-tensor audit (fake=False) runs on this machine, which has no CUDA device; "
-            "audit device='cuda' with fake=True (the default)"
+            f"audit device={target.name!r} with fake=True (the default)"
         )
-    return pol, dev
+    here = devices.host_cpu().caps
+    if target.kernels == "cpu" and target.caps is not None and here is not None and not target.caps.same_kernels(here):
+        raise AuditError(
+            f"a real-tensor audit (fake=False) runs this machine's CPU kernels ({here.describe()}), not those "
+            f"of {target.name} ({target.caps.describe()}); audit device={target.name!r} with fake=True "
+            "(the default), or device='cpu' for this machine"
+        )
 
 
 def _status(mode: str, findings: list[Finding]) -> RunStatus:

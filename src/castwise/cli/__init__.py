@@ -131,6 +131,26 @@ def json_option(what: str = "report") -> Callable[[Any], Any]:
     return click.option("--json", "json_path", default=None, metavar="PATH|-", help=f"Write the JSON {what}.")
 
 
+class DeviceChoice(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A device from castwise's registry (``cpu``, ``cpu:avx2``, ``cuda``, ``cuda:a100``, ``cuda:0``...):
+    the one list of devices, so the CLI never offers one the audit does not know."""
+
+    name = "device"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        from castwise import devices
+
+        return "[" + "|".join(devices.names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from castwise import devices
+
+        try:
+            return devices.get(str(value)).name
+        except CastwiseError:
+            self.fail(f"{value!r} is not a device castwise knows; valid: {', '.join(devices.names())}", param, ctx)
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported when used (``COMMANDS``)."""
 

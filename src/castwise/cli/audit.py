@@ -10,6 +10,7 @@ from castwise.cli import (
     EXIT_FINDINGS,
     EXIT_INCOMPLETE,
     EXIT_OK,
+    DeviceChoice,
     check_json_path,
     emit,
     guard,
@@ -36,9 +37,10 @@ def exit_code(report: Report) -> int:
 @click.option("--policy", "-p", default=None, help="Precision policy (any string Policy.parse accepts).")
 @click.option(
     "--device",
-    type=click.Choice(["cpu", "cuda"]),
+    type=DeviceChoice(),
     default=None,
-    help="Target device to simulate (default: where the model is).",
+    help="Target device to simulate: cpu (this machine), a CPU class (cpu:avx2), cuda or a GPU (cuda:t4). "
+    "Default: where the model is.",
 )
 @click.option("--mode", type=click.Choice(["train", "eval", "both"]), default="both", show_default=True)
 @click.option("--real", is_flag=True, help="Run on real tensors on this machine instead of fake tensors.")

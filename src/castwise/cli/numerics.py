@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from castwise.cli import DeviceChoice
 from castwise.errors import CastwiseError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -128,7 +129,7 @@ def _run(
 @click.option("--tune", "tune_budget", default=None, metavar="BUDGET", help="float32 islands meeting BUDGET.")
 @click.option("--policy", "-p", default=None, help="Precision policy (any string Policy.parse accepts).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default="train", show_default=True)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Where to run (default: the model's).")
+@click.option("--device", type=DeviceChoice(), default=None, help="Where to run (default: the model's).")
 @click.option("--json", "json_path", default=None, metavar="PATH|-", help="Write the JSON report.")
 @click.option("--html", "html_path", default=None, metavar="PATH", help="Write the report as one offline HTML page.")
 @click.option(

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from castwise import devices
 from castwise.errors import AuditError, CastwiseError, PolicyError
 from castwise.trace.fake import on_meta
 from castwise.trace.observers import Observer, flat_outputs
 from castwise.trace.tracer import Tracer, run
 
 MODES = ("eval", "train")
-DEVICES = ("cpu", "cuda")
 
 
 def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -36,6 +36,23 @@ def model_device(model: nn.Module) -> str:
     return "cpu"
 
 
+def real_device(name: str) -> str:
+    """The torch device a real run on ``name`` (a registered device) uses; a CPU class other
+    than this machine's is refused (its kernels are not the ones that would run)."""
+    try:
+        target = devices.get(name)
+    except CastwiseError:
+        raise AuditError(
+            f"device={name!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
+        ) from None
+    here = devices.host_cpu().caps
+    if target.kernels == "cpu" and target.caps is not None and here is not None and not target.caps.same_kernels(here):
+        raise AuditError(
+            f"device={name!r}: a real run uses this machine's CPU kernels ({here.describe()}); pass device='cpu'"
+        )
+    return target.fake_device
+
+
 def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any, *, meta_ok: bool = False) -> tuple[Any, str]:
     """The parsed policy (or None) and the device to run on; a CastwiseError on bad arguments
     (``meta_ok``: a layerwise run materialises the model's meta-device weights itself)."""
@@ -46,8 +63,7 @@ def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any, *, me
     dev = device if device is not None else model_device(model)
     if meta_ok and dev == "meta":
         dev = "cpu"  # where its weights are materialised
-    if dev not in DEVICES:
-        raise AuditError(f"device={dev!r} is not valid; valid: {', '.join(DEVICES)} (or None: where the model is)")
+    dev = real_device(str(dev))
     if dev == "cuda" and not torch.cuda.is_available():
         raise AuditError(f"{what} runs on real tensors and this machine has no CUDA device; pass device='cpu'")
     if not meta_ok and on_meta(model):

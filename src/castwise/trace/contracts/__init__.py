@@ -12,15 +12,16 @@ tensors. It is called for every op from a dispatch mode: a lookup is one dict hi
 OpOverload, then a small function.
 
 Where the rules come from:
-- CPU: measured on real CPU kernels (torch 2.14) and pinned by
-  tests/trace/test_contracts_differential.py, which runs every rule's cases on real tensors.
+- CPU: measured on real CPU kernels per CPU class (``Device.path``: oneDNN or native kernels, by
+  the device's capabilities), pinned by tests/trace/test_contracts_differential.py and the
+  recorded truth of each class (tests/trace/truth/, written by tests/trace/kernel_truth.py).
 - CUDA: read from PyTorch's kernel sources (paths in the comments at each rule, under
-  aten/src/ATen/native/). Where CUDA shares the CPU code path (structured meta functions,
-  device-agnostic checks) the CPU measurement stands for both.
+  aten/src/ATen/native/); where CUDA shares the CPU code path the CPU measurement stands for both.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ from castwise.trace.contracts.elementwise import (
     _factory,
     _float_only,
     _float_unary,
+    _gelu_backward,
     _inplace,
     _inplace_div,
     _lerp,
@@ -106,6 +108,10 @@ from castwise.trace.contracts.norm import (
 __all__ = ["Lookup", "Violation", "check", "is_covered", "lookup", "result_dtype", "tensor_args"]
 
 _TABLE: dict[str, Rule] = {}
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
 
 
 def _register(rule: Rule, *names: str) -> None:
@@ -198,6 +204,7 @@ _register(_loss_target, "binary_cross_entropy_with_logits")
 _register(_loss_same, "binary_cross_entropy", "huber_loss_backward")
 _register(_nll_loss, "nll_loss_forward", "nll_loss2d_forward")
 _register(_nll_loss_backward, "nll_loss_backward", "nll_loss2d_backward")
+_register(_gelu_backward, "gelu_backward")
 _register(_promoting, "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div")
 _register(_lerp, "lerp", "lerp_")
 _register(
@@ -273,7 +280,6 @@ _register(
     "bitwise_or",
     "bitwise_xor",
     "threshold_backward",
-    "gelu_backward",
     "silu_backward",
     "sigmoid_backward",
     "tanh_backward",
@@ -413,39 +419,23 @@ _NEUTRAL = """
 _register(_same_as_self, *_NEUTRAL)
 _register(
     _like,
-    "empty_like",
-    "zeros_like",
-    "ones_like",
-    "rand_like",
-    "randn_like",
-    "full_like",
-    "new_empty",
-    "new_zeros",
-    "new_ones",
-    "new_full",
-    "new_empty_strided",
+    *_words(
+        """
+    empty_like zeros_like ones_like rand_like randn_like full_like new_empty new_zeros new_ones
+    new_full new_empty_strided
+"""
+    ),
 )
 _register(_to_copy, "_to_copy")
 _register(_to, "to", "type_as")
 _register(
     _factory,
-    "empty",
-    "zeros",
-    "ones",
-    "full",
-    "rand",
-    "randn",
-    "randint",
-    "randperm",
-    "arange",
-    "linspace",
-    "logspace",
-    "scalar_tensor",
-    "empty_strided",
-    "eye",
-    "tensor",
-    "_efficientzerotensor",
-    "zeros_symint",
+    *_words(
+        """
+    empty zeros ones full rand randn randint randperm arange linspace logspace scalar_tensor
+    empty_strided eye tensor _efficientzerotensor zeros_symint
+"""
+    ),
 )
 _register(_reduce_sum, "sum", "nansum", "cumsum", "prod", "cumsum_", "cumprod", "trace")
 _register(_reduce_keep, "norm", "linalg_vector_norm", "_linalg_vector_norm", "frobenius_norm", "nanmean")
@@ -463,27 +453,18 @@ _register(_grouped_mm, "_grouped_mm")
 _register(_complex_ctor, "polar", "complex")
 _register(
     _no_tensor,
-    "_local_scalar_dense",
-    "sym_size",
-    "sym_stride",
-    "sym_numel",
-    "sym_storage_offset",
-    "is_same_size",
-    "_assert_async",
-    "_assert_tensor_metadata",
-    "_functional_assert_async",
-    "record_stream",
-    "_assert_scalar",
-    "sym_constrain_range_for_size",
-    "_print",
-    "prim.device",
-    "prim.layout",
-    "profiler._record_function_enter",
-    "profiler._record_function_enter_new",
-    "profiler._record_function_exit",
+    *_words(
+        """
+    _local_scalar_dense sym_size sym_stride sym_numel sym_storage_offset is_same_size _assert_async
+    _assert_tensor_metadata _functional_assert_async record_stream _assert_scalar
+    sym_constrain_range_for_size _print prim.device prim.layout profiler._record_function_enter
+    profiler._record_function_enter_new profiler._record_function_exit
+"""
+    ),
 )
 
 _CACHE: dict[int, tuple[Any, tuple[Rule, str] | None]] = {}
+_STRICT = os.environ.get("CASTWISE_STRICT_CONTRACTS") == "1"  # tests: a rule that raises is a bug
 # rules that only name the result dtype: they never refuse, so a check can skip them
 _NEVER_REFUSE: frozenset[Rule] = frozenset({_same_as_self, _comparison, _like, _to_long, _no_tensor})
 
@@ -565,7 +546,9 @@ def _apply(rule: Rule, name: str, args: Args, kwargs: Kwargs, dev: Device) -> An
         return _viol(name, "unsupported", str(e), args, kwargs, culprits, None)
     except (IndexError, AttributeError, TypeError, KeyError, ValueError, StopIteration):
         # an overload whose arguments the rule does not model (e.g. an out= variant): no claim,
-        # and never an exception on the tracer's hot path
+        # and never an exception on the tracer's hot path; tests run strict, so a rule bug shows
+        if _STRICT:
+            raise
         return None
 
 

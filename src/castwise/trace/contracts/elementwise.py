@@ -8,7 +8,9 @@ import torch
 
 from castwise.devices import Device
 from castwise.trace.contracts._base import (
+    BF16,
     BOOL,
+    F16,
     F32,
     I64,
     Args,
@@ -25,6 +27,25 @@ from castwise.trace.contracts._base import (
 
 def _promoting(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return result_type([*args, *kwargs.values()])
+
+
+def _gelu_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    """Promotes like any activation backward, except on oneDNN's path (a bf16/f16 input on a CPU
+    whose oneDNN takes that dtype), which reorders the grad into the input's type and has no
+    f16 <-> bf16 reorder (measured on AVX-512 for a bf16 input; f16 read from the same code)."""
+    grad, x = args[0], args[1]
+    crossed = {grad.dtype, x.dtype} == {BF16, F16}
+    if crossed and dev.path(str(x.dtype).removeprefix("torch.")) == "cpu.onednn":
+        return _viol(
+            op,
+            "unsupported",
+            "could not create a primitive descriptor for the reorder primitive.",
+            args,
+            kwargs,
+            [grad],
+            x.dtype,
+        )
+    return result_type(args[:2])
 
 
 def _true_divide(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:

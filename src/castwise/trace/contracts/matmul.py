@@ -6,7 +6,6 @@ from typing import Any
 
 from castwise.devices import Device
 from castwise.trace.contracts._base import (
-    BF16,
     BOOL,
     F32,
     Args,
@@ -16,6 +15,7 @@ from castwise.trace.contracts._base import (
     _arg,
     _cpp,
     _legacy,
+    _name,
     _odd,
     _sc,
     _viol,
@@ -115,15 +115,21 @@ def _addmv(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 # ---------------------------------------------------------------------------------------------
 # convolution
 #
-# CPU measured: a bf16 input goes to oneDNN, which wants weight and bias in bf16; f32/f16 inputs
-# go to the native kernels, which want the weight in the input's dtype and add any float bias.
-# CUDA: Convolution.cpp check_input_same_type_as_parameters (cudnn/miopen backends): input,
-# weight and bias must all share the input's type.
+# The kernel path decides (Device.path, from the device's capabilities): torch sends a bf16 (f16)
+# convolution to oneDNN only where its oneDNN build takes bf16 (f16) on this CPU
+# (ConvUtils use_mkldnn: mkldnn_bf16_device_check, AVX-512 cores; f16 needs AVX512-FP16/AMX-FP16).
+# - cpu.onednn (measured on AVX-512): weight and bias must share the input's type, worded with the
+#   legacy type names; the backward also takes an f32 weight.
+# - cpu.native (measured on AVX2, and for f32/f16 on AVX-512): the weight must have the input's
+#   dtype ("expected scalar type ..."), any float bias is added; the backward wants one dtype.
+# - CUDA: Convolution.cpp check_input_same_type_as_parameters (cudnn/miopen backends): input,
+#   weight and bias must all share the input's type.
 
 
 def _conv_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, w: Tensor, b: Tensor | None) -> Any:
-    if dev.kernels == "cuda" or x.dtype == BF16:
-        tail = "" if dev.kernels == "cuda" else " or input should be a MKLDNN tensor and {0} is a dense tensor"
+    path = dev.path(_name(x.dtype))
+    if path != "cpu.native":
+        tail = " or input should be a MKLDNN tensor and {0} is a dense tensor" if path == "cpu.onednn" else ""
         if w.dtype != x.dtype:
             culprits, ref = _odd([x, w, b], prefer=w)
             return _viol(
@@ -177,8 +183,8 @@ def _conv_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             [go],
             x.dtype,
         )
-    # CPU measured: oneDNN's bf16 backward also takes an f32 weight; CUDA (cudnn) wants one type
-    if w.dtype != x.dtype and not (dev.kernels == "cpu" and x.dtype == BF16 and w.dtype == F32):
+    # oneDNN's backward also takes an f32 weight (measured for bf16); native and cuDNN want one type
+    if w.dtype != x.dtype and not (dev.path(_name(x.dtype)) == "cpu.onednn" and w.dtype == F32):
         return _viol(
             op, "mismatch", f"expected scalar type {_sc(x.dtype)} but found {_sc(w.dtype)}", args, kwargs, [w], x.dtype
         )
