@@ -120,5 +120,5 @@ def test_an_unknown_device_is_refused_with_the_valid_ones() -> None:
     valid = r"valid: cpu, cpu:amx, .*, cuda, cuda:a100, .* \(or None"
     with pytest.raises(castwise.AuditError, match=rf"device='mps' is not valid; {valid}"):
         castwise.audit(model, x, device="mps")
-    with pytest.raises(castwise.CastwiseError, match="valid: cpu, cpu:amx, .*, cuda, "):
+    with pytest.raises(castwise.CastwiseError, match=r"valid: cpu, cpu:amx, .*, cuda, "):
         devices.get("mps")
