@@ -343,15 +343,20 @@ def dump(model: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def same(a: dict[str, Any], b: dict[str, Any], tol: float = 2e-3) -> bool:
-    """Equal up to float noise across machines (BLAS summation order); a word whose weights sit at
-    the pruning threshold may be kept on one machine and dropped on another."""
+def same(a: dict[str, Any], b: dict[str, Any], tol: float = 2e-2) -> bool:
+    """The same corpus (by digest, exactly) and the same weights up to float noise across
+    machines. The noise is BLAS summation order carried through the fit's Adam steps: measured up
+    to 9e-3 on weights of magnitude up to 7 (OpenBLAS's Haswell and Sandybridge kernels against
+    its SkylakeX one, the CPUs CI runs on), so a feature whose weights sit at the pruning
+    threshold may be kept on one machine and dropped on another."""
     if a.keys() != b.keys() or a["categories"] != b["categories"]:
+        return False
+    if a["meta"]["data_sha256"] != b["meta"]["data_sha256"]:
         return False
     zero = [0.0] * len(a["categories"])
     for k in set(a["weights"]) ^ set(b["weights"]):
         w = a["weights"].get(k) or b["weights"].get(k) or zero
-        if not k.startswith("word:") or max(abs(v) for v in w) > WORD_KEEP + tol:
+        if max(abs(v) for v in w) > (WORD_KEEP if k.startswith("word:") else 1e-4) + tol:
             return False
     if abs(a["temperature"] - b["temperature"]) > 0.051 or a["meta"]["lambda"] != b["meta"]["lambda"]:
         return False
@@ -494,7 +499,8 @@ def main() -> int:
         return 0
     if args.check:
         stored = json.loads(OUT.read_text(encoding="utf-8"))
-        ok = same(build(stored), stored)
+        refit = build(stored)
+        ok = same(refit, stored)
         print("model.json matches a re-fit" if ok else "model.json differs from a re-fit: run fit_explain.py")
         return 0 if ok else 1
     model = build()

@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import grimp
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "castwise"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "castwise"
 MAX_FUNCTION_LINES = 80
 MAX_FILE_LINES = 600
 # pure data tables may be longer than MAX_FILE_LINES (a table reads best in one place)
@@ -98,3 +100,12 @@ def test_files_stay_readable(path: Path) -> None:
     if rel in DATA_TABLES:
         return
     assert len(path.read_text().splitlines()) <= MAX_FILE_LINES
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    test_block = next(b for b in blocks[:2] if "pytest" in b)
+    command = next(line for line in test_block.splitlines() if line and not line.startswith("#"))
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in ci, f".ci/run must call the README's test command as written: {command}"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from castwise.categories import CATEGORIES
 from castwise.diagnosis._model import load
@@ -50,16 +55,36 @@ def test_model_file_is_well_formed_and_shipped() -> None:
     assert resources.files("castwise.diagnosis").joinpath("model.json").is_file()
 
 
-def test_model_file_is_what_the_fitting_script_writes() -> None:
+@pytest.mark.parametrize("blas_kernel", ["", "Haswell"])
+def test_model_file_is_what_the_fitting_script_writes(blas_kernel: str) -> None:
     # the cheap form: re-fit with the stored regularisation (the cross-validation that chose it
-    # is the script's job); float noise across machines is tolerated, a stale file is not
+    # is the script's job); float noise across machines is tolerated, a stale file is not. The
+    # second run re-fits on OpenBLAS's AVX2 (Haswell) kernels, as an AVX2-only CI machine does
+    env = {**os.environ, "OPENBLAS_CORETYPE": blas_kernel} if blas_kernel else None
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "fit_explain.py"), "--check"],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_refit_check_tells_noise_from_a_stale_file() -> None:
+    spec = importlib.util.spec_from_file_location("fit_explain", ROOT / "benchmarks" / "fit_explain.py")
+    assert spec is not None and spec.loader is not None
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    stored = json.loads((ROOT / "src" / "castwise" / "diagnosis" / "model.json").read_text())
+    noisy, moved, other_data = (copy.deepcopy(stored) for _ in range(3))
+    feature = next(iter(stored["weights"]))
+    noisy["weights"][feature] = [v + 9e-3 for v in stored["weights"][feature]]  # measured BLAS noise
+    moved["weights"][feature] = [v + 0.1 for v in stored["weights"][feature]]
+    other_data["meta"]["data_sha256"] = "0" * 64
+    assert fit.same(noisy, stored)
+    assert not fit.same(moved, stored)
+    assert not fit.same(other_data, stored)
 
 
 def test_probabilities_and_evidence() -> None:

@@ -27,7 +27,7 @@ def browser() -> Iterator[Chromium]:
     if find_chromium() is None:
         pytest.fail(
             "headless Chromium is needed for the HTML report tests and was not found: install it "
-            "(Debian: apt-get install chromium chromium-driver; .ci/run does) or set CASTWISE_CHROMIUM"
+            "(Debian: apt-get install chromium; the README's test command does) or set CASTWISE_CHROMIUM"
         )
     with Chromium(width=1280, height=900) as b:
         yield b
