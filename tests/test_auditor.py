@@ -164,7 +164,7 @@ def test_audit_reports_json_in_the_contract_shape() -> None:
     ("kwargs", "match"),
     [
         ({"mode": "validate"}, r"valid: both, eval, train"),
-        ({"device": "tpu"}, "valid: cpu, cuda"),
+        ({"device": "tpu"}, r"valid: cpu, cpu:amx, .*, cuda, cuda:a100"),
         ({"policy": "bf17"}, "valid presets"),
         ({"policy": 3}, "policy must be"),
         ({"fake": "yes"}, "valid: False, True"),

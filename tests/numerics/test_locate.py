@@ -140,7 +140,7 @@ def test_policy_runs_on_a_copy_under_the_policy() -> None:
     ("kwargs", "words"),
     [
         ({"mode": "both"}, "valid: eval, train"),
-        ({"device": "tpu"}, "valid: cpu, cuda"),
+        ({"device": "tpu"}, r"valid: cpu, cpu:amx, .*, cuda, cuda:a100"),
         ({"policy": 3}, "policy must be"),
     ],
 )
