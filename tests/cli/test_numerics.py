@@ -40,3 +40,13 @@ def test_tune_of_a_config_json_says_how_the_model_was_built(tmp_path: Path) -> N
     result = CliRunner().invoke(numerics_command, [str(config), "--tune", "1", "-p", "bf16-mixed", "--json", "-"])
     assert result.exit_code == 0, result.output
     assert "random weights" in json.loads(result.stdout)["summary"]["numerics"]["built"]
+
+
+def test_json_on_stdout_stays_json_when_the_builder_prints(tmp_path: Path) -> None:
+    from tests.cli.test_audit import CHATTY, run_cli
+
+    (tmp_path / "chatty.py").write_text(CHATTY, encoding="utf-8")
+    p = run_cli("numerics", tmp_path / "chatty.py:build", "--forecast", "f16", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    assert isinstance(json.loads(p.stdout)["findings"], list)
+    assert "number of parameters: 0.00M" in p.stderr and "forward (2, 8)" in p.stderr

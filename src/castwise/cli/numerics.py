@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from castwise.cli import user_stdout_aside
 from castwise.errors import CastwiseError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -170,7 +171,8 @@ def numerics_command(
             check_html_path(html_path)  # a wrong path fails before the model runs
         if layerwise and which != "--forecast":
             raise CastwiseError(f"--layerwise goes with --forecast DT, not {which}")
-        report, built = _run(target, which, forecast_dt, tune_budget, policy, mode, device, layerwise)
+        with user_stdout_aside(json_path):
+            report, built = _run(target, which, forecast_dt, tune_budget, policy, mode, device, layerwise)
         if json_path != "-":
             click.echo(str(report))
         _write_json(_json(report, built), json_path)
