@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import textwrap
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
+
+from castwise._wrap import wrap
 
 WIDTH = 100
 
@@ -29,14 +30,12 @@ class _Out:
         if not text:
             print(file=self.stream)
             return
-        for chunk in textwrap.wrap(text, self.width - indent, break_on_hyphens=False) or [""]:
+        for chunk in wrap(text, self.width - indent) or [""]:
             print(" " * indent + chunk, file=self.stream)
         self.stream.flush()
 
     def field(self, label: str, text: str) -> None:
-        wrapped = textwrap.wrap(
-            " ".join(str(text).split()), self.width - 14, break_on_hyphens=False, break_long_words=False
-        ) or [""]
+        wrapped = wrap(" ".join(str(text).split()), self.width - 14) or [""]
         print(f"  {self._c('2', f'{label:<11}')} {wrapped[0]}", file=self.stream)
         for chunk in wrapped[1:]:
             print(" " * 14 + chunk, file=self.stream)
