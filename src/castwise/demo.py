@@ -77,9 +77,9 @@ def _model_story(out: _Out, story: Any) -> bool:
     out.field("setup", story.summary)
     how = f"policy={story.policy or 'none (the model as it is)'}, device={story.device}, mode={story.mode}"
     out.field("runs as", how)
-    missing = story.missing()
-    if missing:
-        out.field("skipped", f"needs {', '.join(missing)}: pip install 'castwise[demo]'")
+    reasons = story.unavailable()
+    if reasons:
+        out.field("skipped", "; ".join(reasons))
         return True
 
     model, inputs = _timed(out, "building the model", story.build)
@@ -178,7 +178,6 @@ def _numerics_story(out: _Out) -> bool:
     name `wo` (numerics I, imported lazily: skipped where not installed); tune finds the
     float32 islands; the run is finite under them."""
     import importlib
-    import importlib.util
     import math
 
     out.head("Story 6. T5 in float16: `wo` overflows; which layers must stay float32?")
@@ -187,10 +186,11 @@ def _numerics_story(out: _Out) -> bool:
         "T5 encoder, float32 weights, block 2's `wo` with weights past float16's 65504; trained "
         "under 16-true,keep_in_fp32=off (transformers' hard-coded float32 `wo` turned off)",
     )
-    from castwise.stories import build_t5_overflow
+    from castwise.stories import build_t5_overflow, unavailable
 
-    if importlib.util.find_spec("transformers") is None:
-        out.field("skipped", "needs transformers: pip install 'castwise[demo]'")
+    reason = unavailable("transformers")
+    if reason is not None:
+        out.field("skipped", reason)
         return True
     from castwise.numerics._compare_core import loss_only
     from castwise.numerics._compare_target import parse_target
@@ -245,8 +245,8 @@ class _quiet_libraries:
             self.hf = hf_logging
             self.bars = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        except ImportError:
-            pass
+        except Exception:  # absent or broken: its stories are skipped, saying why
+            self.hf = None
 
     def __exit__(self, *exc: object) -> None:
         import logging
