@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import textwrap
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
+
+from castwise._wrap import wrap
 
 WIDTH = 100
 
@@ -29,14 +30,12 @@ class _Out:
         if not text:
             print(file=self.stream)
             return
-        for chunk in textwrap.wrap(text, self.width - indent, break_on_hyphens=False) or [""]:
+        for chunk in wrap(text, self.width - indent) or [""]:
             print(" " * indent + chunk, file=self.stream)
         self.stream.flush()
 
     def field(self, label: str, text: str) -> None:
-        wrapped = textwrap.wrap(
-            " ".join(str(text).split()), self.width - 14, break_on_hyphens=False, break_long_words=False
-        ) or [""]
+        wrapped = wrap(" ".join(str(text).split()), self.width - 14) or [""]
         print(f"  {self._c('2', f'{label:<11}')} {wrapped[0]}", file=self.stream)
         for chunk in wrapped[1:]:
             print(" " * 14 + chunk, file=self.stream)
@@ -78,9 +77,9 @@ def _model_story(out: _Out, story: Any) -> bool:
     out.field("setup", story.summary)
     how = f"policy={story.policy or 'none (the model as it is)'}, device={story.device}, mode={story.mode}"
     out.field("runs as", how)
-    missing = story.missing()
-    if missing:
-        out.field("skipped", f"needs {', '.join(missing)}: pip install 'castwise[demo]'")
+    reasons = story.unavailable()
+    if reasons:
+        out.field("skipped", "; ".join(reasons))
         return True
 
     model, inputs = _timed(out, "building the model", story.build)
@@ -179,7 +178,6 @@ def _numerics_story(out: _Out) -> bool:
     name `wo` (numerics I, imported lazily: skipped where not installed); tune finds the
     float32 islands; the run is finite under them."""
     import importlib
-    import importlib.util
     import math
 
     out.head("Story 6. T5 in float16: `wo` overflows; which layers must stay float32?")
@@ -188,10 +186,11 @@ def _numerics_story(out: _Out) -> bool:
         "T5 encoder, float32 weights, block 2's `wo` with weights past float16's 65504; trained "
         "under 16-true,keep_in_fp32=off (transformers' hard-coded float32 `wo` turned off)",
     )
-    from castwise.stories import build_t5_overflow
+    from castwise.stories import build_t5_overflow, unavailable
 
-    if importlib.util.find_spec("transformers") is None:
-        out.field("skipped", "needs transformers: pip install 'castwise[demo]'")
+    reason = unavailable("transformers")
+    if reason is not None:
+        out.field("skipped", reason)
         return True
     from castwise.numerics._compare_core import loss_only
     from castwise.numerics._compare_target import parse_target
@@ -246,8 +245,8 @@ class _quiet_libraries:
             self.hf = hf_logging
             self.bars = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        except ImportError:
-            pass
+        except Exception:  # absent or broken: its stories are skipped, saying why
+            self.hf = None
 
     def __exit__(self, *exc: object) -> None:
         import logging

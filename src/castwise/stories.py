@@ -11,6 +11,7 @@ the others need only torch.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import tempfile
 from collections.abc import Callable
@@ -40,14 +41,31 @@ class Story:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def missing(self) -> list[str]:
-        """Optional libraries this story needs that are not installed."""
-        return [name for name in self.requires if importlib.util.find_spec(name) is None]
+        """Optional libraries this story needs that are not installed or fail to import."""
+        return [name for name in self.requires if unavailable(name) is not None]
+
+    def unavailable(self) -> list[str]:
+        """Why each optional library this story needs cannot be used (``unavailable``)."""
+        return [why for why in map(unavailable, self.requires) if why is not None]
 
     def run_real(self, model: nn.Module | None = None, inputs: Inputs = None) -> Any:
         """Run the story on real CPU tensors the way the user did (raises the user's error)."""
         if model is None:
             model, inputs = self.build()
         return run_as_user(model, inputs, self.policy, self.mode)
+
+
+def unavailable(name: str) -> str | None:
+    """Why the optional library ``name`` cannot be used, or None when it imports. Installed is
+    not enough: open_clip with a torchvision built for another torch raises on import."""
+    try:
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed (pip install 'castwise[demo]')"
+        importlib.import_module(name)
+    except Exception as exc:  # whatever its import raises: ImportError, RuntimeError, AttributeError...
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"{name} is installed but fails to import ({type(exc).__name__}: {first}); repair that install"
+    return None
 
 
 def call(model: nn.Module, inputs: Inputs) -> Any:

@@ -81,6 +81,15 @@ def test_unreadable_files_exit_2_with_one_line(tmp_path: Path) -> None:
         assert name.split(".")[0] in lines[0] or "gone.json" in lines[0]
 
 
+def test_launch_script_of_another_project_exits_2_saying_what_castwise_reads(tmp_path: Path) -> None:
+    from tests.lint.test_errors import OPEN_CLIP_LAUNCH
+
+    (tmp_path / "train.sh").write_text(OPEN_CLIP_LAUNCH, encoding="utf-8")
+    p = castwise(tmp_path / "train.sh")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "sets none of SimpleTuner's config.env variables" in p.stderr and "castwise reads:" in p.stderr
+
+
 def test_never_imports_torch() -> None:
     p = subprocess.run(
         [

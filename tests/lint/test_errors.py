@@ -106,6 +106,38 @@ def test_unknown_format_lists_the_formats(tmp_path: Path, name: str, text: str) 
     assert "DeepSpeed" in str(info.value) and "SimpleTuner" in str(info.value)
 
 
+# open_clip's own launch script: its precision is on the command line, not in a config castwise reads
+OPEN_CLIP_LAUNCH = """\
+#!/bin/bash
+export CUDA_VISIBLE_DEVICES=0,1,2,3
+export OMP_NUM_THREADS=8
+cd open_clip/src
+torchrun --nproc_per_node 4 -m open_clip_train.main \\
+    --train-data '/data/cc12m/cc12m-train-{0000..2175}.tar' \\
+    --batch-size 320 \\
+    --precision amp_bf16 \\
+    --model ViT-B-32
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("train_openclip.sh", OPEN_CLIP_LAUNCH),
+        ("launch.env", OPEN_CLIP_LAUNCH.replace("#!/bin/bash\n", "")),
+        ("run", OPEN_CLIP_LAUNCH.replace("#!/bin/bash\n", "")),  # no suffix: shell by its first line
+    ],
+)
+def test_launch_script_of_another_project_is_refused_not_read_as_simpletuner(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"sets none of SimpleTuner's config\.env variables") as info:
+        lint_config(write(tmp_path, name, text))
+    message = str(info.value)
+    assert "castwise reads: Accelerate config" in message and "DeepSpeed" in message and "Lightning" in message
+    assert "name it e.g. config.env" not in message  # renaming would bring the wrong reading back
+
+
 @pytest.mark.parametrize(
     ("name", "text"),
     [

@@ -330,3 +330,22 @@ def test_lightning_inline_deepspeed_dict_disabled_block_warns(tmp_path: Path) ->
     assert (f.code, f.level) == ("CW209", "warning")
     assert f.settings == ("trainer.precision", "trainer.strategy.init_args.config.fp16.enabled")
     assert f.locations[1] == f"{cfg}:8"
+
+
+def test_a_simpletuner_launch_script_by_any_name_is_read_and_the_render_says_as_what(tmp_path: Path) -> None:
+    from castwise.lint import render
+
+    script = tmp_path / "train_flux.sh"
+    script.write_text('#!/bin/bash\nexport MODEL_FAMILY="flux"\nexport MIXED_PRECISION="fp16"\n', encoding="utf-8")
+    report = lint_config(script)
+    assert report.summary["files"] == [{"path": str(script), "format": "simpletuner"}]
+    assert build_model(read_config(script)).compute is not None
+    text = render(report, 100)
+    assert "read: train_flux.sh as SimpleTuner config (config.env, config.json, config.toml)" in text
+
+
+def test_the_render_names_the_format_of_every_file() -> None:
+    from castwise.lint import render
+
+    text = render(lint_config(FIX / "accelerate" / "deepspeed_ok" / "default_config.yaml"), 100)
+    assert "default_config.yaml as Accelerate config" in text and "as DeepSpeed config (JSON)" in text

@@ -11,11 +11,13 @@ Registering a subcommand that lives elsewhere is one entry in ``COMMANDS``:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,17 @@ def write_json(payload: str, target: str | None) -> None:
         raise CastwiseError(f"--json {target}: cannot write the report ({exc.strerror or exc})") from None
 
 
+@contextlib.contextmanager
+def user_stdout_aside(json_path: str | None) -> Iterator[None]:
+    """With ``--json -``, what the user's code prints (a builder's ``number of parameters: 0.12M``,
+    a forward's debug print) goes to stderr while it runs: stdout carries the JSON alone."""
+    if json_path != "-":
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
 def emit(human: str, payload: str, json_path: str | None) -> None:
     """Human output on stdout unless the JSON goes there; the JSON where asked."""
     if json_path != "-":
@@ -218,4 +231,5 @@ __all__ = [
     "guard",
     "main",
     "terminal_width",
+    "user_stdout_aside",
 ]

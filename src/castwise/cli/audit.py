@@ -16,6 +16,7 @@ from castwise.cli import (
     guard,
     json_option,
     terminal_width,
+    user_stdout_aside,
 )
 from castwise.errors import TargetError
 
@@ -83,7 +84,8 @@ def audit(
             )
         if policy is not None:
             Policy.parse(policy)  # a bad policy fails before the model loads, not after
-        with working_dir_on_path():  # the model's own lazy imports find the project too
+        # the model's own lazy imports find the project too
+        with working_dir_on_path(), user_stdout_aside(json_path):
             model, inputs = load_target(target, seq_len=seq_len)
             from castwise._progress import progress
 

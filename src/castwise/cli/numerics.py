@@ -7,13 +7,14 @@ run could not cover the whole model (it raised part way), 130 interrupted. The l
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from castwise.cli import DeviceChoice
+from castwise.cli import DeviceChoice, user_stdout_aside
 from castwise.errors import CastwiseError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -34,9 +35,19 @@ def _write_json(payload: str, target: str | None) -> None:
 def _exit_code(report: Any) -> int:
     if not report.ok:
         return EXIT_FINDINGS
-    if any(r.status == "incomplete" for r in report.runs):
+    runs = report.runs  # a Report's runs; tune's Tuned counts its runs instead (an int)
+    if isinstance(runs, (list, tuple)) and any(r.status == "incomplete" for r in runs):
         return EXIT_INCOMPLETE
     return EXIT_OK
+
+
+def _json(report: Any, built: str | None) -> str:
+    """The report's JSON; how a config target was built under summary.numerics.built (a Tuned
+    has no summary of its own, so it is added to its dict)."""
+    data = report.to_dict()
+    if built is not None:
+        data.setdefault("summary", {}).setdefault("numerics", {})["built"] = built
+    return json.dumps(data, indent=2)
 
 
 def _pick(locate: bool, forecast: str | None, compare: bool, tune: str | None) -> str:
@@ -78,7 +89,7 @@ def _run(
     mode: str,
     device: str | None,
     layerwise: bool = False,
-) -> Any:
+) -> tuple[Any, str | None]:
     model, inputs, built = _load(target)
     report: Any
     if which == "--locate":
@@ -109,10 +120,10 @@ def _run(
         if policy is None:
             raise CastwiseError("--tune needs --policy P (the policy to add float32 islands to)")
         tuned = tune(model, inputs, policy=policy, budget=float(tune_budget or "0"), mode=mode)
-        report = getattr(tuned, "report", tuned)
-    if built is not None:
-        report.summary.setdefault("numerics", {})["built"] = built
-    return report
+        report = tuned
+    if built is not None and isinstance(getattr(report, "summary", None), dict):
+        report.summary.setdefault("numerics", {})["built"] = built  # the HTML page says it too
+    return report, built
 
 
 @click.command("numerics")
@@ -160,10 +171,11 @@ def numerics_command(
             check_html_path(html_path)  # a wrong path fails before the model runs
         if layerwise and which != "--forecast":
             raise CastwiseError(f"--layerwise goes with --forecast DT, not {which}")
-        report = _run(target, which, forecast_dt, tune_budget, policy, mode, device, layerwise)
+        with user_stdout_aside(json_path):
+            report, built = _run(target, which, forecast_dt, tune_budget, policy, mode, device, layerwise)
         if json_path != "-":
             click.echo(str(report))
-        _write_json(report.to_json(), json_path)
+        _write_json(_json(report, built), json_path)
         if html_path is not None:
             from castwise.report.html import write_html
 

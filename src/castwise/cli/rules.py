@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import click
 
+from castwise._wrap import wrap
 from castwise.cli import EXIT_OK, guard, terminal_width
 
 
@@ -22,9 +21,7 @@ def listing(width: int) -> str:
     lines: list[str] = []
     for r in every:
         lines.append(f"{r.code}  {r.name}  ({r.severity})")
-        lines += textwrap.wrap(
-            r.summary, width, initial_indent=" " * 7, subsequent_indent=" " * 7, break_on_hyphens=False
-        )
+        lines += wrap(r.summary, width, " " * 7, " " * 7)
     return "\n".join(lines)
 
 

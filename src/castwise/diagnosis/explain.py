@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castwise._dtypes import short
+from castwise._wrap import wrap
 from castwise.categories import CATEGORIES
 from castwise.diagnosis._advice import CAUSES, FIXES
 from castwise.diagnosis._features import Evidence, extract
@@ -396,14 +397,8 @@ _LABEL = 10
 
 
 def _field(label: str, text: str, width: int = WIDTH) -> list[str]:
-    return textwrap.fill(
-        " ".join(text.split()),
-        width=width,
-        initial_indent=f"  {label:<{_LABEL}}",
-        subsequent_indent=" " * (2 + _LABEL),
-        break_on_hyphens=False,
-        break_long_words=True,
-    ).splitlines()
+    # a policy or code span is never cut; pasted text with no code may be (it keeps the width)
+    return wrap(" ".join(text.split()), width, f"  {label:<{_LABEL}}", " " * (2 + _LABEL), split_plain=True)
 
 
 def render(e: Explanation, width: int = WIDTH) -> str:

@@ -24,6 +24,7 @@ from castwise.lint._source import (
     Document,
     looks_like_shell,
     parse_json,
+    parse_shell,
     parse_toml,
     parse_yaml,
     read_text,
@@ -46,12 +47,14 @@ __all__ = [
 PathLike = str | os.PathLike[str]
 
 
-def _unknown(shown: str, what: str) -> ConfigError:
+_NAME_IT = " (name it e.g. config.env, default_config.yaml, ds_config.json)"
+
+
+def _unknown(shown: str, what: str, why: str = "", name_it: str = _NAME_IT) -> ConfigError:
     return ConfigError(
-        f"cannot tell which training configuration this {what} is; castwise reads: "
+        f"cannot tell which training configuration this {what} is{why}; castwise reads: "
         + "; ".join(FORMATS[k] for k in sorted(FORMATS))
-        + ". Check the file is one of these (name it e.g. config.env, default_config.yaml, "
-        "ds_config.json)",
+        + f". Check the file is one of these{name_it}",
         path=shown,
         line=1,
     )
@@ -104,6 +107,16 @@ class _Loader:
             or name == "config.env"
             or (suffix not in (".json", ".yaml", ".yml", ".toml") and looks_like_shell(text))
         ):
+            if name != "config.env" and not simpletuner.is_simpletuner_env(parse_shell(text, shown)):
+                # e.g. a `torchrun train.py --precision amp_bf16` launch script: read as SimpleTuner
+                # it would get SimpleTuner's defaults, a precision model of a run that is not this one
+                raise _unknown(
+                    shown,
+                    "shell file",
+                    " (it sets none of SimpleTuner's config.env variables, such as MIXED_PRECISION; "
+                    "castwise does not read the command lines of launch scripts)",
+                    name_it=", and give castwise the configuration files the script uses",
+                )
             return simpletuner.read_env(text, shown)
         if suffix == ".toml":
             doc = parse_toml(text, shown)
@@ -308,7 +321,9 @@ def render(report: Report, width: int = 100) -> str:
     precision: Any = report.summary.get("precision")
     if not isinstance(precision, dict):
         return text
-    rows = ["", "precision model (what the run will do):"]
+    # the format each file was read as: a file read as the wrong one would show a wrong model
+    read_as = [f"{Path(f['path']).name} as {FORMATS.get(f['format'], f['format'])}" for f in report.summary["files"]]
+    rows = ["", *_pack(read_as, "read: ", width), "precision model (what the run will do):"]
     for name in ("weights", "compute", "gradients", "loss_scaling", "optimizer_state", "reduce", "device"):
         t = precision.get(name)
         if t is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from castwise.lint._source import Document, parse_shell
+from castwise.lint._source import Assignment, Document, parse_shell
 from castwise.lint.accelerate import compute_and_scaling
 from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar
 
@@ -58,6 +58,16 @@ MARKERS: frozenset[str] = frozenset(
         "quantize_via",
     }
 )
+
+# config.env variables only SimpleTuner's train.sh reads: a shell file setting none of them (a
+# launch script of another project) is not a SimpleTuner config
+ENV_MARKERS: frozenset[str] = frozenset(
+    {*ENV_TO_ARG, "TRAINER_EXTRA_ARGS", "MODEL_FAMILY", "DATALOADER_CONFIG", "TRAINING_DYNAMO_BACKEND"}
+)
+
+
+def is_simpletuner_env(assignments: list[Assignment]) -> bool:
+    return any(a.name in ENV_MARKERS for a in assignments)
 
 
 def read_env(text: str, shown: str) -> ConfigFile:

@@ -15,6 +15,7 @@ inputs cast in, autocast off inside, output cast back saturating to float16's ra
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,10 @@ class Tuned:
             "reference": self.reference,
             "findings": [f.to_dict() for f in self.findings],
         }
+
+    def to_json(self) -> str:
+        """``to_dict()`` as JSON, as ``Report.to_json`` writes it (the CLI's ``--json``)."""
+        return json.dumps(self.to_dict(), indent=2)
 
     def __str__(self) -> str:
         from castwise.report.text import render_finding

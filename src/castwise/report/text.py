@@ -3,8 +3,9 @@ terminal's); 80 columns read well."""
 
 from __future__ import annotations
 
-import textwrap
 from typing import TYPE_CHECKING
+
+from castwise._wrap import wrap
 
 if TYPE_CHECKING:
     from castwise.report import Finding, Report
@@ -14,15 +15,8 @@ _LABEL = 9  # width of the "at", "origin", "fix" labels column
 
 
 def _field(label: str, text: str, width: int) -> list[str]:
-    indent = " " * (2 + _LABEL)
-    body = textwrap.fill(
-        " ".join(text.split()),
-        width=width,
-        initial_indent=f"  {label:<{_LABEL}}",
-        subsequent_indent=indent,
-        break_on_hyphens=False,
-    )
-    return body.splitlines()
+    # a policy, a module path or a code span is never split across lines (castwise._wrap)
+    return wrap(" ".join(text.split()), width, f"  {label:<{_LABEL}}", " " * (2 + _LABEL))
 
 
 def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
@@ -51,31 +45,28 @@ def render_finding(f: Finding, width: int = WIDTH) -> list[str]:
 def render_report(report: Report, width: int = WIDTH) -> str:
     counts = {level: sum(f.level == level for f in report.findings) for level in ("error", "warning", "info")}
     tally = ", ".join(f"{n} {level}{'s' if n != 1 else ''}" for level, n in counts.items() if n) or "no findings"
-    lines = textwrap.wrap(
-        f"{report.title}:", width=width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
-    )
+    lines = wrap(f"{report.title}:", width, subsequent_indent="  ")
     if len(lines[-1]) + 1 + len(tally) <= width:  # the tally stays in one piece
         lines[-1] += f" {tally}"
     else:
         lines.append(f"  {tally}")
     if report.runs:
         runs = ", ".join(f"{r.mode} on {r.device}: {r.status}" for r in report.runs)
-        lines += textwrap.wrap(f"runs: {runs}", width=width, subsequent_indent="      ", break_on_hyphens=False)
+        lines += wrap(f"runs: {runs}", width, subsequent_indent="      ")
     for f in report.sorted_findings():
         lines.append("")
         lines += render_finding(f, width)
     if report.suggested_policy is not None:
         lines.append("")
-        lines += textwrap.wrap(
+        lines += wrap(
             f"suggested policy: {report.suggested_policy}  (a re-audit under it finds no error; "
             + (
                 "shard with castwise.fsdp2.fully_shard(model, ...))"
                 if report.extra.get("units")
                 else "apply it with castwise.apply(model, castwise.Policy.parse(...)))"
             ),
-            width=width,
+            width,
             subsequent_indent="  ",
-            break_on_hyphens=False,
         )
     units = report.extra.get("units")
     if units:  # a distributed audit: what each FSDP2 unit gathers, computes and reduces in
@@ -90,5 +81,5 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         total = sum(act.values()) or 1
         share = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(act.items(), key=lambda kv: -kv[1]))
         lines.append("")
-        lines += textwrap.wrap(f"activations by dtype: {share}", width=width, subsequent_indent="  ")
+        lines += wrap(f"activations by dtype: {share}", width, subsequent_indent="  ")
     return "\n".join(lines)

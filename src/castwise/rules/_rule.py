@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 from typing import Literal
+
+from castwise import _wrap
 
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
@@ -27,7 +28,7 @@ class Rule:
         ``width`` columns, the example verbatim (it is code)."""
 
         def fill(text: str) -> str:
-            return textwrap.fill(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+            return _wrap.fill(" ".join(text.split()), width)
 
         category = self.category or "(not a dtype root cause)"
         return (

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from castwise._dtypes import short_of
+from castwise._dtypes import name_of, short_of
 from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     generalize,
     torch_name,
+    true_preset,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +47,36 @@ def _fix_text(kind: str, dtype: str, want: str, want_torch: str, owner: str) -> 
     )
 
 
+def _config_dtype(model: Any) -> str | None:
+    """The dtype a Hugging Face model's config names (``dtype``; ``torch_dtype`` before
+    transformers 5), as torch writes it after ``torch.``: transformers builds every weight in it
+    (``from_config``, and ``from_pretrained``, whose default ``dtype="auto"`` reads it)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    # vars(): the `torch_dtype` property of transformers 5 warns that it is deprecated
+    value = getattr(config, "dtype", None) or vars(config).get("torch_dtype")
+    return str(value).removeprefix("torch.") if value is not None else None
+
+
+def _from_config(have: Any, want: Any, policy: Any) -> tuple[str, str]:
+    """(how, fix) for tensors in the dtype the model's config names: one cause for them all,
+    however many modules hold them, so the fix is the build's dtype or the policy, not a rule."""
+    how = (
+        f"the model was built in {short_of(have)} because its config names it (config.json "
+        f'"torch_dtype": "{name_of(have)}"; transformers builds every weight in it: from_config, and '
+        'from_pretrained, whose default dtype="auto" reads it)'
+    )
+    if policy.is_mixed:
+        how += f", and a mixed policy does not cast weights: it expects {short_of(want)} weights and autocasts"
+    fix = (
+        f"Build the model in {name_of(want)}, as {policy} expects: `from_pretrained(..., "
+        f'dtype=torch.{name_of(want)})` (auditing a config.json: set its "torch_dtype" to '
+        f'"{name_of(want)}"); or, if {short_of(have)} weights are meant, use the policy `{true_preset(have)}`.'
+    )
+    return how, fix
+
+
 def _scan(session: Session) -> list[Finding]:
     # tensors the policy leaves off the dtype it gives them (apply casts the rest)
     policy, runs = session.policy, session.runs
@@ -55,6 +86,7 @@ def _scan(session: Session) -> list[Finding]:
     for m, n, kind, dtype, want in runs[0].unexpected:
         groups.setdefault((kind, dtype, want), []).append(f"{m}.{n}" if m else n)
     out: list[Finding] = []
+    built_in = _config_dtype(runs[0].copy)
     for (kind, dtype, want), names in groups.items():
         sample = ", ".join(f"`{x}`" for x in names[:3]) + (", ..." if len(names) > 3 else "")
         owner = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
@@ -64,6 +96,10 @@ def _scan(session: Session) -> list[Finding]:
             else "castwise.apply leaves it as it is"
         )
         have, should = short_of(dtype), short_of(want)
+        fix = _fix_text(kind, have, should, torch_name(want), owner)
+        if kind == "param" and built_in == name_of(dtype):
+            how, fix = _from_config(dtype, want, policy)
+            owner = ""  # the whole model's build, not the module of the first tensor named
         out.append(
             session.finding(
                 code="CW122",
@@ -75,7 +111,7 @@ def _scan(session: Session) -> list[Finding]:
                     f"({sample}): {how}, so ops autocast does not manage (index_put, cat, in-place writes, "
                     f"custom kernels) see {have} meet {should}."
                 ),
-                fix=_fix_text(kind, have, should, torch_name(want), owner),
+                fix=fix,
             )
         )
     return out
