@@ -52,6 +52,7 @@ class Policy:
     cast_back: Literal["saturate", "plain"] = "saturate"
     fastpath: bool = True
     reduce_dtype: torch.dtype = F32  # gradient reduction across ranks (castwise.fsdp2, castwise.export)
+    default_dtype: torch.dtype | None = None  # None: torch's default dtype is left as it is
     rules: tuple[ModuleRule, ...] = ()
 
     def __post_init__(self) -> None:
@@ -152,13 +153,15 @@ class Policy:
         return cls(**values)
 
     def __str__(self) -> str:
-        table = _presets()
-        for name in presets.PREFERRED:
+        table = {**_presets(), **_lightning_presets()}
+        # Lightning's *-true (the presets that set the default dtype) print as Lightning says them
+        names = (*_LIGHTNING_NAMES, *presets.PREFERRED) if self.default_dtype is not None else presets.PREFERRED
+        for name in names:
             if table[name] == self:
                 return name
         values = self._values()
         # the preset with the same params/compute, plus the clauses that differ from it
-        for name in presets.PREFERRED:
+        for name in names:
             preset = table[name]
             if (preset.param_dtype, preset.compute_dtype) == (self.param_dtype, self.compute_dtype):
                 clauses = grammar.clauses_against(values, preset._values())
@@ -189,6 +192,8 @@ class Policy:
             extras.append(f"inputs cast to {_short(self.input_dtype)}")
         if self.loss_scale:
             extras.append(f"{self.loss_scale} loss scaling")
+        if self.default_dtype is not None:
+            extras.append(f"default dtype {_short(self.default_dtype)} while the model runs")
         if not self.fastpath:
             extras.append("fused fast paths off")
         extras += [str(r) for r in self.rules]
@@ -200,6 +205,16 @@ if _declared != (*(f.attr for f in policy_fields.FIELDS), "rules"):  # a castwis
     raise RuntimeError(f"Policy's attributes {_declared} do not follow castwise.policy.fields.FIELDS")
 
 _PRESET_CACHE: dict[str, Policy] = {}
+_LIGHTNING_NAMES = tuple(f"lightning:{name}" for name in presets.LIGHTNING_CLAUSES)
+_LIGHTNING_CACHE: dict[str, Policy] = {}
+
+
+def _lightning_presets() -> dict[str, Policy]:
+    """Lightning's strings whose policy no castwise preset is (for printing; ``presets()`` lists
+    castwise's own names)."""
+    if not _LIGHTNING_CACHE:
+        _LIGHTNING_CACHE.update({name: Policy.parse(name) for name in _LIGHTNING_NAMES})
+    return _LIGHTNING_CACHE
 
 
 def _presets() -> dict[str, Policy]:
