@@ -153,20 +153,31 @@ class Policy:
         return cls(**values)
 
     def __str__(self) -> str:
-        table = {**_presets(), **_lightning_presets()}
-        # Lightning's *-true (the presets that set the default dtype) print as Lightning says them
-        names = (*_LIGHTNING_NAMES, *presets.PREFERRED) if self.default_dtype is not None else presets.PREFERRED
-        for name in names:
+        table = _presets()
+        for name in presets.PREFERRED:
             if table[name] == self:
                 return name
         values = self._values()
         # the preset with the same params/compute, plus the clauses that differ from it
-        for name in names:
+        bases: list[tuple[str, list[str]]] = []
+        for name in presets.PREFERRED:
             preset = table[name]
             if (preset.param_dtype, preset.compute_dtype) == (self.param_dtype, self.compute_dtype):
                 clauses = grammar.clauses_against(values, preset._values())
                 if clauses is not None:
-                    return ",".join([name, *clauses])
+                    bases.append((name, clauses))
+                    break
+        if self.default_dtype is not None:
+            # Lightning's *-true set the default dtype: a policy built on one prints as Lightning
+            # says it ("lightning:bf16-true,keep[*.wo]=f32") where that takes fewer clauses
+            for name, preset in _lightning_presets().items():
+                clauses = grammar.clauses_against(values, preset._values())
+                same = (preset.param_dtype, preset.compute_dtype) == (self.param_dtype, self.compute_dtype)
+                if preset == self or (same and clauses is not None):
+                    bases.append((name, clauses or []))
+        if bases:
+            name, clauses = min(bases, key=lambda b: len(b[1]))
+            return ",".join([name, *clauses])
         head = [f"params={_short(self.param_dtype)}", f"compute={_short(self.compute_dtype)}"]
         clauses = grammar.clauses_against(values, self._defaults(self.param_dtype, self.compute_dtype))
         return ",".join(head + (clauses or []))
@@ -205,7 +216,6 @@ if _declared != (*(f.attr for f in policy_fields.FIELDS), "rules"):  # a castwis
     raise RuntimeError(f"Policy's attributes {_declared} do not follow castwise.policy.fields.FIELDS")
 
 _PRESET_CACHE: dict[str, Policy] = {}
-_LIGHTNING_NAMES = tuple(f"lightning:{name}" for name in presets.LIGHTNING_CLAUSES)
 _LIGHTNING_CACHE: dict[str, Policy] = {}
 
 
@@ -213,7 +223,7 @@ def _lightning_presets() -> dict[str, Policy]:
     """Lightning's strings whose policy no castwise preset is (for printing; ``presets()`` lists
     castwise's own names)."""
     if not _LIGHTNING_CACHE:
-        _LIGHTNING_CACHE.update({name: Policy.parse(name) for name in _LIGHTNING_NAMES})
+        _LIGHTNING_CACHE.update({f"lightning:{n}": Policy.parse(f"lightning:{n}") for n in presets.LIGHTNING_CLAUSES})
     return _LIGHTNING_CACHE
 
 
