@@ -291,9 +291,8 @@ def test_default_dtype_is_set_during_forward_and_restored_after_also_on_error() 
         with pytest.raises(ValueError, match="boom"):
             model(torch.randn(1, 4), fail=True)
         assert torch.get_default_dtype() == F32
-    with castwise.apply(model, "pure_bf16"):  # no default_dtype: the table stays f32
-        with pytest.raises(RuntimeError, match="dtype"):
-            model(torch.randn(1, 4))
+    with castwise.apply(model, "pure_bf16"), pytest.raises(RuntimeError, match="dtype"):
+        model(torch.randn(1, 4))  # no default_dtype: the table stays f32
     assert model.seen == [BF16, BF16, F32] and torch.get_default_dtype() == F32
 
 

@@ -3,6 +3,8 @@ and bad strings or self-contradicting policies fail with a message that says wha
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -104,7 +106,11 @@ def test_lightning_prefix_means_lightnings_true_precision() -> None:
     assert Policy.parse("lightning:bf16-true") == Policy.parse("pure_bf16,keep_in_fp32=off,default_dtype=bf16")
     assert Policy.parse("lightning:16-true") == Policy.parse("pure_fp16,keep_in_fp32=off,default_dtype=f16")
     assert Policy.parse("lightning:half") == Policy.parse("lightning:16-true")
-    assert Policy.parse("lightning:64-true") == Policy.parse("lightning:double") == Policy.parse("64-true,default_dtype=f64")
+    assert (
+        Policy.parse("lightning:64-true")
+        == Policy.parse("lightning:double")
+        == Policy.parse("64-true,default_dtype=f64")
+    )
     assert Policy.parse("bf16-true").norms == F32  # castwise's own bf16-true keeps norm islands
     assert Policy.parse("bf16-true").default_dtype is None and Policy.parse("pure_bf16").default_dtype is None
     # a clause after the prefixed string overrides what it implies; printing says it as Lightning does
@@ -189,7 +195,7 @@ class _Probe(nn.Module):
     """Records what a step sees: torch's default dtype and autocast; ``_keep_in_fp32_modules``
     as transformers models declare it (Lightning's module.to(dtype) does not read it)."""
 
-    _keep_in_fp32_modules = ["wo"]
+    _keep_in_fp32_modules: ClassVar[list[str]] = ["wo"]
 
     def __init__(self) -> None:
         super().__init__()
@@ -252,7 +258,7 @@ PRESETS_SORTED = (
     "bf16-mixed, bf16-true, fp16, fp32, no, pure_bf16, pure_fp16"
 )
 CLAUSES_SORTED = (
-    "buffers, cast_back, compute, fastpath, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
+    "buffers, cast_back, compute, default_dtype, fastpath, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
     "master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"

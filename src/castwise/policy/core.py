@@ -166,10 +166,11 @@ class Policy:
                 clauses = grammar.clauses_against(values, preset._values())
                 if clauses is not None:
                     bases.append((name, clauses))
-                    break
+                    if self.default_dtype is None:
+                        break  # the first preset that fits (printing as it always did)
         if self.default_dtype is not None:
             # Lightning's *-true set the default dtype: a policy built on one prints as Lightning
-            # says it ("lightning:bf16-true,keep[*.wo]=f32") where that takes fewer clauses
+            # says it ("lightning:bf16-true,keep[*.wo]=f32"), where no preset takes fewer clauses
             for name, preset in _lightning_presets().items():
                 clauses = grammar.clauses_against(values, preset._values())
                 same = (preset.param_dtype, preset.compute_dtype) == (self.param_dtype, self.compute_dtype)
