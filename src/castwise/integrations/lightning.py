@@ -7,7 +7,11 @@ precision string and device. A dtype error stops the fit with ``CastwiseAuditErr
 message names the module and the fix; with ``fix=True`` the suggested policy is applied to the
 module and the fit goes on. An error that is not about dtypes is left to the step itself to
 raise. Lightning's own precision plugin still does its job (autocast, input conversion):
-castwise adds the fp32 islands, output casts and fast-path setting.
+castwise adds the fp32 islands, output casts and fast-path setting. The audit runs under
+``lightning:<trainer.precision>``, which models the plugin's step (under ``*-true`` torch's
+default dtype is the low dtype while the step runs). Drawing the batch and auditing leave every
+random stream as it was, so the fit sees the same batches and reaches the same weights as
+without the callback.
 """
 
 from __future__ import annotations
