@@ -172,3 +172,46 @@ def test_an_explicit_float32_table_under_bf16_true_is_still_found_and_only_it() 
     assert [(f.code, f.module) for f in errors] == [("CW106", "head")], str(info.value)
     assert errors[0].source == f"tests/integrations/test_lightning_precision.py:{bug}"
     assert torch.get_default_dtype() == torch.float32  # restored after the audit and the failed fit
+
+
+class Indexed(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 1)
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.seen.append(batch[1].tolist())
+        out: torch.Tensor = self.proj(batch[0]).pow(2).mean()
+        return out
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _worker_fit(callbacks: list[pl.Callback]) -> list[list[int]]:
+    pl.seed_everything(5, verbose=False)
+    data = [(torch.full((4,), float(i)), i) for i in range(8)]
+    loader = DataLoader(
+        data, batch_size=2, shuffle=True, num_workers=1, persistent_workers=True, generator=torch.Generator()
+    )
+    module = Indexed()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, loader)
+    return module.seen
+
+
+def test_a_loader_with_persistent_workers_gives_the_fit_the_same_batches() -> None:
+    """Such a loader keeps the first iterator made from it: the one the callback's batch came
+    from must not be the one the fit goes on with."""
+    assert _worker_fit([CastwiseCallback()]) == _worker_fit([])
