@@ -22,8 +22,14 @@ from castwise.lightning import CastwiseAuditError, CastwiseCallback
 
 VOCAB, BLOCK = 40, 8
 # what the Trainer makes of each string on CPU (16-mixed has no CPU autocast: Lightning warns and
-# runs bf16-mixed)
-PRECISIONS = {"bf16-true": "bf16-true", "bf16-mixed": "bf16-mixed", "16-true": "16-true", "16-mixed": "bf16-mixed"}
+# runs bf16-mixed); 64-true sets the default dtype too (f64)
+PRECISIONS = {
+    "bf16-true": "bf16-true",
+    "bf16-mixed": "bf16-mixed",
+    "16-true": "16-true",
+    "16-mixed": "bf16-mixed",
+    "64-true": "64-true",
+}
 
 
 class Tokens(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
