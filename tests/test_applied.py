@@ -265,6 +265,37 @@ def test_fastpath_off_is_set_during_forward_and_restored_after_also_on_error() -
     assert model.state[-1] == (True, True)  # fastpath=on leaves torch's default alone
 
 
+class TableInForward(nn.Module):
+    """Builds a table in forward without a dtype, as Lightning's demo Transformer does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor, fail: bool = False) -> torch.Tensor:
+        table = torch.zeros(4)
+        self.seen.append(table.dtype)
+        if fail:
+            raise ValueError("boom")
+        out: torch.Tensor = self.proj(x + table)
+        return out
+
+
+def test_default_dtype_is_set_during_forward_and_restored_after_also_on_error() -> None:
+    model = TableInForward()
+    with castwise.apply(model, "lightning:bf16-true") as applied:
+        assert applied.policy.default_dtype == BF16
+        assert model(torch.randn(1, 4)).dtype == BF16  # the table is bf16, as under Lightning
+        assert torch.get_default_dtype() == F32
+        with pytest.raises(ValueError, match="boom"):
+            model(torch.randn(1, 4), fail=True)
+        assert torch.get_default_dtype() == F32
+    with castwise.apply(model, "pure_bf16"), pytest.raises(RuntimeError, match="dtype"):
+        model(torch.randn(1, 4))  # no default_dtype: the table stays f32
+    assert model.seen == [BF16, BF16, F32] and torch.get_default_dtype() == F32
+
+
 def test_story3_fast_path_still_fails_under_apply_and_fastpath_off_fixes_it() -> None:
     model, (x, mask) = build_encoder()
     model.eval()

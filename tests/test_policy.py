@@ -3,12 +3,15 @@ and bad strings or self-contradicting policies fail with a message that says wha
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import castwise
 from castwise import ModuleRule, Policy, PolicyError, RuleError
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
@@ -98,10 +101,22 @@ def test_pure_presets_cast_everything_norms_included(names: tuple[str, ...], low
 
 
 def test_lightning_prefix_means_lightnings_true_precision() -> None:
-    # Lightning's HalfPrecision converts the whole module, norms included, and the inputs
-    assert Policy.parse("lightning:bf16-true") == Policy.parse("pure_bf16")
-    assert Policy.parse("lightning:16-true") == Policy.parse("pure_fp16")
+    # Lightning's HalfPrecision converts the whole module, norms and _keep_in_fp32_modules
+    # included, and the inputs, and sets torch's default dtype while a step runs
+    assert Policy.parse("lightning:bf16-true") == Policy.parse("pure_bf16,keep_in_fp32=off,default_dtype=bf16")
+    assert Policy.parse("lightning:16-true") == Policy.parse("pure_fp16,keep_in_fp32=off,default_dtype=f16")
+    assert Policy.parse("lightning:half") == Policy.parse("lightning:16-true")
+    assert (
+        Policy.parse("lightning:64-true")
+        == Policy.parse("lightning:double")
+        == Policy.parse("64-true,default_dtype=f64")
+    )
     assert Policy.parse("bf16-true").norms == F32  # castwise's own bf16-true keeps norm islands
+    assert Policy.parse("bf16-true").default_dtype is None and Policy.parse("pure_bf16").default_dtype is None
+    # a clause after the prefixed string overrides what it implies; printing says it as Lightning does
+    assert Policy.parse("lightning:bf16-true,default_dtype=none").default_dtype is None
+    assert str(Policy.parse("lightning:bf16-true")) == "lightning:bf16-true"
+    assert str(Policy.parse("lightning:bf16-true,keep[*.wo]=f32")) == "lightning:bf16-true,keep[*.wo]=f32"
 
 
 def test_apex_o2_keeps_batchnorm_f32_with_master_weights_and_dynamic_scaling() -> None:
@@ -176,6 +191,50 @@ def test_presets_match_lightning_precision_plugins() -> None:
     assert DoublePrecision().convert_input(torch.ones(1)).dtype == Policy.parse("64-true").input_dtype
 
 
+class _Probe(nn.Module):
+    """Records what a step sees: torch's default dtype and autocast; ``_keep_in_fp32_modules``
+    as transformers models declare it (Lightning's module.to(dtype) does not read it)."""
+
+    _keep_in_fp32_modules: ClassVar[list[str]] = ["wo"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wo = nn.Linear(2, 2)
+        self.norm = nn.LayerNorm(2)
+        self.register_buffer("scale", torch.ones(2))
+        self.seen: tuple[object, ...] = ()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        self.seen = (x.dtype, torch.get_default_dtype(), autocast, torch.zeros(1).dtype)
+        return x
+
+
+@pytest.mark.parametrize("precision", ["32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"])
+def test_lightning_prefixed_policies_run_a_step_as_the_trainers_plugin_does(precision: str) -> None:
+    """What the Trainer's precision plugin does to the module, the batch and the step (its
+    forward_context: default dtype, autocast), castwise.apply does under lightning:PRECISION."""
+    from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+
+    plugins = {"32-true": Precision, "64-true": DoublePrecision, "16-true": HalfPrecision, "bf16-true": HalfPrecision}
+    plugin = MixedPrecision(precision, "cpu") if "mixed" in precision else plugins[precision]()  # type: ignore[arg-type]
+    if isinstance(plugin, HalfPrecision):
+        plugin = HalfPrecision(precision)  # type: ignore[arg-type]
+    lightning_model, castwise_model = _Probe(), _Probe()
+    lightning_model = plugin.convert_module(lightning_model)
+    x = plugin.convert_input(torch.ones(2))
+    with plugin.forward_context():
+        lightning_model(x)
+    outside = torch.get_default_dtype()
+    with castwise.apply(castwise_model, f"lightning:{precision}"):
+        castwise_model(torch.ones(2))
+        dtypes = {n: t.dtype for n, t in [*castwise_model.named_parameters(), *castwise_model.named_buffers()]}
+    assert torch.get_default_dtype() == outside == torch.float32  # restored after the forward
+    assert castwise_model.seen == lightning_model.seen, precision
+    expected = {n: t.dtype for n, t in [*lightning_model.named_parameters(), *lightning_model.named_buffers()]}
+    assert dtypes == expected, precision
+
+
 @pytest.mark.parametrize(
     "precision", ["fp32", "amp", "amp_bf16", "amp_bfloat16", "fp16", "bf16", "pure_fp16", "pure_bf16"]
 )
@@ -199,7 +258,7 @@ PRESETS_SORTED = (
     "bf16-mixed, bf16-true, fp16, fp32, no, pure_bf16, pure_fp16"
 )
 CLAUSES_SORTED = (
-    "buffers, cast_back, compute, fastpath, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
+    "buffers, cast_back, compute, default_dtype, fastpath, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
     "master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"

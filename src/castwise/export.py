@@ -67,6 +67,8 @@ def _script_only(policy: Policy, target: str) -> list[str]:
         out.append(f"norms={_short(policy.norms)} (normalisation layers as islands)")
     if not policy.fastpath:
         out.append("fastpath=off")
+    if policy.default_dtype is not None:
+        out.append(f"default_dtype={_short(policy.default_dtype)} (torch's default dtype while the model runs)")
     return out
 
 
@@ -192,6 +194,9 @@ def lightning(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
     else:
         precision = "64-true" if p.compute_dtype == torch.float64 else "32-true"
     left = _script_only(p, "Lightning")
+    if p.default_dtype is not None and _policy(f"lightning:{precision}").default_dtype == p.default_dtype:
+        # Lightning's *-true set it around each step themselves
+        left = [x for x in left if not x.startswith("default_dtype=")]
     if p.compute_dtype == torch.float16 and p.is_mixed and p.loss_scale is None:
         left.append("loss_scale=none (Lightning's 16-mixed always scales the loss)")
     if isinstance(p.loss_scale, float):

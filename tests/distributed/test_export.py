@@ -142,3 +142,16 @@ def test_lightning_reads_castwise_presets_as_lightning_means_them() -> None:
     with pytest.warns(ExportWarning, match=r"norms=f32"):
         assert lightning("bf16-true") == {"precision": "bf16-true"}  # castwise's adds f32 norm islands
     assert lightning("bf16-mixed") == {"precision": "bf16-mixed"}
+
+
+def test_the_default_dtype_is_said_by_lightnings_true_precisions_and_left_to_the_script_elsewhere() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Lightning's *-true set the default dtype themselves
+        assert lightning("lightning:bf16-true") == {"precision": "bf16-true"}
+        assert lightning("lightning:16-true") == {"precision": "16-true"}
+    with pytest.raises(ExportError, match=r"default_dtype=bf16 \(torch's default dtype while the model runs\)"):
+        lightning("bf16-mixed,default_dtype=bf16", strict=True)
+    with pytest.raises(ExportError, match=r"default_dtype=bf16"):
+        deepspeed("lightning:bf16-true", strict=True)
+    with pytest.raises(ExportError, match=r"default_dtype=f16"):
+        accelerate("lightning:16-true", fsdp=False, strict=True)

@@ -3,8 +3,9 @@
 In place, like torchao's ``quantize_``: parameters and buffers are cast per the policy's rules
 (``Parameter`` objects keep their identity, so optimizers and tied weights stay valid), fp32
 islands cast their floating inputs in and their outputs back to the dtype around them (the
-compute dtype, or an enclosing island's), the model's inputs are cast, and autocast is entered
-for mixed policies. State-dict keys do not change. ``Applied.remove()`` (or leaving
+compute dtype, or an enclosing island's), the model's inputs are cast, autocast is entered
+for mixed policies, and torch's default dtype is set while the model runs where the policy says
+(``default_dtype``, as Lightning's ``*-true`` do). State-dict keys do not change. ``Applied.remove()`` (or leaving
 ``with apply(...)``) restores the model exactly: every tensor nobody wrote to gets its original
 bits back; one that was written to meanwhile (training, running stats) keeps its new values,
 cast back to its original dtype.
@@ -440,6 +441,8 @@ def _root_forward(
                     stack.enter_context(_autocast.autocast(where, policy.compute_dtype))
                 if fastpath_off():
                     stack.enter_context(_fastpath_disabled())
+                if policy.default_dtype is not None:
+                    stack.enter_context(_default_dtype(policy.default_dtype))
                 out = inner(module, *args, **kwargs)
             return cast_floating(out, policy.output_dtype)
 
@@ -455,6 +458,21 @@ class _fastpath_disabled:
 
     def __exit__(self, *exc: object) -> None:
         torch.backends.mha.set_fastpath_enabled(self.before)
+
+
+class _default_dtype:
+    """torch's default dtype set while the model runs (Lightning's *-true forward_context), and
+    restored after, whatever happened inside."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __enter__(self) -> None:
+        self.before = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_default_dtype(self.before)
 
 
 def apply(model: nn.Module, policy: Policy | str) -> Applied:

@@ -7,7 +7,11 @@ precision string and device. A dtype error stops the fit with ``CastwiseAuditErr
 message names the module and the fix; with ``fix=True`` the suggested policy is applied to the
 module and the fit goes on. An error that is not about dtypes is left to the step itself to
 raise. Lightning's own precision plugin still does its job (autocast, input conversion):
-castwise adds the fp32 islands, output casts and fast-path setting.
+castwise adds the fp32 islands, output casts and fast-path setting. The audit runs under
+``lightning:<trainer.precision>``, which models the plugin's step (under ``*-true`` torch's
+default dtype is the low dtype while the step runs). Drawing the batch and auditing leave every
+random stream as it was, so the fit sees the same batches and reaches the same weights as
+without the callback.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
 from castwise.errors import CastwiseError, PolicyError
-from castwise.integrations._steps import CastwiseAuditError, GatedCallback, step_view
+from castwise.integrations._steps import CastwiseAuditError, GatedCallback, random_streams_kept, step_view
 from castwise.policy import Policy
 
 __all__ = ["CastwiseAuditError", "CastwiseCallback"]
@@ -39,7 +43,7 @@ def _no_log(self: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
     Lightning warns about a copy without a trainer)."""
 
 
-def _first_batch(trainer: pl.Trainer) -> Any:
+def _train_loader(trainer: pl.Trainer) -> Any:
     source = getattr(trainer.fit_loop, "_data_source", None)
     loader = source.dataloader() if source is not None and source.is_defined() else None
     if loader is None:
@@ -48,7 +52,7 @@ def _first_batch(trainer: pl.Trainer) -> Any:
         loader = loader[0]
     if isinstance(loader, dict):
         loader = next(iter(loader.values()))
-    return next(iter(loader))
+    return loader
 
 
 def _audited(module: pl.LightningModule, mode: str, precision: str) -> str:
@@ -107,11 +111,17 @@ class CastwiseCallback(GatedCallback, pl.Callback):
         except PolicyError as exc:
             rank_zero_warn(f"CastwiseCallback: not auditing, castwise does not model this precision: {exc}")
             return
-        batch = _first_batch(trainer)
-        # the audit runs (a copy of) a view of the module whose forward is the step; the view's
-        # log methods do nothing, and the module itself is not touched
-        view = step_view(pl_module, _step, log=_no_log, log_dict=_no_log)
-        report = audit(view, (batch,), policy=precision, device=trainer.strategy.root_device.type, mode=self.mode)
+        # the fit goes on as it would without the callback: the batch drawn here, the audit and a
+        # second call of a train_dataloader hook leave every random stream as it was
+        with random_streams_kept():
+            loader = _train_loader(trainer)
+            with random_streams_kept(loader):
+                batch = next(iter(loader))
+            # the audit runs (a copy of) a view of the module whose forward is the step; the
+            # view's log methods do nothing, and the module itself is not touched
+            view = step_view(pl_module, _step, log=_no_log, log_dict=_no_log)
+            device = trainer.strategy.root_device.type
+            report = audit(view, (batch,), policy=precision, device=device, mode=self.mode)
         self._gate.act(
             report,
             pl_module,

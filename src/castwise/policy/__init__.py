@@ -36,7 +36,10 @@ their most common home. OpenCLIP's ``--precision fp16|bf16`` (weights stored in 
 float32) is castwise's ``16-true``/``bf16-true``; to say which ecosystem a string comes from,
 prefix it: ``openclip:bf16``, ``accelerate:bf16``, ``lightning:bf16-mixed``, ``apex:O2``.
 With the ``lightning:`` prefix, ``16-true``/``bf16-true`` mean what Lightning does (the whole
-module converted, norms included: castwise's ``pure_fp16``/``pure_bf16``).
+module converted, norms included, and torch's default dtype set to the low dtype while a step
+runs: castwise's ``pure_fp16``/``pure_bf16`` with ``keep_in_fp32=off,default_dtype=f16|bf16``);
+``lightning:64-true`` is ``64-true,default_dtype=f64``; ``lightning:*-mixed`` are the
+``*-mixed`` presets (autocast only).
 
 Mixed policies (``compute`` narrower than ``params``) leave the model's tensors as they are
 and let autocast cast at each op, as Lightning's and Accelerate's mixed precision do: only
@@ -64,6 +67,9 @@ jmp-style and castwise clauses (every one optional; defaults derive from params/
   finite range first (default), or plainly cast
 - ``reduce=DT`` dtype gradients are reduced in across ranks (FSDP2's ``reduce_dtype``, DeepSpeed's
   ``communication_data_type``; default float32: a sum over many ranks loses bits in bf16/f16)
+- ``default_dtype=DT|none`` torch's default dtype while the model runs, restored after (default
+  none: left as it is). Tensors the forward makes without a dtype (``torch.zeros(n)``) come out
+  in it, as under Lightning's ``*-true``, which set it around each step
 - ``fastpath=on|off`` allow fused TransformerEncoderLayer/MultiheadAttention fast paths while the
   model runs (default on, torch's default)
 - ``keep[SELECTOR]=DT`` run matching modules as islands in DT: parameters and buffers stored in

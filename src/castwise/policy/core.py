@@ -52,6 +52,7 @@ class Policy:
     cast_back: Literal["saturate", "plain"] = "saturate"
     fastpath: bool = True
     reduce_dtype: torch.dtype = F32  # gradient reduction across ranks (castwise.fsdp2, castwise.export)
+    default_dtype: torch.dtype | None = None  # None: torch's default dtype is left as it is
     rules: tuple[ModuleRule, ...] = ()
 
     def __post_init__(self) -> None:
@@ -158,12 +159,26 @@ class Policy:
                 return name
         values = self._values()
         # the preset with the same params/compute, plus the clauses that differ from it
+        bases: list[tuple[str, list[str]]] = []
         for name in presets.PREFERRED:
             preset = table[name]
             if (preset.param_dtype, preset.compute_dtype) == (self.param_dtype, self.compute_dtype):
                 clauses = grammar.clauses_against(values, preset._values())
                 if clauses is not None:
-                    return ",".join([name, *clauses])
+                    bases.append((name, clauses))
+                    if self.default_dtype is None:
+                        break  # the first preset that fits (printing as it always did)
+        if self.default_dtype is not None:
+            # Lightning's *-true set the default dtype: a policy built on one prints as Lightning
+            # says it ("lightning:bf16-true,keep[*.wo]=f32"), where no preset takes fewer clauses
+            for name, preset in _lightning_presets().items():
+                clauses = grammar.clauses_against(values, preset._values())
+                same = (preset.param_dtype, preset.compute_dtype) == (self.param_dtype, self.compute_dtype)
+                if preset == self or (same and clauses is not None):
+                    bases.append((name, clauses or []))
+        if bases:
+            name, clauses = min(bases, key=lambda b: len(b[1]))
+            return ",".join([name, *clauses])
         head = [f"params={_short(self.param_dtype)}", f"compute={_short(self.compute_dtype)}"]
         clauses = grammar.clauses_against(values, self._defaults(self.param_dtype, self.compute_dtype))
         return ",".join(head + (clauses or []))
@@ -189,6 +204,8 @@ class Policy:
             extras.append(f"inputs cast to {_short(self.input_dtype)}")
         if self.loss_scale:
             extras.append(f"{self.loss_scale} loss scaling")
+        if self.default_dtype is not None:
+            extras.append(f"default dtype {_short(self.default_dtype)} while the model runs")
         if not self.fastpath:
             extras.append("fused fast paths off")
         extras += [str(r) for r in self.rules]
@@ -200,6 +217,15 @@ if _declared != (*(f.attr for f in policy_fields.FIELDS), "rules"):  # a castwis
     raise RuntimeError(f"Policy's attributes {_declared} do not follow castwise.policy.fields.FIELDS")
 
 _PRESET_CACHE: dict[str, Policy] = {}
+_LIGHTNING_CACHE: dict[str, Policy] = {}
+
+
+def _lightning_presets() -> dict[str, Policy]:
+    """Lightning's strings whose policy no castwise preset is (for printing; ``presets()`` lists
+    castwise's own names)."""
+    if not _LIGHTNING_CACHE:
+        _LIGHTNING_CACHE.update({f"lightning:{n}": Policy.parse(f"lightning:{n}") for n in presets.LIGHTNING_CLAUSES})
+    return _LIGHTNING_CACHE
 
 
 def _presets() -> dict[str, Policy]:

@@ -173,6 +173,9 @@ FIELDS: tuple[Field, ...] = (
     # gradients reduced across ranks (castwise.fsdp2, castwise.export): float32 by default, since a
     # sum over many ranks loses bits in bf16/f16
     Field("reduce_dtype", "reduce", "dtype", lambda b: _f32()),
+    # torch's default dtype while the model runs (Lightning's *-true set it around each step):
+    # tensors made there without a dtype (torch.zeros, torch.arange(0.0, ...)) come out in it
+    Field("default_dtype", "default_dtype", "dtype?", lambda b: None, none_words=("none", "off")),
 )
 
 # every clause key the grammar knows, sorted as error messages list them

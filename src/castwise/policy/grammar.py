@@ -81,8 +81,10 @@ def read(text: str) -> Parsed:
     if not clauses:
         raise PolicyError(f"empty policy string; valid presets: {', '.join(sorted(presets.PRESETS))}")
     preset = None
+    implied: dict[str, str] = {}  # what a prefixed string adds to its preset; the user's clauses win
     if "=" not in clauses[0]:
         preset = presets.lookup(clauses[0])
+        implied = dict(c.split("=", 1) for c in presets.ecosystem_clauses(clauses[0]))
         clauses = clauses[1:]
     given: dict[str, str] = {}
     rules: list[ModuleRule] = []
@@ -105,7 +107,7 @@ def read(text: str) -> Parsed:
         if key in given:
             raise PolicyError(f"clause {key!r} given twice")
         given[key] = value
-    return Parsed(preset, given, tuple(rules))
+    return Parsed(preset, {**implied, **given}, tuple(rules))
 
 
 def clauses_against(values: Mapping[str, Any], base: Mapping[str, Any]) -> list[str] | None:

@@ -21,11 +21,13 @@ __all__ = [
     "ECOSYSTEMS",
     "LIGHTNING",
     "LIGHTNING_ALIASES",
+    "LIGHTNING_CLAUSES",
     "PREFERRED",
     "PRESETS",
     "Preset",
     "accelerate",
     "did_you_mean",
+    "ecosystem_clauses",
     "lightning",
     "lookup",
 ]
@@ -134,6 +136,14 @@ LIGHTNING: dict[str, str] = {
     "16-true": "pure_fp16",
     "bf16-true": "pure_bf16",
 }
+# ... and what a preset does not say: Lightning's HalfPrecision and DoublePrecision set torch's
+# default dtype around each step (forward_context), and their module.to(dtype) ignores a model's
+# _keep_in_fp32_modules
+LIGHTNING_CLAUSES: dict[str, tuple[str, ...]] = {
+    "16-true": ("keep_in_fp32=off", "default_dtype=f16"),
+    "bf16-true": ("keep_in_fp32=off", "default_dtype=bf16"),
+    "64-true": ("default_dtype=f64",),
+}
 ACCELERATE: dict[str, str] = {"no": "no", "fp16": "fp16", "bf16": "bf16"}
 
 ECOSYSTEMS: dict[str, dict[str, str]] = {
@@ -165,6 +175,16 @@ def accelerate(mixed_precision: str) -> Preset | None:
     """What an Accelerate ``mixed_precision`` value does (``no``, ``fp16``, ``bf16``); None: unknown."""
     name = ACCELERATE.get(mixed_precision.strip().lower())
     return PRESETS[name] if name is not None else None
+
+
+def ecosystem_clauses(text: str) -> tuple[str, ...]:
+    """The clauses a prefixed precision string adds to its preset (``"lightning:bf16-true"`` ->
+    ``("keep_in_fp32=off", "default_dtype=bf16")``); () for every other string."""
+    prefix, colon, name = text.partition(":")
+    if not colon or prefix.strip().lower() != "lightning":
+        return ()
+    key = name.strip().lower()
+    return LIGHTNING_CLAUSES.get(LIGHTNING_ALIASES.get(key, key), ())
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
