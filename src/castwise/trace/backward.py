@@ -8,11 +8,13 @@ tracer which node runs, for attribution.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils.checkpoint
 
 if TYPE_CHECKING:
     from castwise.trace.tracer import Tracer
@@ -60,8 +62,12 @@ def python_backward(
     ready = [n for n in dict.fromkeys(starts) if deps[n] == 0]
     previous = (tracer.current_node, tracer.use_engine_node)
     tracer.use_engine_node = False
+    # one graph task for checkpoint's unpack hooks, as the engine's: without it each saved tensor
+    # a non-reentrant checkpoint unpacks recomputes the whole region again
+    outer = torch.utils.checkpoint.GraphExecGroup._get_current_group()
+    group = torch.utils.checkpoint.GraphExecGroup() if outer is None else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), group:
             while ready:
                 node = ready.pop()
                 got = buffers.pop(node, [])

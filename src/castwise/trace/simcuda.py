@@ -129,15 +129,16 @@ class _Rng:
     def get_rng_state(self, device: int | str | torch.device = "cuda") -> torch.Tensor:
         idx = _index(device, self.count)
         saved = self.states[idx]
-        if saved is not None:
-            return saved.clone()
-        # made outside any fake mode: a real state, as the CUDA generator returns
+        # copied and made outside the fake mode: a real state stays real, as the generator's is
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            if saved is not None:
+                return saved.clone()
             raw = self.seeds[idx].to_bytes(8, "little") + bytes(8)
             return torch.tensor(list(raw), dtype=torch.uint8)
 
     def set_rng_state(self, new_state: torch.Tensor, device: int | str | torch.device = "cuda") -> None:
-        self.states[_index(device, self.count)] = new_state.clone()
+        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            self.states[_index(device, self.count)] = new_state.clone()
 
     def get_rng_state_all(self) -> list[torch.Tensor]:
         return [self.get_rng_state(i) for i in range(self.count)]
