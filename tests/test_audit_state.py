@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.nn.modules import module as module_mod
 

@@ -169,15 +169,22 @@ def test_the_gpu_random_state_and_device_context_work_without_a_driver() -> None
     assert (len(torch.cuda._queued_calls), torch.cuda._lazy_seed_tracker.get_calls()) == queued
 
 
-def test_a_constant_moved_to_the_simulated_gpu_stays_fake() -> None:
+@pytest.mark.parametrize("nvml_check", ["0", "1"])
+def test_a_constant_made_on_the_simulated_gpu_stays_fake(nvml_check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # with the NVML check, torch's own is_available() asks device_count(), which the simulation
+    # answers: whether this machine has a GPU must not be read from it
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", nvml_check)
+
     class Constant(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(8, 8)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            empty = torch.tensor([], dtype=x.dtype, device=x.device)  # transformers' cache starts so
             # made on the CPU, then moved: the fake mode must not move it to a real GPU
-            return self.lin(x) * torch.tensor([2.0]).to(x.device) + torch.ones(8, device="cuda")
+            two = torch.tensor([2.0]).to(x.device)
+            return torch.cat([empty, (self.lin(x) * two + torch.ones(8, device="cuda")).flatten()])
 
     report = castwise.audit(Constant(), torch.randn(2, 8), device="cuda", mode="both")
     assert report.ok, str(report)

@@ -29,8 +29,9 @@ import torch.utils.checkpoint
 
 from castwise.devices import Device
 
-# captured at import, before any simulation can be entered: this machine's own answer
-_HOST_IS_AVAILABLE: Callable[[], bool] = torch.cuda.is_available
+# this machine's own answer, taken before a simulation patches torch.cuda: torch's real
+# is_available() reads torch.cuda.device_count, which the simulation answers
+_host_answer: bool | None = None
 
 _MIB = 1024 * 1024
 _DEFAULT_SEED = 67280421310721  # CUDA's default generator seed (c10 default_rng_seed_val)
@@ -38,7 +39,7 @@ _DEFAULT_SEED = 67280421310721  # CUDA's default generator seed (c10 default_rng
 
 def host_has_cuda() -> bool:
     """Whether this machine really has a usable CUDA device (the simulation's answer aside)."""
-    return bool(_HOST_IS_AVAILABLE())
+    return _host_answer if _host_answer is not None else bool(torch.cuda.is_available())
 
 
 @dataclass(frozen=True)
@@ -259,9 +260,12 @@ def simulated_cuda(device: Device) -> Iterator[None]:
         return
     # checkpoint caches the default device type the first time it is asked: what it caches
     # under the simulation must not outlive it
+    global _host_answer
     default_type = torch.utils.checkpoint.DefaultDeviceType._default_device_type
+    outer_host, _host_answer = _host_answer, host_has_cuda()
     try:
         with _patched(torch.cuda, _answers(device.capability)):
             yield
     finally:
+        _host_answer = outer_host
         torch.utils.checkpoint.DefaultDeviceType._default_device_type = default_type
