@@ -19,7 +19,7 @@ from castwise.errors import AuditError
 from castwise.trace import simcuda
 
 
-class _HostFakeTensorMode(FakeTensorMode):
+class _HostFakeTensorMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch's untyped __init_subclass__
     """A FakeTensorMode that decides whether it may touch the real device by this machine's CUDA,
     not by ``torch.cuda.is_available()``, which says True while a GPU is simulated (simcuda.py):
     with no GPU here it must never initialise one, nor move a constant there for real."""

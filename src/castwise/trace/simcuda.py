@@ -53,7 +53,7 @@ class SimulatedDeviceProperties:
     total_memory: int
     multi_processor_count: int
     shared_memory_per_block_optin: int
-    L2_cache_size: int  # noqa: N815 (torch's attribute name)
+    L2_cache_size: int  # torch's attribute names, as code reads them
     is_integrated: bool = False
     is_multi_gpu_board: bool = False
     max_threads_per_multi_processor: int = 2048
@@ -65,7 +65,7 @@ class SimulatedDeviceProperties:
     clock_rate: int = 1_980_000
     memory_clock_rate: int = 2_619_000
     memory_bus_width: int = 5120
-    gcnArchName: str = "NVIDIA"  # noqa: N815 (torch's attribute name; ROCm's arch, unused on CUDA)
+    gcnArchName: str = "NVIDIA"  # ROCm's arch name: only torch's HIP paths read it
     uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
     pci_bus_id: int = 0
     pci_device_id: int = 0
