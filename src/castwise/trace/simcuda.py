@@ -18,7 +18,7 @@ only the CPU random state, as on a GPU machine whose CUDA context is not yet mad
 from __future__ import annotations
 
 import contextlib
-import random
+import secrets
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.utils.checkpoint
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from castwise.devices import Device
 
@@ -131,14 +132,14 @@ class _Rng:
         idx = _index(device, self.count)
         saved = self.states[idx]
         # copied and made outside the fake mode: a real state stays real, as the generator's is
-        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        with unset_fake_temporarily():
             if saved is not None:
                 return saved.clone()
             raw = self.seeds[idx].to_bytes(8, "little") + bytes(8)
             return torch.tensor(list(raw), dtype=torch.uint8)
 
     def set_rng_state(self, new_state: torch.Tensor, device: int | str | torch.device = "cuda") -> None:
-        with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        with unset_fake_temporarily():
             self.states[_index(device, self.count)] = new_state.clone()
 
     def get_rng_state_all(self) -> list[torch.Tensor]:
@@ -155,10 +156,10 @@ class _Rng:
         self.seeds, self.states = [int(seed)] * self.count, [None] * self.count
 
     def seed(self) -> None:
-        self.manual_seed(random.getrandbits(63))
+        self.manual_seed(secrets.randbits(63))  # not Python's global stream: the caller's
 
     def seed_all(self) -> None:
-        self.manual_seed_all(random.getrandbits(63))
+        self.manual_seed_all(secrets.randbits(63))
 
     def initial_seed(self) -> int:
         return self.seeds[0]
@@ -253,14 +254,14 @@ def _patched(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -
 @contextlib.contextmanager
 def simulated_cuda(device: Device) -> Iterator[None]:
     """While a fake audit simulates ``device`` (a CUDA one), code that asks torch about the GPU
-    gets the simulated GPU's answers (a device without a capability: nothing changes). Restored
-    on exit, also on exceptions."""
-    if device.capability is None:
+    gets the simulated GPU's answers (a device of other kernels, or without a capability:
+    nothing changes). Restored on exit, also on exceptions."""
+    global _host_answer
+    if device.kernels != "cuda" or device.capability is None:
         yield
         return
     # checkpoint caches the default device type the first time it is asked: what it caches
     # under the simulation must not outlive it
-    global _host_answer
     default_type = torch.utils.checkpoint.DefaultDeviceType._default_device_type
     outer_host, _host_answer = _host_answer, host_has_cuda()
     try:
