@@ -194,3 +194,34 @@ def test_the_properties_of_an_unlisted_capability_name_it() -> None:
     props = simcuda.properties_of((8, 7))
     assert (props.major, props.minor, props.name) == (8, 7, "simulated CUDA device (sm_87)")
     assert simcuda.properties_of((8, 0)).name == "NVIDIA A100-SXM4-80GB"
+
+
+class _TextToImageStep(nn.Module):
+    """diffusers' train_text_to_image step: the f32 UNet under the script's own autocast, fed the
+    text encoder's f16 states."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from diffusers import UNet2DConditionModel
+
+        self.unet = UNet2DConditionModel(
+            sample_size=8,
+            layers_per_block=1,
+            block_out_channels=(32, 64),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=32,
+            attention_head_dim=8,
+            norm_num_groups=8,
+        )
+
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=latents.device.type, dtype=torch.float16):
+            pred = self.unet(latents, timesteps, states.half()).sample
+        return nn.functional.mse_loss(pred.float(), latents)
+
+
+def test_a_diffusers_unet_under_the_training_scripts_autocast_is_clean_on_simulated_cuda() -> None:
+    inputs = (torch.randn(2, 4, 8, 8), torch.tensor([1, 2]), torch.randn(2, 6, 32))
+    report = castwise.audit(_TextToImageStep(), inputs, device="cuda", mode="train")
+    assert report.ok, str(report)
