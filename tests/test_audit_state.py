@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.nn.modules import module as module_mod
 
 import castwise
 from castwise._autocast import AutocastState
 from castwise.stories import STORIES
+from castwise.trace import simcuda
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:
@@ -73,6 +75,10 @@ def global_state() -> dict[str, Any]:
         "fake_log": logging.getLogger("torch._subclasses.fake_tensor").level,
         "rng": torch.get_rng_state().numpy().tobytes(),
         "cudnn": (torch.backends.cudnn.enabled, torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic),
+        # what a simulated CUDA run answers model code, and what torch caches or queues from it
+        "cuda": {name: getattr(torch.cuda, name) for name in simcuda.PATCHED},
+        "checkpoint_device": torch.utils.checkpoint.DefaultDeviceType._default_device_type,
+        "cuda_queued": (len(torch.cuda._queued_calls), torch.cuda._lazy_seed_tracker.get_calls()),
     }
 
 

@@ -21,6 +21,7 @@ from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.trace import fake as fake_mod
+from castwise.trace import simcuda
 from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
 from castwise.trace.observers import default_observers
@@ -126,7 +127,7 @@ def _run_once(
             # RNNs ask the CUDA runtime whether cuDNN can run, which fails without a GPU: run them on
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
-            stack.enter_context(fake_mod.simulated_cuda(dev))  # the compute capability model code asks for
+            stack.enter_context(simcuda.simulated_cuda(dev))  # what model code asks torch about the GPU
         if fmode is not None:
             stack.enter_context(fmode)
         with warnings.catch_warnings():

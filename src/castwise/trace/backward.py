@@ -8,11 +8,13 @@ tracer which node runs, for attribution.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils.checkpoint
 
 if TYPE_CHECKING:
     from castwise.trace.tracer import Tracer
@@ -60,8 +62,12 @@ def python_backward(
     ready = [n for n in dict.fromkeys(starts) if deps[n] == 0]
     previous = (tracer.current_node, tracer.use_engine_node)
     tracer.use_engine_node = False
+    # one graph task for checkpoint's unpack hooks, as the engine's: without it each saved tensor
+    # a non-reentrant checkpoint unpacks recomputes the whole region again
+    outer = torch.utils.checkpoint.GraphExecGroup._get_current_group()
+    group = torch.utils.checkpoint.GraphExecGroup() if outer is None else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), group:
             while ready:
                 node = ready.pop()
                 got = buffers.pop(node, [])
@@ -73,6 +79,8 @@ def python_backward(
                     continue
                 n_in = len(node._input_metadata)
                 got = _run_tensor_hooks(tracer, node, got + [None] * (n_in - len(got)))
+                if isinstance(node, torch.autograd.function.BackwardCFunction):
+                    got = _materialized(node, got)
                 tracer.current_node = node
                 outs = node(*got) if callable(node) else node.apply(*got)
                 if outs is None or isinstance(outs, torch.Tensor):
@@ -96,6 +104,16 @@ def python_backward(
     finally:
         tracer.current_node, tracer.use_engine_node = previous
     return tuple(captured.get(t) for t in targets) if not accumulate else ()
+
+
+def _materialized(node: Any, grads: list[Any]) -> list[Any]:
+    """A custom Function's missing gradients as zeros, as the engine gives them to its backward
+    (torch.utils.checkpoint's reentrant backward refuses a None one). A Function that turned this
+    off (``ctx.set_materialize_grads(False)``, unreadable from Python) reads None as zeros too."""
+    return [
+        torch.zeros(tuple(m.shape), dtype=m.dtype, device=m.device) if g is None and not m.is_nested_tensor else g
+        for g, m in zip(grads, node._input_metadata, strict=False)
+    ]
 
 
 def _run_tensor_hooks(tracer: Tracer, node: Any, grads: list[Any]) -> list[Any]:

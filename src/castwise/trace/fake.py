@@ -8,22 +8,30 @@ fits in memory. The user's model is only read.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from castwise.devices import Device
 from castwise.errors import AuditError
+from castwise.trace import simcuda
+
+
+class _HostFakeTensorMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch's untyped __init_subclass__
+    """A FakeTensorMode that decides whether it may touch the real device by this machine's CUDA,
+    not by ``torch.cuda.is_available()``, which says True while a GPU is simulated (simcuda.py):
+    with no GPU here it must never initialise one, nor move a constant there for real."""
+
+    @property
+    def avoid_device_init(self) -> bool:
+        return not simcuda.host_has_cuda()
 
 
 def new_mode() -> FakeTensorMode:
     # stray real tensors (module-level constants) are converted rather than refused
-    return FakeTensorMode(allow_non_fake_inputs=True)
+    return _HostFakeTensorMode(allow_non_fake_inputs=True)
 
 
 def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: str) -> torch.Tensor:
@@ -126,25 +134,3 @@ def real_inputs(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: real_inputs(v) for k, v in obj.items()}
     return obj
-
-
-@contextlib.contextmanager
-def simulated_cuda(device: Device) -> Iterator[None]:
-    """While a fake audit simulates ``device`` (a CUDA one), model code that asks the CUDA runtime
-    for the device's compute capability gets the simulated device's, instead of the error a
-    machine without a GPU raises (which would stop the run: transformers' MoE experts ask it
-    before every grouped GEMM). Restored on exit."""
-    if device.capability is None:
-        yield
-        return
-    capability = device.capability
-    original = torch.cuda.get_device_capability
-
-    def get_device_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
-        return capability
-
-    torch.cuda.get_device_capability = get_device_capability
-    try:
-        yield
-    finally:
-        torch.cuda.get_device_capability = original
