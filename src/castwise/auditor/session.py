@@ -55,12 +55,24 @@ def _model_device(model: nn.Module) -> str:
 
 
 def dominant_dtype(model: nn.Module) -> torch.dtype:
-    counts: dict[torch.dtype, int] = {}
-    for p in model.parameters():
-        if p.is_floating_point():
-            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    """The dtype the model computes in, as its user set it up: the dtype of its compute layers'
+    weights (matrices of Linear, Conv, attention projections), counted per module. Embedding tables
+    and norms do not vote: they are the layers users keep in float32 on purpose (OpenCLIP's
+    precision="bf16" keeps a 49,408-row token table in f32 beside bf16 blocks), so counting
+    parameters would let one large table outvote every block."""
+    votes: dict[torch.dtype, int] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding | nn.EmbeddingBag) or "norm" in type(module).__name__.lower():
+            continue
+        own = [p for p in module.parameters(recurse=False) if p.is_floating_point() and p.dim() >= 2]
+        for dtype in {p.dtype for p in own}:
+            votes[dtype] = votes.get(dtype, 0) + 1
+    if not votes:  # no compute layer: every floating parameter, by size
+        for p in model.parameters():
+            if p.is_floating_point():
+                votes[p.dtype] = votes.get(p.dtype, 0) + p.numel()
     # a tie goes to float32: hand-casting goes the other way
-    return max(counts, key=lambda d: (counts[d], d == torch.float32)) if counts else torch.float32
+    return max(votes, key=lambda d: (votes[d], d == torch.float32)) if votes else torch.float32
 
 
 def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
