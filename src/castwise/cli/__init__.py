@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lint-config": ("castwise.cli.lint_config", "lint_config"),
     "numerics": ("castwise.cli.numerics", "numerics_command"),
     "rules": ("castwise.cli.rules", "rules"),
+    "run": ("castwise.cli.run", "run"),
 }
 
 # Output width: the terminal's (COLUMNS first, as shutil does), 100 when the output is not a

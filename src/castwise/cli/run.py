@@ -1,0 +1,78 @@
+"""`castwise run [OPTIONS] SCRIPT [ARGS...]`: a training script as it is, audited as it runs."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from castwise.cli import EXIT_FINDINGS, DeviceChoice, check_json_path, error, terminal_width
+from castwise.errors import CastwiseError
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--policy", "-p", default=None, help="Audit in this policy instead of the precision the script runs in.")
+@click.option("--device", type=DeviceChoice(), default=None, help="Target device to simulate (default: the model's).")
+@click.option("--mode", type=click.Choice(["train", "eval", "both"]), default="both", show_default=True)
+@click.option("--stop", is_flag=True, help="Stop the script at the first error finding.")
+@click.option("--json", "json_path", default=None, metavar="PATH", help="Write the reports as JSON to PATH.")
+@click.option("-m", "as_module", is_flag=True, help="SCRIPT is a module, run as `python -m SCRIPT` would.")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    policy: str | None,
+    device: str | None,
+    mode: str,
+    stop: bool,
+    json_path: str | None,
+    as_module: bool,
+    script: str,
+    args: tuple[str, ...],
+) -> int:
+    """Run SCRIPT as `python SCRIPT ARGS` would and audit each model at its first forward.
+
+    castwise's lines go to stderr; the script's stdout is left as it is. The exit code is the
+    script's own, or 1 when it exited 0 and an audit found an error."""
+    from castwise.integrations.run import RunStopped, Watcher, run_script
+    from castwise.report import Report
+    from castwise.report.text import render_report
+
+    if json_path == "-":
+        error("castwise run --json needs a file: the script's stdout is the script's own")
+        return 2
+    if json_path is not None:
+        check_json_path(json_path)
+    if policy is not None:
+        from castwise.policy import Policy
+
+        try:
+            Policy.parse(policy)
+        except CastwiseError as exc:
+            error(str(exc))
+            return 2
+
+    def show(name: str, report: Report) -> None:
+        print(f"castwise run: {name} at its first forward", file=sys.stderr)
+        print(render_report(report, terminal_width()), file=sys.stderr, flush=True)
+
+    watcher = Watcher(policy=policy, device=device, mode=mode, stop=stop, on_report=show)
+    try:
+        code = run_script(script, list(args), watcher, module=as_module)
+    except RunStopped as exc:
+        error(str(exc))
+        code = EXIT_FINDINGS
+    except CastwiseError:
+        raise
+    except Exception:  # the script's own error: printed as python prints it, exit 1 as python's
+        traceback.print_exc()
+        code = 1
+    if json_path is not None:
+        import json
+
+        payload = json.dumps({"schema": 1, "models": [{"model": n, **r.to_dict()} for n, r in watcher.reports]})
+        with open(json_path, "w", encoding="utf-8") as fh:
+            fh.write(payload + "\n")
+    if code == 0 and any(r.errors for _, r in watcher.reports):
+        return EXIT_FINDINGS
+    return code

@@ -1,0 +1,171 @@
+"""`castwise run SCRIPT`: a user's own training script, audited at each model's first forward.
+
+The script runs as ``python SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``sys.path``, its
+exit code). While it runs, ``nn.Module.__call__`` is wrapped: the first time a model is called
+from outside any other module's forward (a *root* call), castwise audits a fake copy of it with
+fake copies of the real arguments, in the precision the script runs it in (its own
+``torch.autocast``, unless ``--policy`` replaces it), in train and eval mode, so a crash only
+validation would meet is reported before the first training step runs. The user's model, inputs
+and every global setting are left as they were; the wrapper is removed when the script ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import runpy
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from castwise.errors import CastwiseError
+from castwise.report import Report
+
+__all__ = ["RunStopped", "Watcher", "ambient_policy", "run_script"]
+
+
+class RunStopped(CastwiseError):
+    """``castwise run --stop``: the audit of a model found an error, and the script was stopped."""
+
+
+@dataclass
+class Watcher:
+    """Audits each root module at its first call. ``policy`` None: the precision the script
+    runs the model in; ``on_report`` sees each report as it is made."""
+
+    policy: str | None = None
+    device: str | None = None
+    mode: str = "both"
+    stop: bool = False
+    on_report: Callable[[str, Report], None] | None = None
+    reports: list[tuple[str, Report]] = field(default_factory=list)
+    _seen: set[int] = field(default_factory=set)
+    _depth: int = 0
+    _busy: bool = False
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[Watcher]:
+        original = nn.Module.__call__
+        watcher = self
+
+        def __call__(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if watcher._depth == 0 and not watcher._busy and id(module) not in watcher._seen:
+                watcher._seen.add(id(module))
+                watcher._first_call(module, args, kwargs)
+            watcher._depth += 1
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                watcher._depth -= 1
+
+        nn.Module.__call__ = __call__  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            nn.Module.__call__ = original  # type: ignore[method-assign]
+
+    def _first_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        inputs = _inputs(module, args, kwargs)
+        if inputs is None or not any(isinstance(p, torch.Tensor) for p in module.parameters()):
+            return  # nothing a dtype audit could check: no parameters, or arguments it cannot pass
+        from castwise.auditor import audit
+
+        policy = self.policy if self.policy is not None else ambient_policy(_device_type(module, args, kwargs))
+        self._busy = True  # the audit calls modules too: none of those is the script's first call
+        try:
+            with _rng_kept():
+                report = audit(module, inputs, policy=policy, device=self.device, mode=self.mode)
+        finally:
+            self._busy = False
+        name = type(module).__name__
+        self.reports.append((name, report))
+        if self.on_report is not None:
+            self.on_report(name, report)
+        if self.stop and report.errors:
+            first = report.errors[0]
+            raise RunStopped(f"castwise run --stop: {name}: {first.code} at `{first.module}`: {first.message}")
+
+
+def ambient_policy(device_type: str) -> str | None:
+    """The policy that runs a model as it is called now: the script's own autocast for the
+    model's device type (weights left as they are), or None (no autocast: the model as it is)."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    dtype = torch.get_autocast_dtype(device_type)
+    base = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(dtype)
+    # the script's autocast casts nothing but at each op: no islands castwise would add
+    return None if base is None else f"{base},keep_in_fp32=off"
+
+
+def _device_type(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    for t in (*module.parameters(), *args, *kwargs.values()):
+        if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda"):
+            return t.device.type
+    return "cpu"
+
+
+def _inputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The call's arguments as ``audit`` takes them: a tuple, or a dict when keywords are used
+    (positional ones bound to their names); None when they cannot be passed that way."""
+    if not kwargs:
+        return args
+    if not args:
+        return dict(kwargs)
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in bound.signature.parameters.values()):
+        return None
+    return dict(bound.arguments)
+
+
+@contextlib.contextmanager
+def _rng_kept() -> Iterator[None]:
+    """The audit draws no random numbers the script would see (dropout on fake tensors does not,
+    but a model's own Python-side draws would): the script's random streams are as they were."""
+    import random
+
+    state = torch.random.get_rng_state()
+    py = random.getstate()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+        random.setstate(py)
+
+
+def run_script(target: str, argv: list[str], watcher: Watcher, *, module: bool = False) -> int:
+    """Run ``target`` (a file, or a module with ``module=True``) as ``python`` would, with
+    ``sys.argv = [target, *argv]``, under ``watcher``; its exit code."""
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    sys.argv = [target, *argv]
+    if not module:
+        import os
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    code = 0
+    try:
+        with watcher.watching():
+            if module:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return code
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # as python does with sys.exit("message")
+    return 1
