@@ -216,8 +216,13 @@ def test_cuda_convolution_wants_input_weight_and_bias_in_one_type() -> None:
 def test_cuda_convolution_backward_refuses_the_onednn_mixed_weight() -> None:
     go, x, w = m(1, 3, 4, dtype=BF16), m(1, 2, 5, dtype=BF16), m(3, 2, 2)
     args = (go, x, w, [3], [1], [0], [1], False, [0], 1, [True, True, True])
-    cpu, cuda = both(aten.convolution_backward.default, args)
-    assert cpu is None and cuda is not None and cuda.culprits == (2,)
+    func = aten.convolution_backward.default
+    cuda = check(func, args, {}, "cuda")
+    assert cuda is not None and cuda.culprits == (2,)
+    # the CPU's answer is its kernel path's: oneDNN (AVX-512) takes the f32 weight, native (AVX2) does not
+    assert check(func, args, {}, "cpu:avx512") is None
+    avx2 = check(func, args, {}, "cpu:avx2")
+    assert avx2 is not None and avx2.message == "expected scalar type BFloat16 but found Float"
 
 
 def test_cuda_matmul_messages() -> None:
