@@ -135,13 +135,13 @@ def mixed_precision(cf: ConfigFile) -> tuple[str | None, Setting | None]:
 
 
 def compute_and_scaling(mixed_precision: str) -> tuple[str, str]:
-    """The autocast dtype and loss scaling of an Accelerate ``mixed_precision`` value: castwise's
-    presets for no/fp16/bf16; fp8 (TransformerEngine / MS-AMP, no castwise preset) computes in
-    float8 without a GradScaler; unknown values do not autocast."""
+    """The matmul dtype and loss scaling of an Accelerate ``mixed_precision`` value, from castwise's
+    presets: no/fp16/bf16 autocast; fp8 is bf16 autocast with float8 GEMMs (its Linears take
+    float8_e4m3fn inputs), no GradScaler; unknown values do not autocast."""
     preset = presets.accelerate(mixed_precision)
     if preset is not None:
-        return preset.compute, preset.loss_scaling
-    return ("float8_e4m3fn" if mixed_precision == "fp8" else "float32"), "none"
+        return preset.gemm, preset.loss_scaling
+    return "float32", "none"
 
 
 def contribute(cf: ConfigFile, put: Any) -> None:

@@ -166,7 +166,7 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     # what each precision does to weights, compute and loss scaling: castwise's own presets
     preset = presets.lightning(precision) if precision is not None else None
     if preset is not None and precision is not None:
-        weights, compute, scaling = preset.params, preset.compute, preset.loss_scaling
+        weights, compute, scaling = preset.params, preset.gemm, preset.loss_scaling
         note = (
             "MixedPrecision: autocast over float32 weights"
             if precision.endswith("-mixed")
