@@ -297,7 +297,12 @@ BAD = [
     ("16-true,master_weights=2", PolicyError, "master_weights='2' is not valid; valid: off, on"),
     ("bf16-true,cast_back=round", PolicyError, "cast_back='round' is not valid; valid: plain, saturate"),
     ("16-mixed,loss_scale=lots", PolicyError, "loss_scale='lots' is not valid; valid: dynamic, none, or a number > 0"),
-    ("foo:bf16", PolicyError, "unknown precision prefix 'foo'; valid prefixes: accelerate, apex, hf, lightning, megatron, nanogpt, openclip, timm"),
+    (
+        "foo:bf16",
+        PolicyError,
+        "unknown precision prefix 'foo'; valid prefixes: accelerate, apex, hf, lightning, megatron, nanogpt, "
+        "openclip, timm",
+    ),
     (
         "openclip:amp_fp8",
         PolicyError,

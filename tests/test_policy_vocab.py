@@ -114,7 +114,7 @@ def test_megatron_flags() -> None:
         Policy.parse("--bf16 --fp8-format e5m3")
     with pytest.raises(PolicyError, match="turns float8 on with --fp8-format"):
         Policy.parse("--bf16 --fp8-recipe mxfp8")
-    with pytest.raises(PolicyError, match="Megatron flag '--fp32-residual' .* valid: --bf16, --fp16"):
+    with pytest.raises(PolicyError, match=r"Megatron flag '--fp32-residual' .* valid: --bf16, --fp16"):
         Policy.parse("--bf16 --fp32-residual")
 
 

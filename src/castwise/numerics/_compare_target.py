@@ -102,8 +102,10 @@ def _amax(x: torch.Tensor, recipe: Float8Recipe | None) -> torch.Tensor:
         return a.amax(dim=-1, keepdim=True)
     n = x.shape[-1]
     pad = (-n) % recipe.block
-    blocks = nn.functional.pad(a, (0, pad)).unflatten(-1, (-1, recipe.block)).amax(dim=-1, keepdim=True)
-    return blocks.expand(*blocks.shape[:-1], recipe.block).flatten(-2)[..., :n]
+    padded = nn.functional.pad(a, (0, pad))
+    blocks = padded.reshape(*padded.shape[:-1], -1, recipe.block).amax(dim=-1, keepdim=True)
+    out: torch.Tensor = blocks.expand(*blocks.shape[:-1], recipe.block).flatten(-2)[..., :n]
+    return out
 
 
 def _cast_through(t: torch.Tensor, fmt: torch.dtype, recipe: Float8Recipe | None = None) -> torch.Tensor:

@@ -142,9 +142,7 @@ PRESETS: dict[str, Preset] = {
     # gradients in float32 (accumulate_allreduce_grads_in_fp32 is forced on), --fp16 in float16
     # with a DynamicGradScaler (no --loss-scale given)
     "--bf16": Preset("bfloat16", "bfloat16", "float32", clauses=("norms=none", "master_weights=on")),
-    "--fp16": Preset(
-        "float16", "float16", "float32", "dynamic", ("norms=none", "master_weights=on", "reduce=f16")
-    ),
+    "--fp16": Preset("float16", "float16", "float32", "dynamic", ("norms=none", "master_weights=on", "reduce=f16")),
 }
 
 # printed names, in order of preference when several presets mean the same policy
@@ -183,7 +181,10 @@ LIGHTNING_ALIASES: dict[str, str] = {
 # Lightning's *-true convert the whole module (norms included) and the inputs: castwise's pure_*
 # presets; its *-mixed only autocast, like castwise's
 LIGHTNING: dict[str, str] = {
-    **{k: k for k in ("32-true", "64-true", "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")},
+    **{
+        k: k
+        for k in ("32-true", "64-true", "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
+    },
     "16-true": "pure_fp16",
     "bf16-true": "pure_bf16",
 }
@@ -289,11 +290,11 @@ def lookup(text: str) -> str:
     for key in (text, text.lower(), text.upper()):
         if key in PRESETS:
             return key
-    name = _dtypes.canonical(text)
-    if name in ("bfloat16", "float16"):
-        raise _bare_dtype(text.strip(), name)
-    if name in ("float32", "float64"):
-        return "32-true" if name == "float32" else "64-true"  # one reading: nothing narrower to autocast to
+    dtype = _dtypes.canonical(text)
+    if dtype in ("bfloat16", "float16"):
+        raise _bare_dtype(text.strip(), dtype)
+    if dtype in ("float32", "float64"):
+        return "32-true" if dtype == "float32" else "64-true"  # one reading: nothing narrower to autocast to
     raise PolicyError(
         f"unknown precision {text!r}{did_you_mean(text, PRESETS)}; valid presets: {', '.join(sorted(PRESETS))}; "
         "or clauses like 'params=f32,compute=bf16,output=f32'"
