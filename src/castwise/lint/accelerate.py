@@ -2,7 +2,8 @@
 
 Semantics (huggingface/accelerate utils/dataclasses.py, accelerator.py, commands/config):
 - ``mixed_precision`` (no, fp16, bf16, fp8): autocast in that dtype (bf16 for fp8, which adds
-  float8 GEMMs: castwise's ``fp8`` preset); the model's weights are not cast (they stay as the script loaded them); fp16 adds a GradScaler (ShardedGradScaler
+  float8 GEMMs: castwise's ``fp8`` preset); the model's weights are not cast (they stay as
+  the script loaded them); fp16 adds a GradScaler (ShardedGradScaler
   under FSDP). fp16 on a CPU device is refused by Accelerator ("fp16 mixed precision requires a
   GPU") or, in newer versions, runs without a scaler.
 - ``deepspeed_config.deepspeed_config_file``: a DeepSpeed JSON. DeepSpeedPlugin
