@@ -254,11 +254,13 @@ def test_presets_match_openclip_training_code(precision: str) -> None:
 # -- bad strings: the message names the wrong part and lists valid choices, sorted ------------
 
 PRESETS_SORTED = (
-    "16-mixed, 16-true, 32, 32-true, 64, 64-true, O0, O1, O2, O3, amp, amp_bf16, amp_bfloat16, bf16, "
-    "bf16-mixed, bf16-true, fp16, fp32, no, pure_bf16, pure_fp16"
+    "--bf16, --fp16, 16, 16-mixed, 16-true, 32, 32-true, 64, 64-true, O0, O1, O2, O3, amp, amp_bf16, amp_bfloat16, "
+    "bf16, bf16-mixed, bf16-true, e4m3, e4m3fn, e5m2, f8e4m3fn, f8e5m2, float8, float8_e4m3fn, float8_e5m2, "
+    "fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, mxfp8, no, pure_bf16, pure_fp16, transformer-engine, "
+    "transformer-engine-float16"
 )
 CLAUSES_SORTED = (
-    "buffers, cast_back, compute, default_dtype, fastpath, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
+    "buffers, cast_back, compute, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
     "master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
@@ -295,7 +297,12 @@ BAD = [
     ("16-true,master_weights=2", PolicyError, "master_weights='2' is not valid; valid: off, on"),
     ("bf16-true,cast_back=round", PolicyError, "cast_back='round' is not valid; valid: plain, saturate"),
     ("16-mixed,loss_scale=lots", PolicyError, "loss_scale='lots' is not valid; valid: dynamic, none, or a number > 0"),
-    ("foo:bf16", PolicyError, "unknown precision prefix 'foo'; valid prefixes: accelerate, apex, lightning, openclip"),
+    (
+        "foo:bf16",
+        PolicyError,
+        "unknown precision prefix 'foo'; valid prefixes: accelerate, apex, hf, lightning, megatron, nanogpt, "
+        "openclip, timm",
+    ),
     (
         "openclip:amp_fp8",
         PolicyError,
@@ -341,8 +348,8 @@ def test_listed_choices_are_sorted() -> None:
 
 
 def test_parse_refuses_what_is_not_a_string() -> None:
-    with pytest.raises(PolicyError, match=r"a policy is a string or a castwise\.Policy, not int"):
-        Policy.parse(16)  # type: ignore[arg-type]
+    with pytest.raises(PolicyError, match=r"a policy is a string or a castwise\.Policy, not float"):
+        Policy.parse(16.0)  # type: ignore[arg-type]
     p = Policy.parse("bf16-true")
     assert Policy.parse(p) is p
 

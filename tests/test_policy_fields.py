@@ -16,6 +16,7 @@ import torch
 from castwise import ModuleRule, Policy, PolicyError, RuleError
 from castwise.lint import build_model, read_config
 from castwise.policy import fields, grammar, presets
+from castwise.policy.float8 import Float8Recipe
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 DTYPES_TEXT = "bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
@@ -49,6 +50,8 @@ def _candidates(field: fields.Field) -> list[Any]:
         return [True, False]
     if field.kind == "choice":
         return list(field.choices)
+    if field.kind == "float8":
+        return [None, Float8Recipe("tensorwise"), Float8Recipe("rowwise"), Float8Recipe("delayed", "e4m3")]
     return [None, "dynamic", 128.0, 0.5]
 
 
@@ -122,9 +125,11 @@ def _lint_model(tmp_path: Path, name: str, text: str) -> dict[str, str | None]:
 
 def _policy_model(policy: Policy) -> dict[str, str | None]:
     loss = policy.loss_scale if isinstance(policy.loss_scale, str) else "none"
+    # lint's compute is the dtype the matmuls take: a float8 recipe's forward format
+    compute = policy.float8.forward_dtype if policy.float8 is not None else str(policy.compute_dtype)[6:]
     return {
         "weights": str(policy.param_dtype).removeprefix("torch."),
-        "compute": str(policy.compute_dtype).removeprefix("torch."),
+        "compute": compute,
         "loss_scaling": loss,
     }
 
@@ -135,7 +140,7 @@ def test_lint_and_policy_agree_on_every_lightning_precision(tmp_path: Path, prec
     assert linted == _policy_model(Policy.parse(f"lightning:{precision}"))
 
 
-@pytest.mark.parametrize("mixed_precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("mixed_precision", ["fp16", "bf16", "fp8"])
 def test_lint_and_policy_agree_on_accelerate_mixed_precision(tmp_path: Path, mixed_precision: str) -> None:
     text = f"compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: {mixed_precision}\n"
     linted = _lint_model(tmp_path, "default_config.yaml", text)

@@ -69,6 +69,9 @@ def _script_only(policy: Policy, target: str) -> list[str]:
         out.append("fastpath=off")
     if policy.default_dtype is not None:
         out.append(f"default_dtype={_short(policy.default_dtype)} (torch's default dtype while the model runs)")
+    if policy.float8 is not None:
+        # not written yet: exporting only the base would train another precision without saying so
+        out.append(f"fp8={policy.float8} (float8 GEMMs: export does not write FP8 settings yet)")
     return out
 
 

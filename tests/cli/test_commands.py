@@ -158,7 +158,7 @@ def test_a_huge_policy_is_not_echoed_back_whole(tmp_path: Path) -> None:
     (line,) = p.stderr.splitlines()
     assert len(line) < 600, len(line)
     assert line.startswith("castwise: error: unknown precision 'xxxxxxxx")
-    assert "xxxx' (100,000 characters); valid presets: 16-mixed, 16-true" in line
+    assert "xxxx' (100,000 characters); valid presets: --bf16, --fp16, 16, 16-mixed, 16-true" in line
     assert not marker.exists()  # the policy is checked before the model is built
 
 

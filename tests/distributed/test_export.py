@@ -155,3 +155,12 @@ def test_the_default_dtype_is_said_by_lightnings_true_precisions_and_left_to_the
         deepspeed("lightning:bf16-true", strict=True)
     with pytest.raises(ExportError, match=r"default_dtype=f16"):
         accelerate("lightning:16-true", fsdp=False, strict=True)
+
+
+@pytest.mark.parametrize("writer", [accelerate, lightning, deepspeed])
+def test_an_fp8_policy_is_not_exported_as_its_base_silently(writer: Any) -> None:
+    # export does not write FP8 settings yet: strict refuses, otherwise a warning names the part
+    with pytest.raises(ExportError, match=r"fp8=tensorwise \(float8 GEMMs: export does not write FP8"):
+        writer("fp8", strict=True)
+    with pytest.warns(ExportWarning, match="fp8=tensorwise"):
+        writer("fp8")

@@ -483,6 +483,15 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     >>> applied.remove()                                # the model as it was, bit for bit
     """
     policy = Policy.parse(policy)
+    if policy.float8 is not None:
+        # refused rather than applied without its float8 part, which would train another precision
+        base = str(policy.replace(float8=None))
+        raise ApplyError(
+            f"apply cannot convert a model to float8 yet: {str(policy)!r} asks for fp8={policy.float8} "
+            f"GEMMs over {base!r}. Apply the base policy ({base!r}) and convert the Linears yourself "
+            "(torchao.float8.convert_to_float8_training(model), or Accelerate's mixed_precision='fp8'), "
+            "or measure float8's effect with castwise.compare(model, inputs, policy=...), which emulates it"
+        )
     if not isinstance(model, nn.Module):
         raise ApplyError(f"apply needs a torch.nn.Module, got {type(model).__name__}")
     decisions = resolve(policy, model)  # raises on ambiguous rules, before anything changes

@@ -134,7 +134,8 @@ def _run(
     "forecast_dt",
     default=None,
     metavar="DT",
-    help="Where DT (f16, bf16, float8_e4m3fn, float8_e5m2) would overflow or flush to zero.",
+    help="Where DT (f16, bf16, float8_e4m3fn, float8_e5m2, or a precision: fp8, 16-mixed, ...) would "
+    "overflow or flush to zero.",
 )
 @click.option("--compare", is_flag=True, help="Error of --policy against 32-true, per module.")
 @click.option("--tune", "tune_budget", default=None, metavar="BUDGET", help="float32 islands meeting BUDGET.")

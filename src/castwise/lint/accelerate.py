@@ -1,8 +1,9 @@
 """Accelerate's config file (``accelerate config`` -> default_config.yaml).
 
 Semantics (huggingface/accelerate utils/dataclasses.py, accelerator.py, commands/config):
-- ``mixed_precision`` (no, fp16, bf16, fp8): autocast in that dtype; the model's weights are
-  not cast (they stay as the script loaded them); fp16 adds a GradScaler (ShardedGradScaler
+- ``mixed_precision`` (no, fp16, bf16, fp8): autocast in that dtype (bf16 for fp8, which adds
+  float8 GEMMs: castwise's ``fp8`` preset); the model's weights are not cast (they stay as
+  the script loaded them); fp16 adds a GradScaler (ShardedGradScaler
   under FSDP). fp16 on a CPU device is refused by Accelerator ("fp16 mixed precision requires a
   GPU") or, in newer versions, runs without a scaler.
 - ``deepspeed_config.deepspeed_config_file``: a DeepSpeed JSON. DeepSpeedPlugin
@@ -135,13 +136,13 @@ def mixed_precision(cf: ConfigFile) -> tuple[str | None, Setting | None]:
 
 
 def compute_and_scaling(mixed_precision: str) -> tuple[str, str]:
-    """The autocast dtype and loss scaling of an Accelerate ``mixed_precision`` value: castwise's
-    presets for no/fp16/bf16; fp8 (TransformerEngine / MS-AMP, no castwise preset) computes in
-    float8 without a GradScaler; unknown values do not autocast."""
+    """The matmul dtype and loss scaling of an Accelerate ``mixed_precision`` value, from castwise's
+    presets: no/fp16/bf16 autocast; fp8 is bf16 autocast with float8 GEMMs (its Linears take
+    float8_e4m3fn inputs), no GradScaler; unknown values do not autocast."""
     preset = presets.accelerate(mixed_precision)
     if preset is not None:
-        return preset.compute, preset.loss_scaling
-    return ("float8_e4m3fn" if mixed_precision == "fp8" else "float32"), "none"
+        return preset.gemm, preset.loss_scaling
+    return "float32", "none"
 
 
 def contribute(cf: ConfigFile, put: Any) -> None:

@@ -7,7 +7,9 @@ accelerator_connector.py and lightning/fabric/plugins/precision/):
   ``bf16-true``, ``transformer-engine``...; the aliases 16, 32, 64, "bf16" convert to
   ``16-mixed``, ``32-true``, ``64-true``, ``bf16-mixed``. ``*-mixed``: float32 weights and
   autocast (MixedPrecision; 16-mixed adds a GradScaler). ``*-true``: HalfPrecision converts the
-  module to the dtype; it has no GradScaler.
+  module to the dtype; it has no GradScaler. ``transformer-engine`` (``-float16``):
+  TransformerEnginePrecision converts the module to bf16 (f16) and runs float8 GEMMs under
+  te.fp8_autocast (castwise's presets of the same names).
 - ``plugins`` holding a Precision plugin while ``precision`` is also given raises
   "Received both `precision=...` and `plugins=...`. Choose one."
 - ``accelerator: cpu`` with ``16-mixed``: Lightning warns that fp16 AMP is not supported on CPU
@@ -166,7 +168,7 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     # what each precision does to weights, compute and loss scaling: castwise's own presets
     preset = presets.lightning(precision) if precision is not None else None
     if preset is not None and precision is not None:
-        weights, compute, scaling = preset.params, preset.compute, preset.loss_scaling
+        weights, compute, scaling = preset.params, preset.gemm, preset.loss_scaling
         note = (
             "MixedPrecision: autocast over float32 weights"
             if precision.endswith("-mixed")

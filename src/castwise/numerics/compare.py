@@ -157,9 +157,10 @@ def compare(
 ) -> ComparisonReport:
     """Per-module error of ``policy`` against ``reference`` on real tensors, added vs inherited.
 
-    ``policy``/``reference``: a ``castwise.Policy`` or a string ``Policy.parse`` accepts, or an
-    emulated float8 format (``float8_e4m3fn``, ``float8_e5m2``). ``mode``: ``"train"`` (forward
-    and backward of the model's loss, or of a fixed random projection of its outputs) or
+    ``policy``/``reference``: a ``castwise.Policy`` or any string ``Policy.parse`` accepts; the
+    float8 GEMMs of a float8 recipe (``fp8``, ``mxfp8``, ``float8_e4m3fn``...) are emulated.
+    ``mode``: ``"train"`` (forward and backward of the model's loss, or of a fixed random
+    projection of its outputs) or
     ``"eval"`` (forward under no_grad). The model is not changed: both runs use deep copies.
     """
     from castwise.auditor import preserved_state

@@ -24,30 +24,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise._dtypes import short_of
-from castwise.errors import AuditError
+from castwise._dtypes import canonical, name_of, short_of
+from castwise.errors import AuditError, PolicyError
 from castwise.numerics import _run
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
+from castwise.policy import Policy
+from castwise.policy.float8 import Float8Recipe
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import as_mode
 from castwise.trace.fake import on_meta
 
-TARGETS: dict[str, str] = {
-    "f16": "float16",
-    "fp16": "float16",
-    "float16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "float8_e4m3fn": "float8_e4m3fn",
-    "e4m3fn": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-    "e4m3": "float8_e4m3fn",
-    "float8_e5m2": "float8_e5m2",
-    "e5m2": "float8_e5m2",
-    "fp8_e5m2": "float8_e5m2",
-}
+# a bare dtype name is a format, which is all forecast needs: both readings Policy.parse spells
+# out for "bfloat16" (autocast or weights) forecast the same format
+FORMATS: dict[str, str] = {"bfloat16": "bfloat16", "float16": "float16"}
 THRESHOLD = 0.01  # the share of non-zero values flushed to zero that is worth a finding
 
 
@@ -66,12 +56,31 @@ class Target:
         return "float8" in str(self.dtype)
 
 
+def target_format(target: Any) -> str:
+    """The narrowest format a precision runs in (its float8 recipe's forward format, else its
+    compute dtype): any string ``Policy.parse`` reads, a ``Policy``, or a bare dtype name."""
+    key = str(target).strip() if isinstance(target, str) else target
+    name = FORMATS.get(canonical(key) or "") if isinstance(key, str) else None
+    if name is not None:
+        return name
+    try:
+        policy = Policy.parse(key)
+    except PolicyError as e:
+        raise AuditError(f"target={target!r} is not valid: {e}") from None
+    recipe: Float8Recipe | None = policy.float8
+    if recipe is not None:
+        return recipe.forward_dtype
+    low = name_of(policy.compute_dtype)
+    if low not in FORMATS:
+        raise AuditError(
+            f"target={target!r} computes in {short_of(policy.compute_dtype)}: nothing narrower to forecast; "
+            "valid: a precision that computes in bf16, f16 or float8 (16-mixed, bf16-true, fp8, float8_e5m2, ...)"
+        )
+    return low
+
+
 def parse_target(target: Any) -> Target:
-    key = str(target).strip().lower().removeprefix("torch.")
-    name = TARGETS.get(key)
-    if name is None:
-        raise AuditError(f"target={target!r} is not valid; valid: {', '.join(sorted(TARGETS))}")
-    dtype = getattr(torch, name)
+    dtype = getattr(torch, target_format(target))
     fi = torch.finfo(dtype)
     sub = float(fi.smallest_normal) * float(fi.eps)
     return Target(dtype, float(fi.max), math.log2(sub) - 1)
@@ -286,7 +295,9 @@ def forecast(
     weights: Any = None,
 ) -> Report:
     """Run ``model`` once on real tensors in its current precision (or under ``policy``) and report
-    where ``target`` ("f16", "bf16", "float8_e4m3fn", "float8_e5m2") would overflow (the margin
+    where ``target`` would overflow (any precision ``Policy.parse`` reads, forecast in its narrowest
+    format: "16-mixed" and "bf16" their compute dtype, "fp8", "mxfp8" and "transformer-engine" their
+    float8 forward format; a bare dtype name, "f16", "bfloat16", "float8_e4m3fn", names it) (the margin
     in powers of two) and the share of values it would flush to zero, per module, forward and
     backward. ``summary["numerics"]`` holds every module's ranges; for float8 targets
     ``summary["float8"]`` names the layers to leave out, as a castwise policy and as a torchao

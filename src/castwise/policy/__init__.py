@@ -41,6 +41,20 @@ runs: castwise's ``pure_fp16``/``pure_bf16`` with ``keep_in_fp32=off,default_dty
 ``lightning:64-true`` is ``64-true,default_dtype=f64``; ``lightning:*-mixed`` are the
 ``*-mixed`` presets (autocast only).
 
+More strings other tools write: ``16`` (and the int 16: Lightning's ``16-mixed``); Megatron's
+``--bf16`` / ``--fp16`` (half weights and norms, inputs cast, float32 outputs and main params;
+``--fp16`` adds dynamic loss scaling and reduces in f16) with ``--fp8-format e4m3|hybrid`` and
+``--fp8-recipe``; torchtitan's ``mixed_precision_param=bfloat16,mixed_precision_reduce=float32``
+(FSDP2's MixedPrecisionPolicy: ``bf16-mixed,output=bf16``), read by ``castwise.policy.vocab``.
+FP8 is a recipe on a base precision (``fp8=SCALING[:FORMAT]``, ``castwise.policy.float8``):
+``fp8`` = ``bf16-mixed,fp8=tensorwise`` (Accelerate's), ``mxfp8`` = ``bf16-mixed,fp8=mxfp8``,
+``transformer-engine`` = ``lightning:bf16-true,fp8=delayed`` (``-float16``: f16), and a float8
+format alone (``float8_e4m3fn``, ``e4m3``, ``e5m2``...) is ``32-true,fp8=tensorwise[:e5m2]``.
+A bare dtype name (``bfloat16``, ``float16``, ``half``) is refused with both readings
+(``bf16-mixed``: autocast, as nanoGPT's ``dtype=`` or timm's ``--amp-dtype``; ``bf16-true``:
+weights, as transformers' ``torch_dtype=``) unless a prefix says which: ``nanogpt:bfloat16``,
+``timm:bfloat16`` (autocast), ``hf:bfloat16`` (``pure_bf16``).
+
 Mixed policies (``compute`` narrower than ``params``) leave the model's tensors as they are
 and let autocast cast at each op, as Lightning's and Accelerate's mixed precision do: only
 islands (``keep[...]``, norms, ``_keep_in_fp32_modules``) and an explicit ``buffers=`` clause
@@ -70,6 +84,8 @@ jmp-style and castwise clauses (every one optional; defaults derive from params/
 - ``default_dtype=DT|none`` torch's default dtype while the model runs, restored after (default
   none: left as it is). Tensors the forward makes without a dtype (``torch.zeros(n)``) come out
   in it, as under Lightning's ``*-true``, which set it around each step
+- ``fp8=SCALING[:FORMAT]|none`` float8 GEMMs in the Linears on top of the policy (default none):
+  SCALING tensorwise, rowwise, delayed, blockwise or mxfp8; FORMAT e4m3, e5m2 or hybrid
 - ``fastpath=on|off`` allow fused TransformerEncoderLayer/MultiheadAttention fast paths while the
   model runs (default on, torch's default)
 - ``keep[SELECTOR]=DT`` run matching modules as islands in DT: parameters and buffers stored in

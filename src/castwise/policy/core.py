@@ -17,6 +17,7 @@ from castwise.errors import PolicyError
 from castwise.policy import fields as policy_fields
 from castwise.policy import grammar, presets
 from castwise.policy.fields import Basis
+from castwise.policy.float8 import Float8Recipe
 from castwise.policy.selectors import ModuleRule
 
 __all__ = ["LossScale", "Policy"]
@@ -53,6 +54,7 @@ class Policy:
     fastpath: bool = True
     reduce_dtype: torch.dtype = F32  # gradient reduction across ranks (castwise.fsdp2, castwise.export)
     default_dtype: torch.dtype | None = None  # None: torch's default dtype is left as it is
+    float8: Float8Recipe | None = None  # float8 GEMMs on top of this precision (fp8=...); None: none
     rules: tuple[ModuleRule, ...] = ()
 
     def __post_init__(self) -> None:
@@ -118,10 +120,13 @@ class Policy:
         return dict(_presets())
 
     @classmethod
-    def parse(cls, text: str | Policy) -> Policy:
-        """Read a precision string (see ``castwise.policy`` for every form)."""
+    def parse(cls, text: str | int | Policy) -> Policy:
+        """Read a precision string (see ``castwise.policy`` for every form); an int is Lightning's
+        ``precision=16`` (``32``, ``64``)."""
         if isinstance(text, Policy):
             return text
+        if isinstance(text, int) and not isinstance(text, bool):
+            text = str(text)  # Lightning's precision=16 / 32 / 64
         if not isinstance(text, str):
             raise PolicyError(f"a policy is a string or a castwise.Policy, not {type(text).__name__}")
         parsed = grammar.read(text)
@@ -166,7 +171,7 @@ class Policy:
                 clauses = grammar.clauses_against(values, preset._values())
                 if clauses is not None:
                     bases.append((name, clauses))
-                    if self.default_dtype is None:
+                    if self.default_dtype is None and self.float8 is None:
                         break  # the first preset that fits (printing as it always did)
         if self.default_dtype is not None:
             # Lightning's *-true set the default dtype: a policy built on one prints as Lightning
@@ -208,6 +213,8 @@ class Policy:
             extras.append(f"default dtype {_short(self.default_dtype)} while the model runs")
         if not self.fastpath:
             extras.append("fused fast paths off")
+        if self.float8 is not None:
+            extras.append(self.float8.describe())
         extras += [str(r) for r in self.rules]
         return "; ".join([what, f"outputs {_short(self.output_dtype)}", *extras])
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from castwise import _dtypes
 from castwise.errors import PolicyError
+from castwise.policy.float8 import Float8Recipe
 
 if TYPE_CHECKING:
     import torch
@@ -32,7 +33,7 @@ __all__ = [
     "parse_dtype",
 ]
 
-Kind = Literal["dtype", "dtype?", "bool", "choice", "loss_scale"]
+Kind = Literal["dtype", "dtype?", "bool", "choice", "loss_scale", "float8"]
 
 BOOL_WORDS: dict[str, bool] = {
     "on": True,
@@ -105,6 +106,8 @@ class Field:
             if low not in self.choices:
                 raise PolicyError(f"{self.clause}={text!r} is not valid; valid: {', '.join(sorted(self.choices))}")
             return low
+        if self.kind == "float8":
+            return Float8Recipe.parse(text)
         if low == "dynamic":
             return "dynamic"
         try:
@@ -128,6 +131,11 @@ class Field:
             raise PolicyError(f"{self.attr}={value!r} is not valid; valid: {_dtypes.POLICY_DTYPES_TEXT}")
         if self.kind == "dtype?" and value is not None and not _dtypes.is_policy_dtype(value):
             raise PolicyError(f"{self.attr}={value!r} is not valid; valid: None or {_dtypes.POLICY_DTYPES_TEXT}")
+        if self.kind == "float8" and value is not None and not isinstance(value, Float8Recipe):
+            raise PolicyError(
+                f"{self.attr}={value!r} is not valid; valid: None or a castwise.policy.float8.Float8Recipe "
+                "(in a policy string: fp8=tensorwise, fp8=rowwise, fp8=delayed, fp8=mxfp8, ...)"
+            )
         if self.kind == "choice" and value not in self.choices:
             raise PolicyError(f"{self.attr}={value!r} is not valid; valid: {', '.join(sorted(self.choices))}")
         if self.kind == "loss_scale" and value is not None:
@@ -176,6 +184,9 @@ FIELDS: tuple[Field, ...] = (
     # torch's default dtype while the model runs (Lightning's *-true set it around each step):
     # tensors made there without a dtype (torch.zeros, torch.arange(0.0, ...)) come out in it
     Field("default_dtype", "default_dtype", "dtype?", lambda b: None, none_words=("none", "off")),
+    # a float8 training recipe on top of the base precision (castwise.policy.float8): which scaling
+    # and format the Linears' GEMMs use; None: no float8
+    Field("float8", "fp8", "float8", lambda b: None, none_words=("none", "off", "no")),
 )
 
 # every clause key the grammar knows, sorted as error messages list them

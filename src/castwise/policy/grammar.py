@@ -15,7 +15,7 @@ from typing import Any
 
 from castwise import _dtypes
 from castwise.errors import PolicyError
-from castwise.policy import fields, presets
+from castwise.policy import fields, presets, vocab
 from castwise.policy.selectors import ModuleRule
 
 __all__ = ["Parsed", "clauses_against", "read", "split"]
@@ -77,7 +77,7 @@ def _no_equals(clause: str) -> PolicyError:
 
 def read(text: str) -> Parsed:
     """A policy string's parts; PolicyError (or RuleError for a selector) naming what is wrong."""
-    clauses = split(text)
+    clauses = vocab.translate(split(text))
     if not clauses:
         raise PolicyError(f"empty policy string; valid presets: {', '.join(sorted(presets.PRESETS))}")
     preset = None

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from castwise import _dtypes
+from castwise._dtypes import short
 from castwise.errors import PolicyError
+from castwise.policy.float8 import Float8Recipe
 
 __all__ = [
     "ACCELERATE",
@@ -44,6 +46,7 @@ class Preset:
     output: str | None = None
     loss_scale: str | None = None
     clauses: tuple[str, ...] = ()
+    fp8: str | None = None  # a float8 recipe on top (castwise.policy.float8: "tensorwise", "delayed"...)
 
     @property
     def loss_scaling(self) -> str:
@@ -58,7 +61,18 @@ class Preset:
             head.append(f"output={_dtypes.short(self.output)}")
         if self.loss_scale is not None:
             head.append(f"loss_scale={self.loss_scale}")
-        return ",".join([*head, *self.clauses])
+        return ",".join([*head, *self.clauses, *([f"fp8={self.fp8}"] if self.fp8 is not None else [])])
+
+    @property
+    def float8(self) -> Float8Recipe | None:
+        return Float8Recipe.parse(self.fp8) if self.fp8 is not None else None
+
+    @property
+    def gemm(self) -> str:
+        """The dtype the Linears' matmuls take their inputs in: the float8 recipe's forward format,
+        else the compute dtype (lint-config's ``compute``)."""
+        recipe = self.float8
+        return recipe.forward_dtype if recipe is not None else self.compute
 
 
 _FP32 = Preset("float32", "float32")
@@ -69,6 +83,13 @@ _TRUE16 = Preset("float16", "float16")  # norms as f32 islands, inputs cast: the
 _TRUEBF16 = Preset("bfloat16", "bfloat16")
 _PURE16 = Preset("float16", "float16", clauses=("norms=none",))
 _PUREBF16 = Preset("bfloat16", "bfloat16", clauses=("norms=none",))
+# a float8 format named alone: float8 GEMMs (per-tensor scales) on float32, so that only float8's
+# rounding differs from float32 (what compare and forecast have always meant by it)
+_F8E4M3 = Preset("float32", "float32", fp8="tensorwise")
+_F8E5M2 = Preset("float32", "float32", fp8="tensorwise:e5m2")
+# Lightning's TransformerEnginePrecision: TE layers, module.to(weights_dtype), inputs cast, torch's
+# default dtype set while a step runs, te.fp8_autocast with DelayedScaling() (HYBRID format)
+_LIGHTNING_TRUE = ("norms=none", "keep_in_fp32=off")
 
 PRESETS: dict[str, Preset] = {
     # Lightning
@@ -102,6 +123,26 @@ PRESETS: dict[str, Preset] = {
         ("norms=none", "master_weights=on", "keep[class:torch.nn.modules.batchnorm._BatchNorm]=f32"),
     ),
     "O3": Preset("float16", "float16", "float32", clauses=("norms=none",)),
+    "16": _MIXED16,  # Lightning's alias, bare like "32" and "64"
+    # FP8 recipes (castwise.policy.float8): bf16 autocast plus float8 GEMMs in the Linears, as
+    # Accelerate's fp8 runs it (its AO backend, torchao's tensorwise Float8LinearConfig) and
+    # torchtitan's float8 / mx converters over bf16
+    "fp8": Preset("float32", "bfloat16", fp8="tensorwise"),
+    "mxfp8": Preset("float32", "bfloat16", fp8="mxfp8"),
+    **{name: _F8E4M3 for name in ("float8_e4m3fn", "f8e4m3fn", "e4m3", "e4m3fn", "fp8_e4m3", "float8")},
+    **{name: _F8E5M2 for name in ("float8_e5m2", "f8e5m2", "e5m2", "fp8_e5m2")},
+    "transformer-engine": Preset(
+        "bfloat16", "bfloat16", clauses=(*_LIGHTNING_TRUE, "default_dtype=bf16"), fp8="delayed"
+    ),
+    "transformer-engine-float16": Preset(
+        "float16", "float16", clauses=(*_LIGHTNING_TRUE, "default_dtype=f16"), fp8="delayed"
+    ),
+    # Megatron-LM: Float16Module converts the model (norms included) and the first stage's inputs,
+    # returns float32 from the last stage; the optimizer keeps float32 main params. --bf16 reduces
+    # gradients in float32 (accumulate_allreduce_grads_in_fp32 is forced on), --fp16 in float16
+    # with a DynamicGradScaler (no --loss-scale given)
+    "--bf16": Preset("bfloat16", "bfloat16", "float32", clauses=("norms=none", "master_weights=on")),
+    "--fp16": Preset("float16", "float16", "float32", "dynamic", ("norms=none", "master_weights=on", "reduce=f16")),
 }
 
 # printed names, in order of preference when several presets mean the same policy
@@ -116,6 +157,14 @@ PREFERRED: tuple[str, ...] = (
     "pure_bf16",
     "O2",
     "O3",
+    "fp8",
+    "mxfp8",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "--bf16",
+    "--fp16",
 )
 
 # Lightning's shorthands for its precision strings (accelerator_connector's alias conversion,
@@ -132,7 +181,10 @@ LIGHTNING_ALIASES: dict[str, str] = {
 # Lightning's *-true convert the whole module (norms included) and the inputs: castwise's pure_*
 # presets; its *-mixed only autocast, like castwise's
 LIGHTNING: dict[str, str] = {
-    **{k: k for k in ("32-true", "64-true", "16-mixed", "bf16-mixed")},
+    **{
+        k: k
+        for k in ("32-true", "64-true", "16-mixed", "bf16-mixed", "transformer-engine", "transformer-engine-float16")
+    },
     "16-true": "pure_fp16",
     "bf16-true": "pure_bf16",
 }
@@ -144,7 +196,15 @@ LIGHTNING_CLAUSES: dict[str, tuple[str, ...]] = {
     "bf16-true": ("keep_in_fp32=off", "default_dtype=bf16"),
     "64-true": ("default_dtype=f64",),
 }
-ACCELERATE: dict[str, str] = {"no": "no", "fp16": "fp16", "bf16": "bf16"}
+ACCELERATE: dict[str, str] = {"no": "no", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
+# projects whose setting is a bare dtype name, by canonical name: nanoGPT's dtype= and timm's
+# --amp-dtype pick the autocast dtype (float16 with a GradScaler); transformers' torch_dtype=
+# loads the weights in it (norms too; _keep_in_fp32_modules stay float32)
+DTYPE_SETTINGS: dict[str, dict[str, str]] = {
+    "nanogpt": {"float32": "32-true", "bfloat16": "bf16-mixed", "float16": "16-mixed"},
+    "timm": {"float32": "32-true", "bfloat16": "bf16-mixed", "float16": "16-mixed"},
+    "hf": {"float32": "32-true", "bfloat16": "pure_bf16", "float16": "pure_fp16"},
+}
 
 ECOSYSTEMS: dict[str, dict[str, str]] = {
     # prefix -> {string as that ecosystem writes it: castwise preset}
@@ -161,6 +221,8 @@ ECOSYSTEMS: dict[str, dict[str, str]] = {
         "pure_bf16": "pure_bf16",
     },
     "apex": {"O0": "O0", "O1": "O1", "O2": "O2", "O3": "O3"},
+    "megatron": {"--bf16": "--bf16", "--fp16": "--fp16", "bf16": "--bf16", "fp16": "--fp16"},
+    **DTYPE_SETTINGS,
 }
 
 
@@ -192,22 +254,47 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _bare_dtype(text: str, name: str) -> PolicyError:
+    """A bare bf16/f16 dtype name says which dtype but not whether weights or autocast use it."""
+    mixed, true = ("bf16-mixed", "bf16-true") if name == "bfloat16" else ("16-mixed", "16-true")
+    hf = DTYPE_SETTINGS["hf"][name]
+    return PolicyError(
+        f"precision {text!r} is a bare dtype name, which reads two ways: {mixed!r} (float32 weights, "
+        f"{short(name)} autocast: what nanoGPT's dtype= and timm's --amp-dtype mean) or {true!r} "
+        f"(weights stored in {short(name)}: what transformers' torch_dtype= means); write one of them, "
+        f"or say whose setting it is: nanogpt:{name} or timm:{name} (= {mixed}), hf:{name} (= {hf}: "
+        "transformers converts the norms too)"
+    )
+
+
+def _prefixed(prefix: str, name: str) -> str:
+    table = ECOSYSTEMS.get(prefix.strip().lower())
+    if table is None:
+        raise PolicyError(f"unknown precision prefix {prefix!r}; valid prefixes: {', '.join(sorted(ECOSYSTEMS))}")
+    key = name.strip()
+    if prefix.strip().lower() in DTYPE_SETTINGS:
+        key = _dtypes.canonical(key) or key  # any spelling of the dtype: torch.bfloat16, bf16, half
+    key = key if key in table else key.upper() if key.upper() in table else key.lower()
+    if key not in table:
+        raise PolicyError(f"unknown {prefix} precision {name.strip()!r}; valid: {', '.join(sorted(table))}")
+    return table[key]
+
+
 def lookup(text: str) -> str:
     """The castwise preset name a precision string stands for (``"openclip:bf16"`` ->
-    ``"bf16-true"``); PolicyError listing the valid ones when there is none."""
+    ``"bf16-true"``); PolicyError listing the valid ones when there is none, and spelling out
+    both readings of a bare ``bfloat16``/``float16``."""
     if ":" in text:
         prefix, _, name = text.partition(":")
-        table = ECOSYSTEMS.get(prefix.strip().lower())
-        if table is None:
-            raise PolicyError(f"unknown precision prefix {prefix!r}; valid prefixes: {', '.join(sorted(ECOSYSTEMS))}")
-        key = name.strip()
-        key = key if key in table else key.upper() if key.upper() in table else key.lower()
-        if key not in table:
-            raise PolicyError(f"unknown {prefix} precision {name.strip()!r}; valid: {', '.join(sorted(table))}")
-        return table[key]
+        return _prefixed(prefix, name)
     for key in (text, text.lower(), text.upper()):
         if key in PRESETS:
             return key
+    dtype = _dtypes.canonical(text)
+    if dtype in ("bfloat16", "float16"):
+        raise _bare_dtype(text.strip(), dtype)
+    if dtype in ("float32", "float64"):
+        return "32-true" if dtype == "float32" else "64-true"  # one reading: nothing narrower to autocast to
     raise PolicyError(
         f"unknown precision {text!r}{did_you_mean(text, PRESETS)}; valid presets: {', '.join(sorted(PRESETS))}; "
         "or clauses like 'params=f32,compute=bf16,output=f32'"
