@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from castwise.devices import Device
 from castwise.errors import AuditError
@@ -148,3 +148,33 @@ def simulated_cuda(device: Device) -> Iterator[None]:
         yield
     finally:
         torch.cuda.get_device_capability = original
+
+
+@contextlib.contextmanager
+def module_conversions() -> Iterator[None]:
+    """While a fake audit runs, ``module.to(dtype)`` / ``.half()`` / ``.to(device)`` called inside
+    forward (transformers' SwitchTransformers router re-casts its classifier on every call) changes
+    fake parameters as it changes real ones. On real parameters ``nn.Module._apply`` sets
+    ``param.data``: the parameter object, and the autograd node that accumulates its gradient, stay.
+    On fake ones it always swaps the two tensor objects whole (``torch.utils.swap_tensors``), which
+    refuses any tensor with a weak reference (every fake tensor an op made is held weakly by the
+    fake mode's memo) or one saved for backward, so the model raised where the real run does not.
+    Fake pairs get the real parameters' path (``.data =``, plus the fake tensor's own device and
+    mode attributes); real tensors keep torch's own swap. Restored on exit."""
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+            original(t1, t2)
+            return
+        with torch.no_grad():
+            t1.data = t2
+        # the fake tensor's own attributes (its device lives there); castwise's maps on t1 stay,
+        # as a real parameter's attributes do under ``.data =``
+        t1.__dict__.update({k: v for k, v in t2.__dict__.items() if not k.startswith("_castwise_")})
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
