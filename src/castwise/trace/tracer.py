@@ -92,12 +92,12 @@ _ADD = torch.ops.aten.add.Tensor  # nn.Linear's bias add on its matmul path (see
 _RANK = {"autocast": 0, "param": 1, "buffer": 1}
 
 
+_OWN_TYPES = frozenset({FakeTensor, torch.Tensor})
+
+
 def _foreign(types: Sequence[type]) -> bool:
     """Whether an op's overloaded types include a tensor subclass other than the fake run's own."""
-    for t in types:
-        if t is not FakeTensor and t is not torch.Tensor:
-            return True
-    return False
+    return not _OWN_TYPES.issuperset(types)
 
 
 class _AttrMap:
