@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise.devices import Device
 from castwise.errors import AuditError
@@ -27,7 +28,15 @@ def new_mode() -> FakeTensorMode:
 
 
 def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: str) -> torch.Tensor:
-    """A fake tensor with ``t``'s metadata on ``device`` (no data is read or copied)."""
+    """A fake tensor with ``t``'s metadata on ``device`` (no data is read or copied). A tensor
+    subclass that wraps others (DTensor, torchao's float8 weights, NF4) stays that subclass
+    around fake inner tensors: its ops then run the subclass's own code, as the real ones do."""
+    if is_traceable_wrapper_subclass(t):
+        names, context = t.__tensor_flatten__()
+        inner = {n: getattr(t, n) for n in names}  # tensors, and opaque parts (DTensor's mesh)
+        inner = {n: fake_like(mode, v, device) if isinstance(v, torch.Tensor) else v for n, v in inner.items()}
+        out: torch.Tensor = type(t).__tensor_unflatten__(inner, context, t.size(), t.stride())
+        return out
     with mode:
         out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
     return out
