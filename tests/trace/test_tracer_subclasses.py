@@ -102,3 +102,51 @@ def test_float8_model_with_a_planted_bug_is_still_found(fake: bool) -> None:
     errors = _errors(model, x, "bf16-true", fake=fake)
     assert errors, "the planted float32 matmul operand was not found"
     assert all(code != "CW130" for code, _m in errors)
+
+
+class _Tp(nn.Module):
+    """A tensor-parallel MLP (DTensor weights); ``planted``: its bf16 output (under autocast)
+    written into a float32 table by index, which the real kernel refuses."""
+
+    def __init__(self, *, planted: bool = False) -> None:
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.down = nn.Linear(64, 16)
+        self.planted = planted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.down(torch.relu(self.up(x)))
+        if not self.planted:
+            return out
+        table = torch.zeros(out.shape, dtype=torch.float32)
+        table[torch.arange(out.shape[0])] = out
+        return table
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["clean", "planted"])
+def test_tensor_parallel_dtensor_model_is_followed_on_fake_tensors(planted: bool) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = _Tp(planted=planted)
+        parallelize_module(model, init_device_mesh("cpu", (2,)), {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        assert isinstance(model.up.weight, DTensor)
+        x = torch.randn(8, 32)
+        if planted:
+            with pytest.raises(RuntimeError, match="dtypes match"):  # truth: the real mixed step fails
+                _real_mixed_step(model, x)
+            codes = [code for code, _m in _errors(model, x, "bf16-mixed", fake=True)]
+            assert codes and "CW130" not in codes
+        else:
+            _real_mixed_step(model, x)
+            assert _errors(model, x, "bf16-mixed", fake=True) == []
+            assert _errors(model, x, "bf16-mixed", fake=False) == []
+    finally:
+        dist.destroy_process_group()
