@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise import _autocast, devices
 from castwise._dtypes import name_of, short_of
@@ -177,6 +178,8 @@ def _unexpected_dtypes(
             for tname, t in store.items():
                 if t is None or id(t) in seen or not t.is_floating_point() or (mname, tname) in cast:
                     continue
+                if is_traceable_wrapper_subclass(t):
+                    continue  # a quantised or sharded weight (NF4, DTensor) keeps its own dtype by design
                 seen.add(id(t))
                 if kind == "param":
                     want = island or policy.param_dtype
