@@ -130,6 +130,7 @@ def _run_once(
             stack.enter_context(fake_mod.simulated_cuda(dev))  # the compute capability model code asks for
         if fmode is not None:
             stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
+            stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index
             stack.enter_context(fmode)
         with warnings.catch_warnings():
             # a rule matching no module is reported as CW123; apply's warning would say it twice

@@ -187,3 +187,28 @@ def module_conversions() -> Iterator[None]:
         yield
     finally:
         torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def scalar_formatting() -> Iterator[None]:
+    """While a fake audit runs, a 0-dim fake integer tensor formatted into a string formats its
+    value, as a real one does (``Tensor.__format__`` calls ``.item()`` only for plain tensors, so a
+    fake one printed its repr: SwitchTransformers' experts look up ``self[f"expert_{idx[0]}"]`` and raised
+    KeyError). The value is the tracer's, as for any ``.item()``. Restored on exit."""
+    original = torch.Tensor.__format__
+
+    def __format__(self: torch.Tensor, format_spec: str) -> str:
+        # integers only: an index picks code (a module by name); a float is formatted for logging
+        if isinstance(self, FakeTensor) and self.dim() == 0 and not self.is_floating_point():
+            try:
+                return format(self.item(), format_spec)
+            except Exception:  # no value to be had (outside the tracer): torch's own formatting
+                pass
+        text: str = original(self, format_spec)  # type: ignore[no-untyped-call]
+        return text
+
+    torch.Tensor.__format__ = __format__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.__format__ = original  # type: ignore[method-assign]
