@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise import _autocast, devices
 from castwise._dtypes import name_of, short_of
@@ -141,6 +142,8 @@ def _run_once(
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
             stack.enter_context(simcuda.simulated_cuda(dev))  # what model code asks torch about the GPU
         if fmode is not None:
+            stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
+            stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index
             stack.enter_context(fmode)
         with warnings.catch_warnings():
             # a rule matching no module is reported as CW123; apply's warning would say it twice
@@ -189,6 +192,8 @@ def _unexpected_dtypes(
             for tname, t in store.items():
                 if t is None or id(t) in seen or not t.is_floating_point() or (mname, tname) in cast:
                     continue
+                if is_traceable_wrapper_subclass(t):
+                    continue  # a quantised or sharded weight (NF4, DTensor) keeps its own dtype by design
                 seen.add(id(t))
                 if kind == "param":
                     want = island or policy.param_dtype

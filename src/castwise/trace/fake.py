@@ -8,12 +8,15 @@ fits in memory. The user's model is only read.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise.errors import AuditError
 from castwise.trace import simcuda
@@ -35,7 +38,15 @@ def new_mode() -> FakeTensorMode:
 
 
 def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: str) -> torch.Tensor:
-    """A fake tensor with ``t``'s metadata on ``device`` (no data is read or copied)."""
+    """A fake tensor with ``t``'s metadata on ``device`` (no data is read or copied). A tensor
+    subclass that wraps others (DTensor, torchao's float8 weights, NF4) stays that subclass
+    around fake inner tensors: its ops then run the subclass's own code, as the real ones do."""
+    if is_traceable_wrapper_subclass(t):
+        names, context = t.__tensor_flatten__()
+        inner = {n: getattr(t, n) for n in names}  # tensors, and opaque parts (DTensor's mesh)
+        inner = {n: fake_like(mode, v, device) if isinstance(v, torch.Tensor) else v for n, v in inner.items()}
+        out: torch.Tensor = type(t).__tensor_unflatten__(inner, context, t.size(), t.stride())
+        return out
     with mode:
         out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
     return out
@@ -134,3 +145,58 @@ def real_inputs(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: real_inputs(v) for k, v in obj.items()}
     return obj
+
+
+@contextlib.contextmanager
+def module_conversions() -> Iterator[None]:
+    """While a fake audit runs, ``module.to(dtype)`` / ``.half()`` / ``.to(device)`` called inside
+    forward (transformers' SwitchTransformers router re-casts its classifier on every call) changes
+    fake parameters as it changes real ones. On real parameters ``nn.Module._apply`` sets
+    ``param.data``: the parameter object, and the autograd node that accumulates its gradient, stay.
+    On fake ones it always swaps the two tensor objects whole (``torch.utils.swap_tensors``), which
+    refuses any tensor with a weak reference (every fake tensor an op made is held weakly by the
+    fake mode's memo) or one saved for backward, so the model raised where the real run does not.
+    Fake pairs get the real parameters' path (``.data =``, plus the fake tensor's own device and
+    mode attributes); real tensors keep torch's own swap. Restored on exit."""
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+            original(t1, t2)  # type: ignore[no-untyped-call]
+            return
+        with torch.no_grad():
+            t1.data = t2
+        # the fake tensor's own attributes (its device lives there); castwise's maps on t1 stay,
+        # as a real parameter's attributes do under ``.data =``
+        t1.__dict__.update({k: v for k, v in t2.__dict__.items() if not k.startswith("_castwise_")})
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
+@contextlib.contextmanager
+def scalar_formatting() -> Iterator[None]:
+    """While a fake audit runs, a 0-dim fake integer tensor formatted into a string formats its
+    value, as a real one does (``Tensor.__format__`` calls ``.item()`` only for plain tensors, so a
+    fake one printed its repr: SwitchTransformers' experts look up ``self[f"expert_{idx[0]}"]`` and raised
+    KeyError). The value is the tracer's, as for any ``.item()``. Restored on exit."""
+    original = torch.Tensor.__format__
+
+    def __format__(self: torch.Tensor, format_spec: str) -> str:
+        # integers only: an index picks code (a module by name); a float is formatted for logging
+        if isinstance(self, FakeTensor) and self.dim() == 0 and not self.is_floating_point():
+            try:
+                return format(self.item(), format_spec)
+            except Exception:  # no value to be had (outside the tracer): torch's own formatting
+                pass
+        text: str = original(self, format_spec)  # type: ignore[no-untyped-call]
+        return text
+
+    torch.Tensor.__format__ = __format__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.__format__ = original  # type: ignore[method-assign]

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from castwise import _autocast
@@ -89,6 +90,14 @@ _NO_SUBCLASS_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _ADD = torch.ops.aten.add.Tensor  # nn.Linear's bias add on its matmul path (see _linear_bias_add)
 # provenance preference among same-dtype inputs: autocast's casts, then weights, then the rest
 _RANK = {"autocast": 0, "param": 1, "buffer": 1}
+
+
+_OWN_TYPES = frozenset({FakeTensor, torch.Tensor})
+
+
+def _foreign(types: Sequence[type]) -> bool:
+    """Whether an op's overloaded types include a tensor subclass other than the fake run's own."""
+    return not _OWN_TYPES.issuperset(types)
 
 
 class _AttrMap:
@@ -262,6 +271,11 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             if mode is not None and not mode.in_kernel_invocation:
                 return args[0].fake_device
             return func(*args, **(kwargs or {}))
+        if types and _foreign(types):
+            # a tensor subclass (torchao's float8 tensors, DTensor, NF4) implements the op itself:
+            # it runs its own code, whose ops on plain tensors come back here and are checked
+            # against the real kernels' contracts; the subclass's dtype says nothing about them
+            return NotImplemented
         # the handler reads tensors' metadata (dtype, shape, is_floating_point) dozens of times per
         # op: on a tensor subclass (FakeTensor) each read is a Python __torch_function__ call
         # unless subclass torch functions are off (measured: 0.5-1.4 µs a read, ten times less)
