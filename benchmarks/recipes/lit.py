@@ -25,6 +25,8 @@ class LitRecipe(pl.LightningModule):
         self.model = model
 
     def forward(self, batch: Any) -> torch.Tensor:
+        if isinstance(batch, list):  # the loader's conversion turns the zoo's input tuple into a list
+            batch = tuple(batch)
         return loss_of(self.model, batch)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
