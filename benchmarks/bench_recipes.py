@@ -40,10 +40,11 @@ from benchmarks.zoo.cases import quiet  # noqa: E402
 from benchmarks.zoo.faults import NotApplicable  # noqa: E402
 
 
-def _one(job: tuple[RecipeCase, int]) -> dict[str, Any]:
-    case, timeout = job
+def _one(job: tuple[RecipeCase, tuple[str, ...], int]) -> dict[str, Any]:
+    case, devices, timeout = job
     quiet()
-    devices = DEVICES if case.fault is None else ("cpu",)  # a planted fault's truth is the CPU's
+    if case.fault is not None:
+        devices = ("cpu",)  # a planted fault's truth is the CPU's
     try:
         return evaluate(case, devices, timeout)
     except NotApplicable as exc:
@@ -56,11 +57,11 @@ def _one(job: tuple[RecipeCase, int]) -> dict[str, Any]:
         }
 
 
-def run(work: list[RecipeCase], jobs: int, timeout: int) -> list[dict[str, Any]]:
+def run(work: list[RecipeCase], jobs: int, timeout: int, devices: tuple[str, ...] = DEVICES) -> list[dict[str, Any]]:
     start = time.perf_counter()
     results: list[dict[str, Any]] = []
     pool = multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=20) if jobs > 1 else None
-    items = [(c, timeout) for c in work]
+    items = [(c, devices, timeout) for c in work]
     iterator: Any = pool.imap(_one, items) if pool else map(_one, items)
     try:
         for n, record in enumerate(iterator, 1):
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", help=f"comma-separated (default: {len(MODELS)} models)")
     parser.add_argument("--recipes", help=f"comma-separated, from: {', '.join(RECIPES)}")
+    parser.add_argument("--devices", default=",".join(DEVICES), help="cpu, cuda (simulated), or both")
     parser.add_argument("--faults-per-recipe", type=int, default=3, help="planted-fault cases per recipe")
     parser.add_argument("--limit", type=int, help="at most this many clean cases (then the planted ones)")
     parser.add_argument("--jobs", type=int, default=1, choices=[1, 2])
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     work = [RecipeCase(m, r) for m in models for r in recipes][: opts.limit]
     work += fault_cases(models, recipes, opts.faults_per_recipe)
     start = time.perf_counter()
-    results = run(work, opts.jobs, opts.timeout)
+    devices = tuple(_names(opts.devices, DEVICES, "device(s)", parser))
+    results = run(work, opts.jobs, opts.timeout, devices)
     print(
         f"recipes: {len(work)} cases ({len(models)} models x {len(recipes)} recipes, "
         f"{sum(c.fault is not None for c in work)} planted), {time.perf_counter() - start:.0f} s "
