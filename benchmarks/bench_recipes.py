@@ -57,21 +57,15 @@ def _one(job: tuple[RecipeCase, tuple[str, ...], int]) -> dict[str, Any]:
         }
 
 
-def run(work: list[RecipeCase], jobs: int, timeout: int, devices: tuple[str, ...] = DEVICES) -> list[dict[str, Any]]:
+def run(work: list[RecipeCase], pool: Any, timeout: int, devices: tuple[str, ...] = DEVICES) -> list[dict[str, Any]]:
     start = time.perf_counter()
     results: list[dict[str, Any]] = []
-    pool = multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=20) if jobs > 1 else None
     items = [(c, devices, timeout) for c in work]
     iterator: Any = pool.imap(_one, items) if pool else map(_one, items)
-    try:
-        for n, record in enumerate(iterator, 1):
-            results.append(record)
-            if n % 10 == 0:
-                print(f"  {n}/{len(work)} cases, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
+    for n, record in enumerate(iterator, 1):
+        results.append(record)
+        if n % 10 == 0:
+            print(f"  {n}/{len(work)} cases, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return results
 
 
@@ -102,11 +96,20 @@ def main(argv: list[str] | None = None) -> int:
     recipes = _names(opts.recipes, RECIPES, "recipe(s)", parser)
     if "float8-emulated" not in RECIPES:
         print("torchao is not installed: the float8-emulated recipe is left out", file=sys.stderr)
-    work = [RecipeCase(m, r) for m in models for r in recipes][: opts.limit]
-    work += fault_cases(models, recipes, opts.faults_per_recipe)
-    start = time.perf_counter()
     devices = tuple(_names(opts.devices, DEVICES, "device(s)", parser))
-    results = run(work, opts.jobs, opts.timeout, devices)
+    start = time.perf_counter()
+    # the workers are forked before this process runs any torch op: a fork after torch has
+    # started its thread pools hangs the children
+    pool = multiprocessing.get_context("fork").Pool(opts.jobs, maxtasksperchild=20) if opts.jobs > 1 else None
+    try:
+        work = [RecipeCase(m, r) for m in models for r in recipes][: opts.limit]
+        args = (models, recipes, opts.faults_per_recipe)
+        work += pool.apply(fault_cases, args) if pool else fault_cases(*args)
+        results = run(work, pool, opts.timeout, devices)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     print(
         f"recipes: {len(work)} cases ({len(models)} models x {len(recipes)} recipes, "
         f"{sum(c.fault is not None for c in work)} planted), {time.perf_counter() - start:.0f} s "

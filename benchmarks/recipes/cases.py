@@ -67,8 +67,14 @@ def _audit_view(audit: AuditOutcome) -> dict[str, Any]:
         "seconds": round(audit.seconds, 3),
         "message": audit.message,
         "findings": [
-            {"code": f.code, "level": f.level, "modes": list(f.modes), "module": f.module, "origin": f.origin_module,
-             "message": f.message[:300]}
+            {
+                "code": f.code,
+                "level": f.level,
+                "modes": list(f.modes),
+                "module": f.module,
+                "origin": f.origin_module,
+                "message": f.message[:300],
+            }
             for f in audit.findings
         ][:6],
     }

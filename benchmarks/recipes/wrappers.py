@@ -9,7 +9,6 @@ same code runs under a real CPU run and a simulated-CUDA audit.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -84,27 +83,22 @@ class CheckpointBlock(nn.Module):
             return getattr(super().__getattr__("block"), name)
 
 
-def _block_lists(model: nn.Module) -> Iterator[nn.Module]:
+def _block_lists(model: nn.Module) -> list[nn.Module]:
     """The outermost ModuleLists / Sequentials whose entries are blocks (modules with children)."""
-    seen: list[nn.Module] = []
+    found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
-        if not name or any(name.startswith(s + ".") for s in map(_name_of(model), seen)):
+        if not name or any(name.startswith(outer + ".") for outer, _ in found):
             continue
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0:
-            if all(any(True for _ in child.children()) for child in module):
-                seen.append(module)
-                yield module
-
-
-def _name_of(model: nn.Module) -> Any:
-    names = {id(m): n for n, m in model.named_modules()}
-    return lambda m: names[id(m)]
+        is_list = isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0
+        if is_list and all(any(True for _ in child.children()) for child in module):
+            found.append((name, module))
+    return [module for _, module in found]
 
 
 def checkpoint_blocks(model: nn.Module, use_reentrant: bool) -> int:
     """Wrap every block of ``model`` in ``CheckpointBlock``; returns how many."""
     count = 0
-    for blocks in list(_block_lists(model)):
+    for blocks in _block_lists(model):
         for i, child in enumerate(list(blocks)):
             blocks[i] = CheckpointBlock(child, use_reentrant)
             count += 1
