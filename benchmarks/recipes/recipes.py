@@ -168,13 +168,17 @@ def _hf_base(model: nn.Module) -> Any:
     return base if getattr(base, "supports_gradient_checkpointing", False) else None
 
 
-def hf_checkpointing(model: nn.Module, inputs: Any) -> Built:
+def _enable_hf_checkpointing(model: nn.Module) -> None:
     base = _hf_base(model)
     if base is None:
         raise NotApplicable("not a Hugging Face model with gradient checkpointing")
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(base, "enable_input_require_grads"):
         base.enable_input_require_grads()  # what peft / the HF Trainer do for checkpointing
+
+
+def hf_checkpointing(model: nn.Module, inputs: Any) -> Built:
+    _enable_hf_checkpointing(model)
     return wrappers.OwnAutocast(model, BF16), inputs
 
 
@@ -210,10 +214,12 @@ def float8_emulated(model: nn.Module, inputs: Any) -> Built:
     return wrappers.OwnAutocast(model, BF16), inputs
 
 
-def lightning(precision: str) -> Callable[[nn.Module, Any], Built]:
+def lightning(precision: str, hf_gc: bool = False) -> Callable[[nn.Module, Any], Built]:
     def prepare(model: nn.Module, inputs: Any) -> Built:
         from benchmarks.recipes.lit import LitRecipe
 
+        if hf_gc:
+            _enable_hf_checkpointing(model)
         return LitRecipe(model), inputs
 
     return prepare
@@ -230,6 +236,13 @@ _RECIPES = [
     *(
         Recipe(f"lightning-{p}", lightning(p), p, lightning=p, doc=f"Lightning Trainer({p}) + CastwiseCallback")
         for p in ("bf16-true", "bf16-mixed", "16-true", "16-mixed")
+    ),
+    Recipe(
+        "lightning-bf16-mixed-gc",
+        lightning("bf16-mixed", hf_gc=True),
+        "bf16-mixed",
+        lightning="bf16-mixed",
+        doc="Lightning Trainer(bf16-mixed) + CastwiseCallback, HF gradient_checkpointing_enable()",
     ),
 ]
 if importlib.util.find_spec("torchao") is not None:
