@@ -49,14 +49,14 @@ def print_tables(records: list[Record]) -> dict[str, Any]:
     rows: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for r, device, half in _halves(clean):
         rows[(r["case"]["recipe"], device)][half["outcome"]] += 1
-    print(f"\n{'recipe':<22} {'device':<6} {'cases':>5} " + " ".join(f"{o:>11}" for o in OUTCOMES))
+    print(f"\n{'recipe':<24} {'device':<6} {'cases':>5} " + " ".join(f"{o:>11}" for o in OUTCOMES))
     for (recipe, device), c in sorted(rows.items()):
         n = sum(c.values())
-        print(f"{recipe:<22} {device:<6} {n:>5} " + " ".join(f"{c[o]:>11}" for o in OUTCOMES))
+        print(f"{recipe:<24} {device:<6} {n:>5} " + " ".join(f"{c[o]:>11}" for o in OUTCOMES))
     t = totals(records)
     for device, c in sorted(t["by_device"].items()):
         n = sum(c.values())
-        print(f"{'TOTAL':<22} {device:<6} {n:>5} " + " ".join(f"{c.get(o, 0):>11}" for o in OUTCOMES))
+        print(f"{'TOTAL':<24} {device:<6} {n:>5} " + " ".join(f"{c.get(o, 0):>11}" for o in OUTCOMES))
     print("(cuda = simulated CUDA audit scored against the real CPU run: false errors, crashes, incomplete only)")
     print(
         f"\nplanted faults (cpu): {t['planted']} cases, {t['planted_real_failures']} fail for real; "
