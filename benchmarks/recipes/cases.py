@@ -1,0 +1,172 @@
+"""One recipe case: a model under a recipe (optionally with a planted fault), its truth from the
+real CPU run of the same recipe, and castwise's audit of it on CPU and on a simulated CUDA device.
+
+Outcome of each half (the zoo's scoring rule, benchmarks/zoo/scoring.py, decides each part):
+crash (castwise raised or timed out), false error (an error finding in a mode where the real run
+passed), missed (the real run failed with a dtype error, no error finding), incomplete (the audit
+could not check the whole model), else ok. The simulated-CUDA half has no CUDA truth on this
+machine: it takes the CPU run as the truth where the recipe's dtype logic does not depend on the
+device, and is scored only for crashes, incompleteness and false errors (a miss is not scored).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from benchmarks.recipes.recipes import RECIPES, build
+from benchmarks.zoo.faults import FAULTS, NotApplicable, PlantedFault
+from benchmarks.zoo.scoring import MODES, AuditOutcome, RealOutcome, Score, audit_outcome, real_run, score
+from torch import nn
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RecipeCase:
+    model: str
+    recipe: str
+    fault: str | None = None
+    seed: int = 0
+
+
+def build_case(case: RecipeCase) -> tuple[nn.Module, Any, PlantedFault | None]:
+    """A fresh build: the model, the recipe around it, the fault planted (names as the audit
+    sees them: relative to what the user runs)."""
+    recipe = RECIPES[case.recipe]
+    model, inputs = build(case.model, case.seed)
+    module, inputs = recipe.prepare(model, inputs)
+    planted = None
+    if case.fault is not None:
+        planted = FAULTS[case.fault].plant(module, random.Random(case.seed))
+    return module, inputs, planted
+
+
+def outcome(s: Score, device: str) -> str:
+    if s.crash:
+        return "crash"
+    if s.false_alarm_modes:
+        return "false_error"
+    if s.missed and device == "cpu":
+        return "missed"
+    if s.incomplete:
+        return "incomplete"
+    if all(status == "other_error" for status in s.real.values()):
+        return "unscored"  # the real run failed for a reason that is not about dtypes
+    return "ok"
+
+
+def _audit_view(audit: AuditOutcome) -> dict[str, Any]:
+    return {
+        "status": audit.status,
+        "ok": audit.ok,
+        "incomplete": audit.incomplete,
+        "seconds": round(audit.seconds, 3),
+        "message": audit.message,
+        "findings": [
+            {
+                "code": f.code,
+                "level": f.level,
+                "modes": list(f.modes),
+                "module": f.module,
+                "origin": f.origin_module,
+                "message": f.message[:300],
+            }
+            for f in audit.findings
+        ][:6],
+    }
+
+
+def _code_recipe(case: RecipeCase, devices: tuple[str, ...], timeout: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    real = {}
+    for mode in MODES:
+        module, inputs, _ = build_case(case)
+        real[mode] = real_run(module, inputs, None, mode)
+    audits = {}
+    for device in devices:
+        module, inputs, _ = build_case(case)
+        audits[device] = audit_outcome(module, inputs, None, timeout, device=None if device == "cpu" else device)
+    return real, audits
+
+
+def _lightning_recipe(
+    case: RecipeCase, devices: tuple[str, ...], timeout: int
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    from benchmarks.recipes import lit
+
+    precision = RECIPES[case.recipe].lightning
+    assert precision is not None
+    module, batch, _ = build_case(case)
+    plain = lit.fit(module, batch, precision, with_callback=False)  # type: ignore[arg-type]
+    module, batch, _ = build_case(case)
+    real = {"train": plain.outcome, "eval": lit.validate(module, batch, precision)}  # type: ignore[arg-type]
+    audits: dict[str, AuditOutcome] = {}
+    extra: dict[str, Any] = {}
+    if "cpu" in devices:
+        module, batch, _ = build_case(case)
+        with_cb = lit.fit(module, batch, precision, with_callback=True)  # type: ignore[arg-type]
+        assert with_cb.audit is not None
+        audits["cpu"] = with_cb.audit
+        if plain.weights is not None and with_cb.weights is not None:
+            # the callback must leave the fit as it was: the same weights after the step
+            extra["fit_same"] = all(torch.equal(plain.weights[k], with_cb.weights[k]) for k in plain.weights)
+    if "cuda" in devices:  # what the callback audits on a GPU trainer
+        module, batch, _ = build_case(case)
+        audits["cuda"] = audit_outcome(module, (batch,), f"lightning:{precision}", timeout, device="cuda")
+    return real, audits, extra
+
+
+def evaluate(case: RecipeCase, devices: tuple[str, ...] = DEVICES, timeout: int = 120) -> dict[str, Any]:
+    """Run the case for real (truth), audit it on each device, score each half."""
+    start = time.perf_counter()
+    torch.manual_seed(case.seed)
+    _, _, planted = build_case(case)  # NotApplicable surfaces here, before any run
+    extra: dict[str, Any] = {}
+    if RECIPES[case.recipe].lightning:
+        real, audits, extra = _lightning_recipe(case, devices, timeout)
+    else:
+        real, audits = _code_recipe(case, devices, timeout)
+    halves = {}
+    for device, audit in audits.items():
+        s = score(real, audit, planted.expected_origin if planted else None)
+        halves[device] = {"outcome": outcome(s, device), "score": asdict(s), "audit": _audit_view(audit)}
+    return {
+        "case": asdict(case),
+        "planted": asdict(planted) if planted else None,
+        "real": {m: asdict(r) for m, r in real.items()},
+        "halves": halves,
+        **extra,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+def fault_cases(models: list[str], recipes: list[str], per_recipe: int, seed: int = 0) -> list[RecipeCase]:
+    """Seeded planted-fault cases: for each recipe, ``per_recipe`` (model, fault class) draws whose
+    fault class makes sense under the recipe and has a place in the model."""
+    out = []
+    for r, name in enumerate(recipes):
+        situation = RECIPES[name].faults
+        classes = sorted(f for f, fc in FAULTS.items() if situation in fc.situations)
+        rng = random.Random(seed * 1000 + r)
+        found = 0
+        for i in range(per_recipe * 6):
+            if found == per_recipe:
+                break
+            case = RecipeCase(rng.choice(models), name, classes[i % len(classes)], seed * 1000 + r * 100 + i)
+            try:
+                build_case(case)
+            except (NotApplicable, KeyError):  # no place for it (a wrapper's delegated ``bias``)
+                continue
+            out.append(case)
+            found += 1
+    return out
+
+
+def real_failed(record: dict[str, Any]) -> bool:
+    return any(r["status"] == "dtype_error" for r in record["real"].values())
+
+
+__all__ = ["DEVICES", "RealOutcome", "RecipeCase", "build_case", "evaluate", "fault_cases", "outcome", "real_failed"]

@@ -1,0 +1,250 @@
+"""The recipes: the ways people really train a model in low precision, each written as the code a
+user puts around the model (own autocast, checkpointing, a Lightning Trainer precision, Accelerate,
+LoRA over a bf16 base, torchao float8), and the zoo models they are run on.
+
+A recipe's ``prepare(model, inputs)`` returns what the user runs, or raises ``NotApplicable``
+(HF checkpointing on a model that is not a Hugging Face one). ``faults`` is the zoo situation
+whose fault classes make sense under the recipe (benchmarks/zoo/faults.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from benchmarks.recipes import wrappers
+from benchmarks.zoo import models
+from benchmarks.zoo.faults import NotApplicable
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+BF16, F16 = torch.bfloat16, torch.float16
+Built = tuple[nn.Module, Any]
+
+# >= 20 zoo models: LLMs, encoders, ViTs, CLIP, LoRA, diffusion (the SD training step below)
+MODELS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "phi",
+    "gpt_neox",
+    "gpt2",
+    "opt",
+    "t5",
+    "bart",
+    "bert",
+    "roberta",
+    "vit",
+    "swin",
+    "timm_vit",
+    "timm_resnet",
+    "tv_vit",
+    "clip_hf",
+    "open_clip",
+    "peft_lora_llama",
+    "peft_lora_gpt2",
+    "diffusers_dit",
+    "sd_train_step",
+)
+
+
+class SDTrainStep(nn.Module):
+    """diffusers' train_text_to_image step: a frozen VAE encodes the image to latents, a frozen
+    text encoder the caption, noise is added and the UNet (trained) predicts it; the loss is the
+    f32 MSE. The frozen parts are cast to ``weight_dtype`` (the script does this under mixed
+    precision) by the recipe, the UNet stays f32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from diffusers import AutoencoderKL, UNet2DConditionModel
+        from transformers import CLIPTextConfig, CLIPTextModel
+
+        self.vae: nn.Module = AutoencoderKL(  # type: ignore[no-untyped-call, assignment]
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(8, 16),
+            norm_num_groups=4,
+            latent_channels=4,
+            layers_per_block=1,
+            down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+            up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        )
+        text = CLIPTextConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+        )
+        self.text_encoder = CLIPTextModel(text)
+        self.unet: nn.Module = UNet2DConditionModel(  # type: ignore[no-untyped-call, assignment]
+            sample_size=8,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(8, 16),
+            norm_num_groups=4,
+            cross_attention_dim=16,
+            attention_head_dim=4,
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        )
+        self.vae.requires_grad_(False)
+        self.text_encoder.requires_grad_(False)
+
+    def forward(self, pixel_values: torch.Tensor, input_ids: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        weight_dtype = next(self.vae.parameters()).dtype
+        latents = self.vae.encode(pixel_values.to(weight_dtype)).latent_dist.sample() * 0.18215  # type: ignore[operator]
+        noise = torch.randn_like(latents)
+        alpha = (1.0 - timesteps.float() / 1000.0).view(-1, 1, 1, 1)
+        noisy = latents * alpha.sqrt() + noise * (1.0 - alpha).sqrt()  # the DDPM add_noise, one step
+        hidden = self.text_encoder(input_ids)[0]
+        pred = self.unet(noisy, timesteps, hidden).sample
+        return nn.functional.mse_loss(pred.float(), noise.float())
+
+
+def build(name: str, seed: int) -> Built:
+    """A zoo model (or the SD training step) and its inputs, seeded."""
+    if name != "sd_train_step":
+        return models.build(name, seed)
+    torch.manual_seed(seed)
+    return SDTrainStep(), {
+        "pixel_values": torch.randn(2, 3, 16, 16),
+        "input_ids": torch.randint(0, 64, (2, 5)),
+        "timesteps": torch.tensor([10, 500]),
+    }
+
+
+# -- the recipes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    prepare: Callable[[nn.Module, Any], Built]
+    faults: str  # the zoo situation whose fault classes are planted under this recipe
+    lightning: str | None = None  # the Trainer's precision string (a Lightning recipe)
+    doc: str = ""
+
+
+def _frozen_parts_to(model: nn.Module, dtype: torch.dtype) -> None:
+    """train_text_to_image's ``vae.to(weight_dtype)``, ``text_encoder.to(weight_dtype)``."""
+    if isinstance(model, SDTrainStep):
+        model.vae.to(dtype)
+        model.text_encoder.to(dtype)
+
+
+def autocast(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        _frozen_parts_to(model, dtype)
+        return wrappers.OwnAutocast(model, dtype), inputs
+
+    return prepare
+
+
+def accelerate(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        _frozen_parts_to(model, dtype)
+        return wrappers.AccelerateAutocast(model, dtype), inputs
+
+    return prepare
+
+
+def torch_checkpoint(use_reentrant: bool) -> Callable[[nn.Module, Any], Built]:
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        if wrappers.checkpoint_blocks(model, use_reentrant) == 0:
+            raise NotApplicable("no blocks to checkpoint")
+        return wrappers.OwnAutocast(model, BF16), inputs
+
+    return prepare
+
+
+def _hf_base(model: nn.Module) -> Any:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base if getattr(base, "supports_gradient_checkpointing", False) else None
+
+
+def _enable_hf_checkpointing(model: nn.Module) -> None:
+    base = _hf_base(model)
+    if base is None:
+        raise NotApplicable("not a Hugging Face model with gradient checkpointing")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(base, "enable_input_require_grads"):
+        base.enable_input_require_grads()  # what peft / the HF Trainer do for checkpointing
+
+
+def hf_checkpointing(model: nn.Module, inputs: Any) -> Built:
+    _enable_hf_checkpointing(model)
+    return wrappers.OwnAutocast(model, BF16), inputs
+
+
+def lora_bf16_base(model: nn.Module, inputs: Any) -> Built:
+    """LoRA (peft) over a bf16 base: the base cast to bf16, f32 adapters (peft's default
+    ``autocast_adapter_dtype``), floating inputs cast to bf16; no autocast."""
+    if hasattr(model, "peft_config"):  # a zoo LoRA model: its base to bf16, adapters kept
+        for name, p in model.named_parameters():
+            if "lora_" not in name:
+                p.data = p.data.to(BF16)
+    else:
+        if not hasattr(model, "config") or not hasattr(model, "get_input_embeddings"):
+            raise NotApplicable("peft's all-linear targets need a Hugging Face model")
+        from peft import LoraConfig, get_peft_model
+
+        model.to(BF16)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))  # type: ignore[arg-type]
+    return model, tree_map_only(torch.Tensor, lambda t: t.to(BF16) if t.is_floating_point() else t, inputs)
+
+
+def _float8_able(module: nn.Module, fqn: str) -> bool:
+    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def float8_emulated(model: nn.Module, inputs: Any) -> Built:
+    """torchao's float8 training, emulated (runs on CPU), under the user's bf16 autocast."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    before = sum(isinstance(m, nn.Linear) for m in model.modules())
+    convert_to_float8_training(model, config=Float8LinearConfig(emulate=True), module_filter_fn=_float8_able)
+    if sum(type(m) is nn.Linear for m in model.modules()) == before:
+        raise NotApplicable("no Linear with float8-able shapes")
+    return wrappers.OwnAutocast(model, BF16), inputs
+
+
+def lightning(precision: str, hf_gc: bool = False) -> Callable[[nn.Module, Any], Built]:
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        from benchmarks.recipes.lit import LitRecipe
+
+        if hf_gc:
+            _enable_hf_checkpointing(model)
+        return LitRecipe(model), inputs
+
+    return prepare
+
+
+_RECIPES = [
+    Recipe("autocast-bf16", autocast(BF16), "bf16-mixed", doc="own torch.autocast(x.device.type, bf16) in forward"),
+    Recipe("autocast-f16", autocast(F16), "16-mixed", doc="own torch.autocast(x.device.type, f16) in forward"),
+    Recipe("ckpt-reentrant", torch_checkpoint(True), "bf16-mixed", doc="checkpoint(use_reentrant=True) per block"),
+    Recipe("ckpt-nonreentrant", torch_checkpoint(False), "bf16-mixed", doc="checkpoint(use_reentrant=False)"),
+    Recipe("hf-gc", hf_checkpointing, "bf16-mixed", doc="HF gradient_checkpointing_enable() + bf16 autocast"),
+    Recipe("accelerate-bf16", accelerate(BF16), "bf16-mixed", doc="Accelerate autocast + convert_outputs_to_fp32"),
+    Recipe("lora-bf16-base", lora_bf16_base, "bf16-hand", doc="peft LoRA (f32 adapters) over a bf16 base"),
+    *(
+        Recipe(f"lightning-{p}", lightning(p), p, lightning=p, doc=f"Lightning Trainer({p}) + CastwiseCallback")
+        for p in ("bf16-true", "bf16-mixed", "16-true", "16-mixed")
+    ),
+    Recipe(
+        "lightning-bf16-mixed-gc",
+        lightning("bf16-mixed", hf_gc=True),
+        "bf16-mixed",
+        lightning="bf16-mixed",
+        doc="Lightning Trainer(bf16-mixed) + CastwiseCallback, HF gradient_checkpointing_enable()",
+    ),
+]
+if importlib.util.find_spec("torchao") is not None:
+    _RECIPES.append(Recipe("float8-emulated", float8_emulated, "bf16-mixed", doc="torchao Float8Linear, emulate=True"))
+RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
