@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from castwise.devices import Device
 from castwise.errors import AuditError
+from castwise.trace.cuda_guard import stand_in_guard
 
 
 def new_mode() -> FakeTensorMode:
@@ -130,21 +131,23 @@ def real_inputs(obj: Any) -> Any:
 
 @contextlib.contextmanager
 def simulated_cuda(device: Device) -> Iterator[None]:
-    """While a fake audit simulates ``device`` (a CUDA one), model code that asks the CUDA runtime
-    for the device's compute capability gets the simulated device's, instead of the error a
-    machine without a GPU raises (which would stop the run: transformers' MoE experts ask it
-    before every grouped GEMM). Restored on exit."""
-    if device.capability is None:
-        yield
-        return
-    capability = device.capability
-    original = torch.cuda.get_device_capability
+    """While a fake audit simulates ``device`` (a CUDA one): fake CUDA tensors carry gradients on
+    any torch build, CPU-only ones included (trace/cuda_guard.py), and model code that asks the
+    CUDA runtime for the device's compute capability gets the simulated device's, instead of the
+    error a machine without a GPU raises (which would stop the run: transformers' MoE experts ask
+    it before every grouped GEMM). Restored on exit."""
+    with stand_in_guard():
+        if device.capability is None:
+            yield
+            return
+        capability = device.capability
+        original = torch.cuda.get_device_capability
 
-    def get_device_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
-        return capability
+        def get_device_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
+            return capability
 
-    torch.cuda.get_device_capability = get_device_capability
-    try:
-        yield
-    finally:
-        torch.cuda.get_device_capability = original
+        torch.cuda.get_device_capability = get_device_capability
+        try:
+            yield
+        finally:
+            torch.cuda.get_device_capability = original
