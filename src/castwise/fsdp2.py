@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from castwise import _fsdp
 from castwise.distributed.plan import Plan, ShardError, UnitPlan, make_plan
 from castwise.policy import Policy
 
@@ -46,7 +45,9 @@ def plan_of(model: nn.Module) -> Plan | None:
 
 
 def _is_fsdp(module: nn.Module) -> bool:
-    return isinstance(module, _fsdp.api().FSDPModule)
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def _check(model: nn.Module, mesh: Any) -> None:
@@ -156,8 +157,8 @@ def fully_shard(
     leaves buffers alone), ``out[...]`` rules become output casts. No autocast is entered: the
     gather in the compute dtype is the mixed precision.
     """
-    MixedPrecisionPolicy = _fsdp.api().MixedPrecisionPolicy
-    torch_fully_shard = _fsdp.api().fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     p = make_plan(model, policy, units)
     _check(model, mesh)

@@ -20,6 +20,7 @@ output dtype); one sharded by torch's ``fully_shard`` is read from its FSDP stat
 from __future__ import annotations
 
 import contextvars
+import sys
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from castwise import _fsdp
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
@@ -45,19 +45,19 @@ _STATE_KEY = "__composable_api_state_key"
 def is_sharded(model: Any) -> bool:
     """Whether ``model`` (or a module in it) is sharded by FSDP2. Cheap when torch.distributed's
     FSDP was never imported: nothing can be sharded then."""
-    if not _fsdp.imported():
+    if "torch.distributed.fsdp" not in sys.modules:
         return False
     from torch import nn
+    from torch.distributed.fsdp import FSDPModule
 
-    fsdp_module = _fsdp.api().FSDPModule
-    return isinstance(model, nn.Module) and any(isinstance(m, fsdp_module) for m in model.modules())
+    return isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 # -- reading the FSDP2 states --------------------------------------------------------------------
 
 
 def _states(model: nn.Module) -> Iterator[tuple[str, Any, Any]]:  # (name, FSDPModule, FSDPState)
-    FSDPModule = _fsdp.api().FSDPModule
+    from torch.distributed.fsdp import FSDPModule
 
     for name, module in model.named_modules():
         if isinstance(module, FSDPModule):
@@ -123,7 +123,7 @@ def records_of(model: nn.Module) -> tuple[list[UnitPlan], dict[int, torch.dtype]
 
 def _plain_class(module: nn.Module) -> type:
     """The module's class before FSDP2 swapped in its ``FSDP<Class>`` subclass."""
-    FSDPModule = _fsdp.api().FSDPModule
+    from torch.distributed.fsdp import FSDPModule
 
     cls = type(module)
     if issubclass(cls, FSDPModule):
@@ -154,7 +154,7 @@ def _view_module(
 ) -> nn.Module:
     from torch import nn
 
-    cls = _plain_class(module) if _fsdp.imported() else type(module)
+    cls = _plain_class(module) if "torch.distributed.fsdp" in sys.modules else type(module)
     new: nn.Module = object.__new__(cls)
     state = {k: v for k, v in module.__dict__.items() if not k.startswith(_STATE_KEY)}
     state.pop("_is_fsdp_managed_module", None)
