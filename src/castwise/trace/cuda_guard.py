@@ -11,8 +11,8 @@ The stand-in is the no-op guard torch registers for the meta device, placed in t
 c10's guard registry for the duration of a simulated-CUDA run and taken out again after. No
 CUDA runtime is touched. castwise never runs the autograd engine on simulated CUDA
 (trace/backward.py), the one other user of those streams. Where the registry cannot be reached
-(a build whose libc10 does not export it), the run stops with a castwise error before any fake
-CUDA tensor is made, rather than aborting.
+(a build whose libc10 does not export it), a CUDA build from 2.13 on uses torch's own no-op guard;
+other builds stop with a castwise error before any fake CUDA tensor needs a guard, never abort.
 """
 
 from __future__ import annotations
@@ -64,12 +64,18 @@ def stand_in_guard() -> Iterator[None]:
         yield
         return
     slots = guard_registry()
+    if slots is None and torch.cuda._is_compiled() and hasattr(torch._C, "_ensureCUDADeviceGuardSet"):
+        # a CUDA build (>= 2.13) swaps in its own no-op guard when it has no device: use that one
+        torch._C._ensureCUDADeviceGuardSet()
+        yield
+        return
     if slots is None:
         raise CudaSimulationError(
             f"torch {torch.__version__} has no usable CUDA device guard "
             f"({'a CPU-only build' if not torch.cuda._is_compiled() else 'no CUDA device'}), and castwise "
-            "cannot reach c10's guard registry in this build to stand in for it; audit with "
-            "device='cpu', or install a Linux or macOS torch build (a CUDA build needs no GPU for this)"
+            "cannot reach c10's guard registry in this build to stand in for it, so it cannot simulate "
+            "a CUDA device here; audit with device='cpu' (CPU kernels and autocast rules), or audit for "
+            "CUDA with a Linux or macOS torch build, whose registry castwise reaches (no GPU needed)"
         )
     previous = slots[_CUDA]
     slots[_CUDA] = slots[_META]
