@@ -23,6 +23,10 @@ class AuditError(CastwiseError):
     """An audit was asked for something it cannot do (bad mode, device, inputs)."""
 
 
+class CudaSimulationError(AuditError):
+    """A fake-tensor audit cannot simulate a CUDA device with this torch build."""
+
+
 class TargetError(CastwiseError):
     """A CLI target (`file.py:function` or `module:function`) cannot be loaded."""
 

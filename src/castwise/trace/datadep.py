@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from castwise import _aten as aten
 from castwise.trace.values import _SHADOW_MAX
 
-_aten = torch.ops.aten
 _MASKS = (torch.bool, torch.uint8)
 _ALL_TRUE = "a mask with unknown values taken as all True"
 
@@ -198,25 +198,17 @@ def run_bincount(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str
     return out
 
 
-def _ops(names: tuple[str, ...]) -> list[Any]:
-    found = []
-    for name in names:
-        packet = getattr(_aten, name, None)
-        for overload in packet.overloads() if packet is not None else ():
-            if overload != "out" and not overload.endswith("_out"):
-                found.append(getattr(packet, overload))
-    return found
-
-
 Impl = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 # ops whose output size depends on values: castwise's implementation runs instead of torch's fake
 # kernel during a fake audit (after the contract table checked the op as the user called it)
 OWN_FAKE: dict[Any, Impl] = {
-    _aten.index.Tensor: run_index,
-    **dict.fromkeys(_ops(("index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put")), run_index_put),
-    _aten.nonzero.default: run_nonzero,
-    _aten.masked_select.default: run_masked_select,
-    _aten.repeat_interleave.Tensor: run_repeat_interleave,
-    _aten.bincount.default: run_bincount,
-    **dict.fromkeys(_ops(("_unique", "_unique2", "unique_dim", "unique_consecutive")), run_unique),
+    **dict.fromkeys(aten.ops(["index"], "Tensor"), run_index),
+    **dict.fromkeys(
+        aten.overloads(["index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"], out=False), run_index_put
+    ),
+    **dict.fromkeys(aten.ops(["nonzero"]), run_nonzero),
+    **dict.fromkeys(aten.ops(["masked_select"]), run_masked_select),
+    **dict.fromkeys(aten.ops(["repeat_interleave"], "Tensor"), run_repeat_interleave),
+    **dict.fromkeys(aten.ops(["bincount"]), run_bincount),
+    **dict.fromkeys(aten.overloads(["_unique", "_unique2", "unique_dim", "unique_consecutive"], out=False), run_unique),
 }

@@ -28,57 +28,26 @@ from typing import Any
 
 import torch
 
+from castwise import _aten as aten
 from castwise._dtypes import name_of, short_of
 from castwise.trace import datadep
 from castwise.trace.contracts import Violation, tensor_args
 
-_aten = torch.ops.aten
+_MHA = aten.op("_native_multi_head_attention")
 
 # fused kernels: the op, and which positional argument is the activation the weights must match
-FUSED: dict[Any, int] = {}
-NESTED_FROM_MASK: set[Any] = set()
-LEFT_ALIGNED: set[Any] = set()
-TO_PADDED: set[Any] = set()
-
-
-def _collect() -> None:
-    for name, target in (
-        ("_transformer_encoder_layer_fwd", FUSED),
-        ("_native_multi_head_attention", FUSED),
-        ("_nested_tensor_from_mask", NESTED_FROM_MASK),
-        ("_nested_tensor_from_mask_left_aligned", LEFT_ALIGNED),
-        ("to_padded_tensor", TO_PADDED),
-    ):
-        packet = getattr(_aten, name, None)
-        if packet is None:
-            continue
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            if isinstance(target, dict):
-                target[op] = 0
-            else:
-                target.add(op)
-
-
-_collect()
-# fused RNN cells with no fake kernel: (op, output shapes from the operands)
-RNN_CELLS: frozenset[Any] = frozenset(
-    op
-    for op in (
-        getattr(getattr(_aten, n, None), "default", None)
-        for n in ("_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward")
-    )
-    if op is not None
+FUSED: dict[Any, int] = dict.fromkeys(
+    aten.overloads(["_transformer_encoder_layer_fwd", "_native_multi_head_attention"]), 0
 )
+NESTED_FROM_MASK: set[Any] = set(aten.overloads(["_nested_tensor_from_mask"]))
+LEFT_ALIGNED: set[Any] = set(aten.overloads(["_nested_tensor_from_mask_left_aligned"]))
+TO_PADDED: set[Any] = set(aten.overloads(["to_padded_tensor"]))
+# fused RNN cells with no fake kernel: (op, output shapes from the operands)
+RNN_CELLS: frozenset[Any] = frozenset(aten.ops(["_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward"]))
 # RNN kernels whose dtype contract is cuDNN's / oneDNN's: every floating operand in one dtype
 # (measured on CPU: oneDNN's LSTM cannot build a primitive for f16 input with f32 weights)
 RNN_CONTRACT: frozenset[Any] = RNN_CELLS | frozenset(
-    op
-    for op in (
-        getattr(getattr(_aten, n, None), "default", None)
-        for n in ("mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl")
-    )
-    if op is not None
+    aten.ops(["mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl"])
 )
 HANDLED: frozenset[Any] = frozenset({*FUSED, *NESTED_FROM_MASK, *LEFT_ALIGNED, *TO_PADDED})
 
@@ -154,7 +123,7 @@ def run_fake(
     if func in TO_PADDED:
         return args[0]
     src = args[0]
-    if func is getattr(_aten._native_multi_head_attention, "default", None):
+    if func is _MHA:
         query = args[0]
         out = torch.empty_like(query)
         weights = query.new_empty((query.shape[0], query.shape[1], args[1].shape[1])) if query.dim() == 3 else None
@@ -245,6 +214,6 @@ def run_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 # runs instead during a fake audit (the contract table still checks them first)
 OWN_FAKE: dict[Any, Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
     **{op: lambda _tracer, func, args, _kwargs: run_rnn_cell(func, args) for op in RNN_CELLS},
-    _aten._grouped_mm.default: lambda _tracer, func, args, kwargs: run_grouped_mm(func, args, kwargs),
+    **dict.fromkeys(aten.ops(["_grouped_mm"]), lambda _tracer, func, args, kwargs: run_grouped_mm(func, args, kwargs)),
     **datadep.OWN_FAKE,  # sizes from values: x[mask], nonzero, unique...
 }

@@ -29,6 +29,7 @@ import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from castwise.devices import Device
+from castwise.trace.cuda_guard import stand_in_guard
 
 # this machine's own answer, taken before a simulation patches torch.cuda: torch's real
 # is_available() reads torch.cuda.device_count, which the simulation answers
@@ -265,7 +266,9 @@ def simulated_cuda(device: Device) -> Iterator[None]:
     default_type = torch.utils.checkpoint.DefaultDeviceType._default_device_type
     outer_host, _host_answer = _host_answer, host_has_cuda()
     try:
-        with _patched(torch.cuda, _answers(device.capability)):
+        # the guard first, while torch still gives this machine's answer (cuda_guard.py: fake CUDA
+        # tensors carry gradients on CPU-only builds too)
+        with stand_in_guard(), _patched(torch.cuda, _answers(device.capability)):
             yield
     finally:
         _host_answer = outer_host

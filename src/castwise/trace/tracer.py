@@ -44,6 +44,7 @@ from castwise.devices import get as get_device
 from castwise.trace import fastpath, hooks, source
 from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
+from castwise.trace.cuda_guard import stand_in_guard
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer, OpCall, default_observers, flat_outputs, overrides
 from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
@@ -548,34 +549,37 @@ def run(
         model.eval()
     else:
         model.train()
-    try:
-        hooks_kept = tensor_hooks_recorded() if not engine_backward else nullcontext()
-        with tracer.hooks(), hooks_kept, one_thread(tracer.fake), tracer:
-            if mode == "eval":
-                with torch.no_grad():
-                    call(model, args, kwargs)
-            else:
-                with torch.enable_grad():
-                    out = call(model, args, kwargs)
-                    tracer.tag_outputs(out)
-                    tracer.stack.clear()
-                    loss = pick_loss(out)
-                    if loss is not None:
-                        tracer.phase = "backward"
-                        if engine_backward:
-                            loss.backward()  # type: ignore[no-untyped-call]
-                        else:
-                            with engine_replaced(tracer):
+    # no engine: a simulated device, whose fake tensors need the stand-in guard to carry gradients
+    # (entered outside the try: a build it cannot serve is castwise's error, not the model's)
+    with stand_in_guard() if not engine_backward else nullcontext():
+        try:
+            hooks_kept = tensor_hooks_recorded() if not engine_backward else nullcontext()
+            with tracer.hooks(), hooks_kept, one_thread(tracer.fake), tracer:
+                if mode == "eval":
+                    with torch.no_grad():
+                        call(model, args, kwargs)
+                else:
+                    with torch.enable_grad():
+                        out = call(model, args, kwargs)
+                        tracer.tag_outputs(out)
+                        tracer.stack.clear()
+                        loss = pick_loss(out)
+                        if loss is not None:
+                            tracer.phase = "backward"
+                            if engine_backward:
                                 loss.backward()  # type: ignore[no-untyped-call]
-    except Exception as exc:  # the model's own error: becomes a finding
-        trace.error = exc
-        trace.stack = list(tracer.stack)
-        trace.error_phase = tracer.phase
-        trace.status = "error"
-    finally:
-        tracer.stack.clear()
-        tracer.phase = "forward"
-        tracer.finish()
+                            else:
+                                with engine_replaced(tracer):
+                                    loss.backward()  # type: ignore[no-untyped-call]
+        except Exception as exc:  # the model's own error: becomes a finding
+            trace.error = exc
+            trace.stack = list(tracer.stack)
+            trace.error_phase = tracer.phase
+            trace.status = "error"
+        finally:
+            tracer.stack.clear()
+            tracer.phase = "forward"
+            tracer.finish()
     if trace.events:
         trace.status = "error"
     return trace
