@@ -21,7 +21,11 @@ def totals(records: list[Record]) -> dict[str, Any]:
     by_device: dict[str, Counter[str]] = defaultdict(Counter)
     for _, device, half in _halves(clean):
         by_device[device][half["outcome"]] += 1
-    failed = [r for r in planted if r["halves"]["cpu"]["score"]["real_failed"]]
+    # a plant into a recipe whose clean run already fails for real (diffusers' UNet under
+    # Lightning's *-true) is not scored: the first error there is the recipe's own, not the plant's
+    broken = {(r["case"]["model"], r["case"]["recipe"]) for r in clean if _real_failed(r)}
+    on_broken = [r for r in planted if (r["case"]["model"], r["case"]["recipe"]) in broken]
+    failed = [r for r in planted if r["halves"]["cpu"]["score"]["real_failed"] and r not in on_broken]
     detected = [r for r in failed if r["halves"]["cpu"]["score"]["detected"]]
     origin = [r for r in detected if r["halves"]["cpu"]["score"]["origin_right"]]
     planted_outcomes = Counter(r["halves"]["cpu"]["outcome"] for r in planted)
@@ -33,11 +37,16 @@ def totals(records: list[Record]) -> dict[str, Any]:
         "not_applicable": sum(1 for r in records if "not_applicable" in r),
         "planted": len(planted),
         "planted_real_failures": len(failed),
+        "planted_on_failing_recipes": len(on_broken),
         "planted_detected": len(detected),
         "planted_origin_right": len(origin),
         "planted_outcomes": dict(planted_outcomes),
         "lightning_fit_same": f"{sum(same)}/{len(same)}",
     }
+
+
+def _real_failed(record: Record) -> bool:
+    return any(r["status"] == "dtype_error" for r in record["real"].values())
 
 
 def _pct(a: int, b: int) -> str:
@@ -59,7 +68,8 @@ def print_tables(records: list[Record]) -> dict[str, Any]:
         print(f"{'TOTAL':<24} {device:<6} {n:>5} " + " ".join(f"{c.get(o, 0):>11}" for o in OUTCOMES))
     print("(cuda = simulated CUDA audit scored against the real CPU run: false errors, crashes, incomplete only)")
     print(
-        f"\nplanted faults (cpu): {t['planted']} cases, {t['planted_real_failures']} fail for real; "
+        f"\nplanted faults (cpu): {t['planted']} cases ({t['planted_on_failing_recipes']} not scored: the recipe "
+        f"fails without them), {t['planted_real_failures']} fail for real; "
         f"detected {_pct(t['planted_detected'], t['planted_real_failures'])}, "
         f"origin right {_pct(t['planted_origin_right'], t['planted_detected'])}; outcomes {t['planted_outcomes']}"
     )

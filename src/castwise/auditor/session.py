@@ -56,24 +56,24 @@ def _model_device(model: nn.Module) -> str:
 
 
 def dominant_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype the model computes in, as its user set it up: the dtype of its compute layers'
-    weights (matrices of Linear, Conv, attention projections), counted per module. Embedding tables
-    and norms do not vote: they are the layers users keep in float32 on purpose (OpenCLIP's
-    precision="bf16" keeps a 49,408-row token table in f32 beside bf16 blocks), so counting
-    parameters would let one large table outvote every block."""
-    votes: dict[torch.dtype, int] = {}
+    """The dtype the model computes in, as its user set it up: the dtype most of its compute
+    layers' weights are in (matrices and kernels, by size). Embedding tables and norms do not
+    count: they are the layers users keep in float32 on purpose (OpenCLIP's precision="bf16" keeps
+    a 49,408-row token table in f32 beside bf16 blocks, which would outweigh every block); LoRA's
+    small f32 adapters weigh what they are beside a bf16 base."""
+    sizes: dict[torch.dtype, int] = {}
     for module in model.modules():
         if isinstance(module, nn.Embedding | nn.EmbeddingBag) or "norm" in type(module).__name__.lower():
             continue
-        own = [p for p in module.parameters(recurse=False) if p.is_floating_point() and p.dim() >= 2]
-        for dtype in {p.dtype for p in own}:
-            votes[dtype] = votes.get(dtype, 0) + 1
-    if not votes:  # no compute layer: every floating parameter, by size
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point() and p.dim() >= 2:
+                sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    if not sizes:  # no compute layer: every floating parameter
         for p in model.parameters():
             if p.is_floating_point():
-                votes[p.dtype] = votes.get(p.dtype, 0) + p.numel()
+                sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
     # a tie goes to float32: hand-casting goes the other way
-    return max(votes, key=lambda d: (votes[d], d == torch.float32)) if votes else torch.float32
+    return max(sizes, key=lambda d: (sizes[d], d == torch.float32)) if sizes else torch.float32
 
 
 def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
