@@ -92,3 +92,28 @@ def test_fix_applies_the_policy_and_says_so_in_one_log_line(tmp_path: object, ca
     assert callback.applied is not None and model.lm_head.weight.dtype == torch.float32
     lines = [r.getMessage() for r in caplog.records if r.name == "castwise"]
     assert lines == [f"castwise: applied suggested policy {callback.applied.policy} (fixes CW113 at lm_head)"]
+
+
+def test_the_callback_leaves_the_run_as_it_would_be_without_it(tmp_path: Any) -> None:
+    # a shuffled loader and dropout: a callback that draws a batch or random numbers changes
+    # which batches the run sees and its masks; with it, the weights after the steps are the same
+    def run(with_callback: bool) -> dict[str, torch.Tensor]:
+        model = _model()
+        model.config.attention_dropout = 0.5
+        callbacks = [CastwiseTrainerCallback()] if with_callback else []
+        args = TrainingArguments(
+            output_dir=str(tmp_path / str(with_callback)),
+            use_cpu=True,
+            max_steps=2,
+            per_device_train_batch_size=2,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            seed=3,
+        )
+        Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks).train()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    without, with_it = run(False), run(True)
+    assert without.keys() == with_it.keys()
+    assert all(torch.equal(without[k], with_it[k]) for k in without)

@@ -15,7 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from castwise.errors import CastwiseError
-from castwise.integrations._steps import CastwiseAuditError, GatedCallback
+from castwise.integrations._steps import CastwiseAuditError, GatedCallback, random_streams_kept
 
 __all__ = ["CastwiseAuditError", "CastwiseTrainerCallback", "trainer_precision"]
 
@@ -53,13 +53,16 @@ class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[m
         loader = kwargs.get("train_dataloader")
         if model is None or loader is None:
             raise CastwiseError("CastwiseTrainerCallback needs the Trainer's model and train dataloader")
-        batch = next(iter(loader))
-        inputs = dict(batch) if isinstance(batch, dict) or hasattr(batch, "keys") else batch
-        training = model.training
-        try:
-            report = audit(model, inputs, policy=trainer_precision(args), device=args.device.type, mode=self.mode)
-        finally:
-            model.train(training)
+        # the run goes on as it would without the callback: the batch drawn here and the audit
+        # leave every random stream (the sampler's included) as it was
+        with random_streams_kept(), random_streams_kept(loader):
+            batch = next(iter(loader))
+            inputs = dict(batch) if isinstance(batch, dict) or hasattr(batch, "keys") else batch
+            training = model.training
+            try:
+                report = audit(model, inputs, policy=trainer_precision(args), device=args.device.type, mode=self.mode)
+            finally:
+                model.train(training)
         self._gate.act(
             report,
             model,
