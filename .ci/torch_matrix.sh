@@ -13,7 +13,7 @@ python3 -m venv "$venv"
 # torch first and pinned in every later install: pip must not trade it for another release
 # (PIP_CONSTRAINT: a machine-wide cap on torch, as some build machines set, must not apply here)
 PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q "torch==$version"
-PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q -e ".[demo]" "pytest>=8" "hypothesis>=6.100" "torch==$version"
+PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q -e ".[test]" "torch==$version"
 installed=$SECONDS
 "$venv/bin/python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 set +e

@@ -129,7 +129,10 @@ def test_a_real_grouped_gemm_dtype_error_is_found_in_the_kernels_words(device: s
     errors = report.errors
     assert errors and errors[0].op == "aten._grouped_mm", str(report)
     words = "mat1 and mat2" if device == "cuda" else "m1 and m2"
-    assert f"expected {words} to have the same dtype" in errors[0].message
+    if _TORCH >= (2, 15):  # validated up front since 2.15, in the grouped GEMM's own words
+        assert "Expected mat_a and mat_b to have the same dtype" in errors[0].message
+    else:
+        assert f"expected {words} to have the same dtype" in errors[0].message
     if device == "cpu":
         assert str(real.value).splitlines()[0] in errors[0].message
     assert castwise.audit(_GroupedExperts(), x, device="cpu", mode="eval", fake=False).errors[0].code == errors[0].code
@@ -160,6 +163,22 @@ def test_the_own_fake_grouped_gemm_has_the_real_kernels_shapes() -> None:
         assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
 
 
+_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def _fake_grouped_mm_refuses_f32() -> bool:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a, b = torch.empty(4, 8), torch.empty(2, 8, 8)
+        offs = torch.tensor([2, 4], dtype=torch.int32)
+        try:
+            torch.ops.aten._grouped_mm(a, b, offs)
+        except Exception:  # the meta kernel's refusal (its type varies by release)
+            return True
+    return False
+
+
 def test_a_fake_kernel_stricter_than_the_table_is_a_simulation_limit_not_a_real_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -168,6 +187,9 @@ def test_a_fake_kernel_stricter_than_the_table_is_a_simulation_limit_not_a_real_
     monkeypatch.delitem(fastpath.OWN_FAKE, torch.ops.aten._grouped_mm.default)
     report = castwise.audit(_mixtral(), _inputs(), device="cpu", mode="eval")
     assert not report.errors, str(report)
+    if not _fake_grouped_mm_refuses_f32():  # torch's fake kernel takes f32 on this release (2.15+)
+        assert report.ok, str(report)
+        return
     stop = next(f for f in report.findings if f.code == "CW902")
     assert stop.op == "aten._grouped_mm" and "does not predict" in stop.message
     assert not report.ok and [r.status for r in report.runs] == ["incomplete"]
