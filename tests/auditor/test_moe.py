@@ -14,6 +14,7 @@ from torch import nn
 import castwise
 from castwise.auditor.session import run_audit
 from castwise.trace import fastpath
+from castwise.trace.contracts._base import TORCH_RELEASE
 
 
 def _mixtral(experts: str = "grouped_mm") -> nn.Module:
@@ -129,7 +130,7 @@ def test_a_real_grouped_gemm_dtype_error_is_found_in_the_kernels_words(device: s
     errors = report.errors
     assert errors and errors[0].op == "aten._grouped_mm", str(report)
     words = "mat1 and mat2" if device == "cuda" else "m1 and m2"
-    if _TORCH >= (2, 15):  # validated up front since 2.15, in the grouped GEMM's own words
+    if TORCH_RELEASE >= (2, 15):  # validated up front since 2.15, in the grouped GEMM's own words
         assert "Expected mat_a and mat_b to have the same dtype" in errors[0].message
     else:
         assert f"expected {words} to have the same dtype" in errors[0].message
@@ -161,9 +162,6 @@ def test_the_own_fake_grouped_gemm_has_the_real_kernels_shapes() -> None:
         real = torch._grouped_mm(*args)
         fake = fastpath.run_grouped_mm(torch.ops.aten._grouped_mm.default, args, {})
         assert (fake.shape, fake.dtype) == (real.shape, real.dtype)
-
-
-_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def _fake_grouped_mm_refuses_f32() -> bool:

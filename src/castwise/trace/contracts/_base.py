@@ -49,6 +49,8 @@ Tensor = torch.Tensor
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
 I64, I32, U8, BOOL = torch.int64, torch.int32, torch.uint8, torch.bool
 _REDUCED = (BF16, F16)
+# the running torch release (major, minor): rules follow its own kernels where releases differ
+TORCH_RELEASE: tuple[int, ...] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 _INDEX_TYPES = (I64, I32)
 
 

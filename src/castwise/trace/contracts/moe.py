@@ -15,14 +15,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from castwise.devices import Device
-from castwise.trace.contracts._base import BF16, BOOL, F16, F32, Args, Kwargs, _arg, _cpp, _sc, _viol
+from castwise.trace.contracts._base import (
+    BF16,
+    BOOL,
+    F16,
+    F32,
+    TORCH_RELEASE,
+    Args,
+    Kwargs,
+    _arg,
+    _cpp,
+    _sc,
+    _viol,
+)
 from castwise.trace.contracts.matmul import _mm
 
 _GROUPED = (F32, BF16, F16)
-_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # the release's own kernels
 
 
 def _grouped_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -47,7 +56,7 @@ def _grouped_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         # the activation is at fault (the experts' weights are what the model was built with).
         # torch >= 2.15 validates the pair up front (measured on CPU; GroupedMMUtils.h, shared by
         # CUDA); before, the fallback's per-group mm_out (bmm_out for 3d x 3d) refused it in mm's words
-        if _TORCH >= (2, 15):
+        if TORCH_RELEASE >= (2, 15):
             msg = f"Expected mat_a and mat_b to have the same dtype, got {_sc(a.dtype)} and {_sc(b.dtype)}"
         elif a.dim() == 3 and b.dim() == 3:  # one bmm_out, whose structured out check (all devices) words it
             msg = f"Expected out tensor to have dtype {_cpp(b.dtype)}, but got {_cpp(a.dtype)} instead"

@@ -14,6 +14,7 @@ from castwise.trace.contracts._base import (
     F16,
     F32,
     F64,
+    TORCH_RELEASE,
     Args,
     Kwargs,
     Rule,
@@ -223,15 +224,12 @@ def _histogram_bins_tensor(op: str, args: Args, kwargs: Kwargs, dev: Device) -> 
     return bad or args[0].dtype
 
 
-_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # the release's own kernels
-
-
 def _complex_ctor(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # TensorFactories.cpp complex_check_dtype, device-agnostic (CPU measured): Half, Float or
     # Double parts (no bf16: there is no bf16 complex type), both of one dtype
     a, b = args[0], args[1]
     # measured: no Half polar kernel on CUDA (H100), nor on CPU before torch 2.14 (2.12.1, 2.13.0)
-    if op == "aten.polar" and a.dtype == F16 and (dev.kernels == "cuda" or _TORCH < (2, 14)):
+    if op == "aten.polar" and a.dtype == F16 and (dev.kernels == "cuda" or TORCH_RELEASE < (2, 14)):
         kernel = f"polar_{dev.kernels}"
         return _viol(op, "unsupported", f"\"{kernel}\" not implemented for 'Half'", args, kwargs, [a, b], F32)
     if a.dtype not in _COMPLEX_PARTS or b.dtype not in _COMPLEX_PARTS:
