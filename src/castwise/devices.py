@@ -195,6 +195,15 @@ def host_cpu() -> Device:
     return _HOST[0]
 
 
+def other_cpu(device: Device) -> Capabilities | None:
+    """This machine's CPU capabilities when ``device`` is a CPU class this machine is not (its
+    kernels are not the ones a real run here executes); None otherwise."""
+    here = host_cpu().caps
+    if device.kernels != "cpu" or device.caps is None or here is None or device.caps.same_kernels(here):
+        return None
+    return here
+
+
 def host_variant() -> str | None:
     """The registered CPU class this machine belongs to (``cpu:avx512``), if one matches."""
     caps = host_cpu().caps

@@ -276,8 +276,8 @@ def _check_real(target: devices.Device, fake: bool) -> None:
             "a real-tensor audit (fake=False) runs on this machine, which has no CUDA device; "
             f"audit device={target.name!r} with fake=True (the default)"
         )
-    here = devices.host_cpu().caps
-    if target.kernels == "cpu" and target.caps is not None and here is not None and not target.caps.same_kernels(here):
+    here = devices.other_cpu(target)
+    if here is not None and target.caps is not None:
         raise AuditError(
             f"a real-tensor audit (fake=False) runs this machine's CPU kernels ({here.describe()}), not those "
             f"of {target.name} ({target.caps.describe()}); audit device={target.name!r} with fake=True "

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from castwise.errors import CastwiseError
+from castwise.integrations._steps import random_streams_kept
 from castwise.report import Report
 
 __all__ = ["RunStopped", "Watcher", "ambient_policy", "run_script"]
@@ -77,7 +78,7 @@ class Watcher:
         policy = self.policy if self.policy is not None else ambient_policy(_device_type(module, args, kwargs))
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
-            with _rng_kept():
+            with random_streams_kept():  # the script's random streams stay as they were
                 report = audit(module, inputs, policy=policy, device=self.device, mode=self.mode)
         finally:
             self._busy = False
@@ -122,21 +123,6 @@ def _inputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in bound.signature.parameters.values()):
         return None
     return dict(bound.arguments)
-
-
-@contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
-    """The audit draws no random numbers the script would see (dropout on fake tensors does not,
-    but a model's own Python-side draws would): the script's random streams are as they were."""
-    import random
-
-    state = torch.random.get_rng_state()
-    py = random.getstate()
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(state)
-        random.setstate(py)
 
 
 def run_script(target: str, argv: list[str], watcher: Watcher, *, module: bool = False) -> int:

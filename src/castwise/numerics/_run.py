@@ -45,8 +45,8 @@ def real_device(name: str) -> str:
         raise AuditError(
             f"device={name!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
         ) from None
-    here = devices.host_cpu().caps
-    if target.kernels == "cpu" and target.caps is not None and here is not None and not target.caps.same_kernels(here):
+    here = devices.other_cpu(target)
+    if here is not None:
         raise AuditError(
             f"device={name!r}: a real run uses this machine's CPU kernels ({here.describe()}); pass device='cpu'"
         )
