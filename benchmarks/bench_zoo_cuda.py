@@ -135,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
             records.append(evaluate(case, opts.timeout))
         except Exception as exc:  # a harness failure is reported, never hidden in a score
             records.append({"case": asdict(case), "harness_error": f"{type(exc).__name__}: {exc}"})
+        if opts.out:  # after every case: a run stopped at its time limit keeps what it scored
+            opts.out.write_text(json.dumps(records, indent=1))
         if n % 25 == 0:
             print(f"  {n}/{len(work)} cases, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     summarise(records)
     print(f"{time.perf_counter() - start:.0f} s")
-    if opts.out:
-        opts.out.write_text(json.dumps(records, indent=1))
     return 0
 
 
