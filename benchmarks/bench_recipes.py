@@ -60,7 +60,12 @@ def _one(job: tuple[RecipeCase, tuple[str, ...], int, str]) -> dict[str, Any]:
 
 
 def run(
-    work: list[RecipeCase], pool: Any, timeout: int, devices: tuple[str, ...] = DEVICES, truth: str = "cpu"
+    work: list[RecipeCase],
+    pool: Any,
+    timeout: int,
+    devices: tuple[str, ...] = DEVICES,
+    truth: str = "cpu",
+    out: Path | None = None,
 ) -> list[dict[str, Any]]:
     start = time.perf_counter()
     results: list[dict[str, Any]] = []
@@ -68,6 +73,8 @@ def run(
     iterator: Any = pool.imap(_one, items) if pool else map(_one, items)
     for n, record in enumerate(iterator, 1):
         results.append(record)
+        if out is not None:  # after every case: a run stopped at its time limit keeps what it scored
+            out.write_text(json.dumps({"summary": None, "results": results}, indent=1, default=str))
         if n % 10 == 0:
             print(f"  {n}/{len(work)} cases, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return results
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         work = [RecipeCase(m, r) for m in models for r in recipes][: opts.limit]
         args = (models, recipes, opts.faults_per_recipe)
         work += pool.apply(fault_cases, args) if pool else fault_cases(*args)
-        results = run(work, pool, opts.timeout, devices, opts.truth)
+        results = run(work, pool, opts.timeout, devices, opts.truth, opts.out)
     finally:
         if pool is not None:
             pool.close()
