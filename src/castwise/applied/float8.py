@@ -224,7 +224,13 @@ def _mxfp8(model: nn.Module, conv: Float8Conversion) -> None:
     for name in conv.plan.converted:
         module = model.get_submodule(name)
         conv._params += [(module, n, p) for n, p in module._parameters.items() if p is not None]
-    kernel = KernelPreference.EMULATED if conv.emulated else KernelPreference.AUTO
+    # torchao's MX casts on CUDA are triton kernels: without a GPU triton can use (a CPU-only machine
+    # auditing a simulated GPU) the emulated path runs, with the same shapes and dtypes
+    from torch.utils._triton import has_triton
+
+    fake = any(type(p).__name__ == "FakeTensor" or type(p.data).__name__ == "FakeTensor" for p in model.parameters())
+    emulate = conv.emulated or fake or not has_triton()
+    kernel = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
     quantize_(model, MXFP8TrainingOpConfig(kernel_preference=kernel), filter_fn=lambda _m, fqn: fqn in chosen)
     if conv.emulated:
         # torchao's emulated MX GEMM dequantizes both operands to their own dtypes and refuses a
