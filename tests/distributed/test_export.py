@@ -249,3 +249,28 @@ def test_torchtitan_float8_sections_with_castwises_filter() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torchtitan("bf16-mixed")["model"] == {"converters": []}
+
+
+def _toml(sections: dict[str, Any], prefix: str = "") -> str:
+    """A TOML document of nested tables of strings, bools, ints and string lists."""
+    plain = {k: v for k, v in sections.items() if not isinstance(v, dict)}
+    out = [f"[{prefix}]"] if prefix and plain else []
+    out += [f"{k} = {json.dumps(v)}" for k, v in plain.items()]
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            out.append(_toml(value, f"{prefix}.{key}" if prefix else key))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("text", ["fp8", "bf16-mixed,fp8=rowwise", "mxfp8", "bf16-mixed", "bf16-mixed,reduce=bf16"])
+def test_torchtitan_sections_lint_clean_as_a_job_toml(text: str, tmp_path: Path) -> None:
+    from castwise.export import torchtitan
+
+    path = tmp_path / "job.toml"
+    path.write_text(_toml(torchtitan(text)) + "\n")
+    _lints_clean(path)
+    (cf,) = read_config(path)
+    assert cf.format == "torchtitan"
+    model = build_model([cf])
+    assert model.compute is not None
+    assert model.compute.value == ("bfloat16" if "fp8" not in text else "float8_e4m3fn")
