@@ -3,6 +3,9 @@ every dim a multiple of 16 on CUDA; the CPU kernel (measured here) takes any sha
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -56,3 +59,28 @@ def test_mx_scales_need_blackwell_and_two_e5m2_are_refused() -> None:
     v = check(aten._scaled_mm.default, _args(16, 32, 16, E5M2, E5M2), {}, "cuda")
     assert v is not None and v.message == "Multiplication of two Float8_e5m2 matrices is not supported"
     assert check(aten._scaled_mm.default, _args(16, 32, 16, E4M3, E5M2), {}, "cuda") is None
+
+
+TRUTH = Path(__file__).parent / "truth" / "scaled_mm_h200.json"
+
+
+def test_the_cuda_contract_predicts_a_real_h200() -> None:
+    """Outcomes measured on an H200 (sm 9.0, torch 2.11, benchmarks/device/scaled_mm_truth.py):
+    every accepted call accepted, every refusal refused in the kernel's own words."""
+    truth = json.loads(TRUTH.read_text())
+    assert truth["sm"] == [9, 0]
+    for case in truth["cases"]:
+        if case.get("mx"):
+            # MX block scales on Hopper: refused (cuBLASLt has no such GEMM before sm 10.0)
+            a = torch.zeros(128, 128, dtype=E4M3)
+            scale = torch.zeros(128, 4, dtype=torch.float8_e8m0fnu)
+            v = check(aten._scaled_mm.default, (a, a.t(), scale, scale), {}, "cuda")
+            assert not case["ok"] and v is not None and v.kind == "fp8-device"
+            continue
+        fmt = {"e4m3": E4M3, "e5m2": E5M2}
+        args = _args(case["m"], case["k"], case["n"], fmt[case["a"]], fmt[case["b"]])
+        v = check(aten._scaled_mm.default, args, {"out_dtype": torch.bfloat16}, "cuda")
+        if case["ok"]:
+            assert v is None, case
+        else:
+            assert v is not None and v.message == case["error"], case
