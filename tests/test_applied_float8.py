@@ -129,3 +129,17 @@ def test_fp8_trains_within_compares_tolerance_of_bf16(name: str) -> None:
     assert row.converted and row.restored
     assert row.max_rel <= tolerance("fp8")
     assert row.losses_fp8 != row.losses_ref  # float8 rounding did run
+
+
+def test_the_forecasts_leave_out_list_is_what_apply_leaves_out() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32))
+    with torch.no_grad():
+        model[1].weight[3, 3] = 1e5  # an outlier: scaled by it, the rest of the layer flushes (CW313)
+    f8 = castwise.forecast(model, (torch.randn(4, 32),), target="fp8").summary["float8"]
+    assert "1" in f8["leave_out"]
+    applied = castwise.apply(model, "fp8," + f8["policy"])
+    assert applied.float8 is not None
+    assert set(dict(applied.float8.left_out)) == set(f8["leave_out"])
+    assert applied.float8.converted == tuple(n for n in ("0", "1", "2") if n not in f8["leave_out"])
+    applied.remove()
