@@ -80,3 +80,20 @@ def test_torchtitan_sections_no_converter_reads(tmp_path: Path) -> None:
         ("CW213", ("float8.precompute_float8_dynamic_scale_for_fsdp",)),
         ("CW220", ("float8.recipe_name",)),
     ]
+
+
+def test_lightning_transformer_engine_recipe_keys_and_format() -> None:
+    path = FIXTURES / "lightning" / "te_recipe.yaml"
+    report = lint_config([path])
+    assert [(f.code, f.settings) for f in report.findings] == [
+        ("CW214", ("trainer.plugins.init_args.recipe.fp8_format",)),
+        ("CW214", ("trainer.plugins.init_args.recipe.amax_history_length",)),
+    ]
+    assert "Format enum" in report.findings[0].message and report.findings[1].fix == "Rename it to amax_history_len."
+    assert report.findings[0].locations == (f"{path}:9",)
+
+
+def test_a_transformer_engine_recipe_delayed_scaling_takes_is_clean(tmp_path: Path) -> None:
+    text = (FIXTURES / "lightning" / "te_recipe.yaml").read_text()
+    good = text.replace("hybrid", "HYBRID").replace("amax_history_length", "amax_history_len")
+    assert _findings(_write(tmp_path, "trainer.yaml", good)) == []

@@ -10,6 +10,12 @@ Accelerate (accelerate/commands/launch.py, utils/launch.py ``setup_fp8_env``, ut
 nothing reads: the recipe runs with its defaults. A key of the other backend is not read either,
 and ``fp8_config`` as a whole only with ``mixed_precision: fp8``.
 
+Lightning (lightning/fabric/plugins/precision/transformer_engine.py): ``TransformerEnginePrecision(
+recipe={...})`` builds ``DelayedScaling(**recipe)`` after ``recipe["fp8_format"] =
+getattr(Format, recipe["fp8_format"])``: a key DelayedScaling does not take raises TypeError, a
+format other than ``HYBRID``/``E4M3``/``E5M2`` (the enum's names: case matters) AttributeError,
+when the Trainer is built.
+
 torchtitan: see castwise.lint.torchtitan.
 """
 
@@ -37,6 +43,22 @@ TE_KEYS = frozenset(
 )
 AO_KEYS = frozenset({"enable_fsdp_float8_all_gather", "pad_inner_dim"})
 # what `accelerate config` writes -> what the recipe kwargs read
+# transformer_engine.common.recipe.DelayedScaling's fields (TransformerEngine 1.x-2.x)
+DELAYED_SCALING = frozenset(
+    {
+        "margin",
+        "interval",
+        "fp8_format",
+        "amax_history_len",
+        "amax_compute_algo",
+        "override_linear_precision",
+        "scaling_factor_compute_algo",
+        "reduce_amax",
+        "fp8_dpa",
+        "fp8_mha",
+    }
+)
+TE_FORMATS = ("HYBRID", "E4M3", "E5M2")
 RENAMED = {"amax_history_length": "amax_history_len", "amax_compute_algorithm": "amax_compute_algo"}
 
 
@@ -176,11 +198,55 @@ def _titan_conflicts(cf: ConfigFile) -> list[Finding]:
     return out
 
 
+def _refused(s: Setting, why: str, fix: str) -> Finding:
+    return Finding(
+        code="CW214",
+        message=f"{s.name}={s.text} ({s.location}): {why}.",
+        fix=fix,
+        settings=(s.name,),
+        locations=(s.location,),
+    )
+
+
+def _lightning(cf: ConfigFile) -> list[Finding]:
+    out = []
+    for key, s in cf.settings.items():
+        if not key.startswith("te_recipe."):
+            continue
+        k = key.split(".", 1)[1]
+        if k not in DELAYED_SCALING:
+            near = RENAMED.get(k, "")
+            out.append(
+                _refused(
+                    s,
+                    f"TransformerEnginePrecision passes the recipe to DelayedScaling, which takes no {k!r} "
+                    "(TypeError when the Trainer is built)",
+                    (
+                        f"Rename it to {near}."
+                        if near
+                        else f"Delete it; DelayedScaling takes: {', '.join(sorted(DELAYED_SCALING))}."
+                    ),
+                )
+            )
+        elif k == "fp8_format" and s.value not in TE_FORMATS:
+            out.append(
+                _refused(
+                    s,
+                    "Lightning looks the format up as an attribute of TransformerEngine's Format enum, whose "
+                    f"names are {', '.join(TE_FORMATS)} (case matters: AttributeError when the Trainer is built)",
+                    f"Set it to one of {', '.join(TE_FORMATS)}.",
+                )
+            )
+    return out
+
+
 def run_checks(files: Sequence[ConfigFile]) -> list[Finding]:
     out: list[Finding] = []
     for cf in files:
         if cf.format == "accelerate":
             out += _accelerate(cf)
+        elif cf.format == "lightning":
+            out += _lightning(cf)
         elif cf.format == "torchtitan":
             out += _titan_ignored(cf) + _titan_conflicts(cf)
     return out

@@ -48,18 +48,22 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         code="CW214",
-        name="fp8-settings-conflict",
+        name="fp8-settings-refused",
         category="DISTRIBUTED_PRECISION_CONFIG",
         severity="error",
-        summary="Float8 settings that cannot go together: the launcher refuses them at start.",
+        summary="Float8 settings the launcher refuses at start (a conflict, or a recipe key it does not take).",
         detects="torchtitan: a rowwise recipe_name with enable_fsdp_float8_all_gather = true (float8 "
-        "all-gather needs tensorwise scales), or a float8 and an MX converter both in [model] converters.",
+        "all-gather needs tensorwise scales), or a float8 and an MX converter both in [model] converters. "
+        "Lightning: a TransformerEnginePrecision recipe key DelayedScaling does not take "
+        "(amax_history_length), or an fp8_format that is not a Format name (HYBRID, E4M3, E5M2: 'hybrid' "
+        "fails).",
         why="torchtitan asserts 'using enable_fsdp_float8_all_gather together with recipe_name is not "
-        "supported' when it builds the model: the job fails after it was scheduled and the GPUs allocated; "
-        "two converters both try to swap the same Linears.",
+        "supported' when it builds the model, and Lightning builds DelayedScaling(**recipe) when the "
+        "Trainer is made: the job fails after it was scheduled and the GPUs allocated; two converters "
+        "both try to swap the same Linears.",
         example='[model]\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\n'
         'recipe_name = "rowwise"\nenable_fsdp_float8_all_gather = true',
         fix="Turn the float8 all-gather off for rowwise scaling (or use tensorwise to keep it); keep one of "
-        "the float8 and MX converters.",
+        "the float8 and MX converters; write the recipe with DelayedScaling's own keys and Format names.",
     ),
 )
