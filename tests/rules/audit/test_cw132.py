@@ -28,3 +28,22 @@ def test_fp8_on_an_a100_is_a_finding_and_bf16_the_suggestion() -> None:
 def test_fp8_on_ada_and_hopper_is_clean() -> None:
     for device in ("cuda:l4", "cuda", "cuda:b200"):
         assert castwise.audit(_mlp(), torch.randn(2, 8, 64), policy="fp8", device=device, mode="train").ok
+
+
+def test_the_fix_is_another_recipe() -> None:
+    from castwise.auditor.context import FixContext
+    from castwise.report import Finding
+    from castwise.rules.audit.cw132 import RULE
+
+    fix = RULE.policy_fix
+    assert fix is not None
+    fx = FixContext(torch.bfloat16)
+
+    def finding(kernel: str, has_fp8: bool) -> Finding:
+        return Finding("CW132", "m", module="up", details=(("fp8_kernel", kernel), ("gpu_has_fp8", has_fp8)))
+
+    mx = castwise.Policy.parse("mxfp8")
+    assert fix(mx, finding("mx", True), fx) == castwise.Policy.parse("fp8")  # Hopper: tensorwise float8
+    assert fix(mx, finding("mx", False), fx) == castwise.Policy.parse("bf16-mixed")  # an A100: no float8
+    plain = castwise.Policy.parse("bf16-mixed")
+    assert fix(plain, finding("fp8", False), fx) is plain  # a model converted by hand: no policy fixes it
