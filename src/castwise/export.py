@@ -6,17 +6,20 @@
 2
 >>> castwise.export.lightning("bf16-mixed")
 {'precision': 'bf16-mixed'}
+>>> castwise.export.torchtitan("fp8")["model"]
+{'converters': ['quantize.linear.float8']}
 
 Each result is what the library's own configuration says (a DeepSpeed config's precision
-section, keys of Accelerate's default_config.yaml with its ``fsdp_config``, Lightning Trainer
-arguments), lints clean with ``castwise lint-config`` once written to a file, and parses with the
-library's own config classes. Engines can say less than a policy: module rules (fp32 islands,
-``norms``, ``_keep_in_fp32_modules``), cast-back and fast-path handling are not configuration
-settings anywhere, and each engine fixes some dtypes itself (DeepSpeed keeps fp32 master weights
-and converts the whole module; Accelerate's FSDP reduces gradients in ``mixed_precision``'s
-dtype). What a target cannot say raises ``ExportError`` with ``strict=True``; by default it is
-left to the script and named in an ``ExportWarning``: apply the rest there with
-``castwise.apply`` or ``castwise.fsdp2.fully_shard``.
+section, keys of Accelerate's default_config.yaml with its ``fsdp_config`` and ``fp8_config``,
+Lightning Trainer arguments, the sections of a torchtitan job TOML), lints clean with ``castwise
+lint-config`` once written to a file, and parses with the library's own config classes.
+Engines can say less than a policy: module rules (fp32 islands, ``norms``,
+``_keep_in_fp32_modules``), cast-back and fast-path handling are not configuration settings
+anywhere, and each engine fixes some dtypes itself (DeepSpeed keeps fp32 master weights and
+converts the whole module; Accelerate's FSDP reduces gradients in ``mixed_precision``'s dtype).
+What a target cannot say raises ``ExportError`` with ``strict=True``; by default it is left to
+the script and named in an ``ExportWarning``: apply the rest there with ``castwise.apply`` or
+``castwise.fsdp2.fully_shard``.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from castwise import _export_fp8 as _fp8
 from castwise.errors import CastwiseError
 
 if TYPE_CHECKING:
     from castwise.policy import Policy
 
-__all__ = ["ExportError", "ExportWarning", "accelerate", "deepspeed", "lightning"]
+__all__ = ["ExportError", "ExportWarning", "accelerate", "deepspeed", "lightning", "torchtitan"]
 
 _DS_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -69,9 +73,9 @@ def _script_only(policy: Policy, target: str) -> list[str]:
         out.append("fastpath=off")
     if policy.default_dtype is not None:
         out.append(f"default_dtype={_short(policy.default_dtype)} (torch's default dtype while the model runs)")
-    if policy.float8 is not None:
-        # not written yet: exporting only the base would train another precision without saying so
-        out.append(f"fp8={policy.float8} (float8 GEMMs: export does not write FP8 settings yet)")
+    if policy.float8 is not None and target == "DeepSpeed":
+        # DeepSpeed has no float8 setting: exporting only the base would train another precision
+        out.append(f"fp8={policy.float8} (float8 GEMMs: DeepSpeed's config has no FP8 setting)")
     return out
 
 
@@ -145,6 +149,10 @@ def accelerate(policy: Policy | str, *, fsdp: bool = True, strict: bool = False)
     mp = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(p.compute_dtype, "no") if p.is_mixed else "no"
     out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": mp}
     left = _script_only(p, "Accelerate")
+    if p.float8 is not None:
+        out["mixed_precision"] = "fp8"
+        out["fp8_config"], fp8_left = _fp8.accelerate(p, fsdp)
+        left += fp8_left
     if not p.is_mixed and p.param_dtype != torch.float32:
         left.append(f"{_short(p.param_dtype)} weights (load the model with torch_dtype={_short(p.param_dtype)})")
     if fsdp:
@@ -197,7 +205,11 @@ def lightning(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
     else:
         precision = "64-true" if p.compute_dtype == torch.float64 else "32-true"
     left = _script_only(p, "Lightning")
-    if p.default_dtype is not None and _policy(f"lightning:{precision}").default_dtype == p.default_dtype:
+    own_default = p.default_dtype is not None and p.float8 is None
+    if p.float8 is not None:
+        precision, fp8_left, own_default = _fp8.lightning(p, precision)
+        left += fp8_left
+    if own_default and _policy(precision if p.float8 else f"lightning:{precision}").default_dtype == p.default_dtype:
         # Lightning's *-true set it around each step themselves
         left = [x for x in left if not x.startswith("default_dtype=")]
     if p.compute_dtype == torch.float16 and p.is_mixed and p.loss_scale is None:
@@ -214,3 +226,25 @@ def lightning(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
         "ModelParallelStrategy), or use castwise.lightning.CastwiseCallback(fix=True).",
     )
     return {"precision": precision}
+
+
+def torchtitan(policy: Policy | str, *, model: Any = None, fsdp: bool = True, strict: bool = False) -> dict[str, Any]:
+    """The sections of a torchtitan job TOML for ``policy``: ``[training]``'s FSDP2 mixed precision
+    (``mixed_precision_param``/``mixed_precision_reduce``), and for a float8 recipe the model
+    converter (``[model] converters``) with its ``[quantize.linear.float8]`` (tensorwise, rowwise)
+    or ``[quantize.linear.mx]`` (mxfp8) section. ``filter_fqns`` names the Linears to leave out:
+    castwise's filter over ``model`` when one is given (``castwise.applied.float8``), else
+    torchtitan's default (``output``) plus the policy's ``keep[...]`` names.
+    """
+    p = _policy(policy)
+    _check_dtypes(p, "torchtitan")
+    out, left = _fp8.torchtitan(p, model, fsdp)
+    left += [x for x in _script_only(p, "torchtitan") if not x.startswith("module rule keep[") or p.float8 is None]
+    _left_out(
+        "torchtitan",
+        left,
+        strict,
+        "Apply them where the job builds its model (a model converter, or castwise.apply before "
+        "parallelize), or train another recipe torchtitan's settings can say.",
+    )
+    return out

@@ -157,10 +157,120 @@ def test_the_default_dtype_is_said_by_lightnings_true_precisions_and_left_to_the
         accelerate("lightning:16-true", fsdp=False, strict=True)
 
 
-@pytest.mark.parametrize("writer", [accelerate, lightning, deepspeed])
-def test_an_fp8_policy_is_not_exported_as_its_base_silently(writer: Any) -> None:
-    # export does not write FP8 settings yet: strict refuses, otherwise a warning names the part
-    with pytest.raises(ExportError, match=r"fp8=tensorwise \(float8 GEMMs: export does not write FP8"):
-        writer("fp8", strict=True)
+def test_an_fp8_policy_is_not_exported_to_deepspeed_as_its_base_silently() -> None:
+    with pytest.raises(ExportError, match=r"fp8=tensorwise \(float8 GEMMs: DeepSpeed's config has no FP8 setting"):
+        deepspeed("fp8", strict=True)
     with pytest.warns(ExportWarning, match="fp8=tensorwise"):
-        writer("fp8")
+        deepspeed("fp8")
+
+
+@pytest.mark.parametrize(
+    ("text", "backend", "env"),
+    [
+        (
+            "fp8",
+            "AO",
+            {"ACCELERATE_FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": "True", "ACCELERATE_FP8_PAD_INNER_DIM": "False"},
+        ),
+        (
+            "bf16-mixed,fp8=delayed",
+            "TE",
+            {
+                "ACCELERATE_FP8_FORMAT": "HYBRID",
+                "ACCELERATE_FP8_AMAX_HISTORY_LEN": "1024",
+                "ACCELERATE_FP8_MARGIN": "0",
+            },
+        ),
+        ("mxfp8", "TE", {"ACCELERATE_FP8_FORMAT": "E4M3", "ACCELERATE_FP8_USE_MXFP8_BLOCK_SCALING": "True"}),
+    ],
+)
+def test_accelerate_fp8_config_lints_clean_and_the_launcher_exports_it(
+    text: str, backend: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    config = _quiet(accelerate, text)
+    assert config["mixed_precision"] == "fp8" and config["fp8_config"]["backend"] == backend
+    path = tmp_path / "default_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    _lints_clean(path)
+    args, launched = _accelerate_launch(path)
+    assert args.mixed_precision == "fp8" and launched["ACCELERATE_FP8_BACKEND"] == backend
+    assert {k: launched.get(k) for k in env} == env  # the variables Accelerate's recipe kwargs read
+
+
+def test_the_ao_backend_reads_the_exported_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelerate.utils import AORecipeKwargs
+
+    path = tmp_path / "default_config.yaml"
+    path.write_text(yaml.safe_dump(accelerate("fp8", fsdp=False)))
+    _args, launched = _accelerate_launch(path)
+    for key, value in launched.items():
+        if key.startswith("ACCELERATE_FP8_"):
+            monkeypatch.setenv(key, value)
+    kwargs = AORecipeKwargs()
+    assert kwargs.config is not None and kwargs.config.enable_fsdp_float8_all_gather is False
+    assert kwargs.config.pad_inner_dim is False
+
+
+def test_lightning_fp8_is_transformer_engine_and_torchao_recipes_are_left_to_the_script() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lightning("transformer-engine") == {"precision": "transformer-engine"}
+        assert lightning("transformer-engine-float16") == {"precision": "transformer-engine-float16"}
+    with pytest.raises(ExportError, match=r"fp8 format e4m3 .*recipe=\{'fp8_format': 'E4M3'\}"):
+        lightning("transformer-engine,fp8=delayed:e4m3", strict=True)
+    with pytest.raises(ExportError, match=r"fp8=tensorwise \(Lightning's float8 precision is TransformerEngine's"):
+        lightning("fp8", strict=True)
+    with pytest.warns(ExportWarning, match="the base precision --bf16"):
+        assert lightning("--bf16 --fp8-format hybrid") == {"precision": "transformer-engine"}
+
+
+def test_torchtitan_float8_sections_with_castwises_filter() -> None:
+    from torch import nn
+
+    from castwise.export import torchtitan
+
+    out = torchtitan("fp8")
+    assert out["training"] == {"mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"}
+    assert out["model"] == {"converters": ["quantize.linear.float8"]}
+    assert out["quantize"]["linear"]["float8"] == {
+        "filter_fqns": ["output"],
+        "enable_fsdp_float8_all_gather": True,
+        "precompute_float8_dynamic_scale_for_fsdp": True,
+    }
+    rowwise = torchtitan("bf16-mixed,fp8=rowwise,keep[layers.0.wo]=bf16")["quantize"]["linear"]["float8"]
+    assert rowwise == {"filter_fqns": ["output", "layers.0.wo"], "recipe_name": "rowwise"}
+    mx = torchtitan("mxfp8")
+    assert mx["model"] == {"converters": ["quantize.linear.mx"]}
+    assert mx["quantize"]["linear"]["mx"]["recipe_name"] == "mxfp8_cublas"
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 24), nn.Linear(24, 8))
+    assert torchtitan("fp8", model=model)["quantize"]["linear"]["float8"]["filter_fqns"] == ["1", "2"]
+    with pytest.raises(ExportError, match=r"fp8=delayed \(torchtitan's float8 converter scales tensorwise or rowwise"):
+        torchtitan("bf16-mixed,fp8=delayed", strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torchtitan("bf16-mixed")["model"] == {"converters": []}
+
+
+def _toml(sections: dict[str, Any], prefix: str = "") -> str:
+    """A TOML document of nested tables of strings, bools, ints and string lists."""
+    plain = {k: v for k, v in sections.items() if not isinstance(v, dict)}
+    out = [f"[{prefix}]"] if prefix and plain else []
+    out += [f"{k} = {json.dumps(v)}" for k, v in plain.items()]
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            out.append(_toml(value, f"{prefix}.{key}" if prefix else key))
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("text", ["fp8", "bf16-mixed,fp8=rowwise", "mxfp8", "bf16-mixed", "bf16-mixed,reduce=bf16"])
+def test_torchtitan_sections_lint_clean_as_a_job_toml(text: str, tmp_path: Path) -> None:
+    from castwise.export import torchtitan
+
+    path = tmp_path / "job.toml"
+    path.write_text(_toml(torchtitan(text)) + "\n")
+    _lints_clean(path)
+    (cf,) = read_config(path)
+    assert cf.format == "torchtitan"
+    model = build_model([cf])
+    assert model.compute is not None
+    assert model.compute.value == ("bfloat16" if "fp8" not in text else "float8_e4m3fn")

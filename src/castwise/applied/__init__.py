@@ -32,6 +32,8 @@ from torch import nn
 
 from castwise import _autocast, _dtypes
 from castwise._dtypes import short_of
+from castwise.applied import float8
+from castwise.applied.float8 import Float8Conversion, Float8Plan
 from castwise.applied.inspection import Decision, resolve, unmatched_rules, warn_unmatched
 from castwise.errors import ApplyError
 from castwise.policy import Policy
@@ -240,6 +242,7 @@ class Applied:
         self._tensors: list[_TensorRecord] = []
         self._forwards: list[_ForwardRecord] = []
         self._removed = False
+        self.float8_conversion: Float8Conversion | None = None  # set by apply for fp8=... policies
         # where the model lives, for autocast when a call passes no tensor (read once: scanning
         # every parameter on each call was the wrappers' main cost)
         self._device = _device_type(model)
@@ -251,10 +254,16 @@ class Applied:
         """Qualified names of the modules that run as islands, with their dtype."""
         return {n: d.island for n, d in self.decisions.items() if d.island is not None}
 
+    @property
+    def float8(self) -> Float8Plan | None:
+        """The Linears a float8 policy converted and those it left out, with why (None: no fp8)."""
+        return self.float8_conversion.plan if self.float8_conversion is not None else None
+
     def __repr__(self) -> str:
+        f8 = f", float8={len(self.float8.converted)}" if self.float8 is not None else ""
         return (
             f"Applied(policy={str(self.policy)!r}, islands={len(self.islands)}, "
-            f"casts={len(self._tensors)}, removed={self._removed})"
+            f"casts={len(self._tensors)}{f8}, removed={self._removed})"
         )
 
     # -- undo --------------------------------------------------------------------------------
@@ -286,6 +295,8 @@ class Applied:
                 current.grad = t.original_grad
             else:
                 store[t.name] = restored  # type: ignore[assignment]
+        if self.float8_conversion is not None:
+            self.float8_conversion.undo()
         _APPLIED.pop(self.model, None)
         self._removed = True
 
@@ -481,24 +492,23 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     >>> applied = castwise.apply(model, "bf16-true")   # or a castwise.Policy
     >>> model(x)                                        # bf16, norms as fp32 islands
     >>> applied.remove()                                # the model as it was, bit for bit
+
+    A policy with a float8 recipe (``"fp8"``, ``"fp8,fp8=rowwise"``, ``"mxfp8"``) also converts
+    the Linears castwise's filter picks to torchao's float8 training layers (emulated on CPU);
+    ``applied.float8`` lists the converted and the left-out layers with why
+    (``castwise.applied.float8``).
     """
     policy = Policy.parse(policy)
-    if policy.float8 is not None:
-        # refused rather than applied without its float8 part, which would train another precision
-        base = str(policy.replace(float8=None))
-        raise ApplyError(
-            f"apply cannot convert a model to float8 yet: {str(policy)!r} asks for fp8={policy.float8} "
-            f"GEMMs over {base!r}. Apply the base policy ({base!r}) and convert the Linears yourself "
-            "(torchao.float8.convert_to_float8_training(model), or Accelerate's mixed_precision='fp8'), "
-            "or measure float8's effect with castwise.compare(model, inputs, policy=...), which emulates it"
-        )
     if not isinstance(model, nn.Module):
         raise ApplyError(f"apply needs a torch.nn.Module, got {type(model).__name__}")
     decisions = resolve(policy, model)  # raises on ambiguous rules, before anything changes
     casts = not policy.is_mixed or policy.buffer_dtype is not None or any(d.island for d in decisions.values())
     _check_manageable(model, casts)
     warn_unmatched(policy, model)
+    # float8 first: the layers it swaps are the ones the base policy's wrappers then see
+    conversion = float8.convert(model, policy.float8, decisions) if policy.float8 is not None else None
     applied = Applied(model, policy, decisions)
+    applied.float8_conversion = conversion
     owner = _owner_dtypes(model, policy, decisions)
     try:
         applied._cast_tensors(owner)

@@ -107,8 +107,12 @@ class CastwiseCallback(GatedCallback, pl.Callback):
         # Lightning's meaning of its precision strings (its *-true convert norms too)
         precision = f"lightning:{trainer.precision}"
         try:
-            if Policy.parse(precision).float8 is not None:  # apply cannot convert to float8 yet
-                raise PolicyError(f"{precision!r} trains float8 GEMMs, which the audit does not convert to yet")
+            f8 = Policy.parse(precision).float8
+            if f8 is not None:  # Lightning's float8 is TransformerEngine's; apply converts torchao's recipes
+                raise PolicyError(
+                    f"{precision!r} trains TransformerEngine's float8 GEMMs ({f8} scaling), which castwise does "
+                    "not model (it converts torchao's tensorwise, rowwise and mxfp8 recipes)"
+                )
         except PolicyError as exc:
             rank_zero_warn(f"CastwiseCallback: not auditing, castwise does not model this precision: {exc}")
             return

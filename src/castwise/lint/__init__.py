@@ -7,7 +7,7 @@ comes from) and checks it with the CW2xx rules. Torch is never imported.
 
 Formats: SimpleTuner config.env / config.json / config.toml, Accelerate default_config.yaml
 (and the DeepSpeed file it points to), DeepSpeed JSON, Lightning / LightningCLI YAML, Hugging
-Face TrainingArguments JSON (or YAML). The format is detected from the content, and from the
+Face TrainingArguments JSON (or YAML), torchtitan job TOML. The format is detected from the content, and from the
 file name where the content does not say.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from castwise.errors import ConfigError
-from castwise.lint import accelerate, deepspeed, hf, lightning, simpletuner
+from castwise.lint import accelerate, deepspeed, hf, lightning, simpletuner, torchtitan
 from castwise.lint._source import (
     Document,
     looks_like_shell,
@@ -120,6 +120,8 @@ class _Loader:
             return simpletuner.read_env(text, shown)
         if suffix == ".toml":
             doc = parse_toml(text, shown)
+            if torchtitan.is_torchtitan(doc.data) and not simpletuner.is_simpletuner_mapping(doc.data):
+                return torchtitan.read(doc, text, shown)
             known = simpletuner.is_simpletuner_mapping(doc.data) or "mixed_precision" in doc.data
             if expect is None and not known:
                 raise _unknown(shown, "TOML file")
@@ -229,7 +231,7 @@ class _Builder:
         )
 
 
-_LAUNCH_ORDER = ("simpletuner", "accelerate", "hf-training-args", "lightning", "deepspeed")
+_LAUNCH_ORDER = ("simpletuner", "accelerate", "hf-training-args", "lightning", "torchtitan", "deepspeed")
 
 
 def build_model(files: Sequence[ConfigFile]) -> PrecisionModel:
@@ -260,6 +262,8 @@ def build_model(files: Sequence[ConfigFile]) -> PrecisionModel:
                     auto.setdefault(k, v)
             elif fmt == "lightning":
                 lightning.contribute(cf, put)
+            elif fmt == "torchtitan":
+                torchtitan.contribute(cf, put)
             else:
                 deepspeed.contribute(cf, put, auto)
     return b.model()

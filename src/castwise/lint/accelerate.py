@@ -91,6 +91,13 @@ def read(doc: Document, shown: str, base: Path, load_link: Callable[[Path, str, 
             settings[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
         elif node is not None and key in ("mixed_precision", "use_cpu"):
             rejected[key] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
+    fp8 = doc.data.get("fp8_config")
+    if isinstance(fp8, dict):
+        # every key as written: lint_fp8_recipes checks which ones accelerate launch passes on
+        for k, v in fp8.items():
+            path = ("fp8_config", str(k))
+            s = Setting(".".join(path), v, shown, doc.line(path))
+            (settings if is_scalar(v) or isinstance(v, list) else rejected)[f"fp8_config.{k}"] = s
     for block in ("fsdp_config", "deepspeed_config"):
         # a non-empty engine section: lint_fsdp checks it is for the engine distributed_type picks
         if isinstance(doc.data.get(block), dict) and doc.data[block]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from castwise._dtypes import is_low, short
-from castwise.lint import accelerate, fp8, fsdp, hf, lightning
+from castwise.lint import accelerate, fp8, fp8_recipes, fsdp, hf, lightning
 from castwise.lint.model import ConfigFile, PrecisionModel, Setting, is_auto, is_false, is_true
 from castwise.lint.values import check_values
 from castwise.policy import presets
@@ -410,6 +410,7 @@ def run_checks(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Findi
         *_cw208(files),
         *_cw209(files),
         *fp8.cw212(files, model),
+        *fp8_recipes.run_checks(files),
         *check_values(files),
         *fsdp.run_checks(files),
     ]

@@ -128,6 +128,14 @@ def read(
                 name("plugins"), class_path, shown, doc.line((*prefix, "plugins", *sub))
             )
             init = item.get("init_args") if isinstance(item, dict) else None
+            recipe = init.get("recipe") if isinstance(init, dict) else None
+            if class_path.endswith("TransformerEnginePrecision") and isinstance(recipe, dict):
+                # DelayedScaling(**recipe): lint_fp8_recipes checks its keys (castwise.lint.fp8_recipes)
+                for k, v in recipe.items():
+                    at_key: Path_ = (*prefix, "plugins", *sub, "init_args", "recipe", str(k))
+                    settings[f"te_recipe.{k}"] = Setting(
+                        name("plugins", "init_args", "recipe", str(k)), v, shown, doc.line(at_key)
+                    )
             if isinstance(init, dict) and isinstance(init.get("precision"), (str, int)):
                 settings["plugin_precision"] = Setting(
                     name("plugins", "init_args", "precision"),

@@ -19,6 +19,7 @@ FORMATS: dict[str, str] = {
     "hf-training-args": "Hugging Face TrainingArguments (JSON or YAML)",
     "lightning": "Lightning / LightningCLI config (YAML)",
     "simpletuner": "SimpleTuner config (config.env, config.json, config.toml)",
+    "torchtitan": "torchtitan job config (TOML)",
 }
 
 

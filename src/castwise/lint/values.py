@@ -67,6 +67,9 @@ _LIGHTNING_STRINGS = sorted(
 )
 _LIGHTNING = Accepted(_one_of(*_LIGHTNING_STRINGS), ", ".join(_LIGHTNING_STRINGS))
 
+_TITAN_DTYPES = ("bfloat16", "float16", "float32")
+_TITAN_FLOAT8 = ("rowwise", "rowwise_with_gw_hp", "tensorwise")  # torchao's Float8LinearRecipeName
+
 # format -> canonical setting key -> what the tool accepts
 ACCEPTED: dict[str, dict[str, Accepted]] = {
     "deepspeed": {
@@ -83,7 +86,23 @@ ACCEPTED: dict[str, dict[str, Accepted]] = {
         ),
     },
     "lightning": {"precision": _LIGHTNING, "plugin_precision": _LIGHTNING},
-    "accelerate": {"mixed_precision": _MIXED_PRECISION, "use_cpu": _FLAG},
+    "accelerate": {
+        "mixed_precision": _MIXED_PRECISION,
+        "use_cpu": _FLAG,
+        # accelerate launch passes fp8_config on as ACCELERATE_FP8_* (upper-cased by the recipe kwargs)
+        "fp8_config.backend": Accepted(_one_of("AO", "TE", "MSAMP"), "AO, MSAMP, TE"),
+        "fp8_config.fp8_format": Accepted(_one_of("HYBRID", "E4M3", "E5M2"), "E4M3, E5M2, HYBRID"),
+        "fp8_config.amax_compute_algo": Accepted(_one_of("max", "most_recent"), "max, most_recent"),
+    },
+    "torchtitan": {
+        # torchtitan's TORCH_DTYPE_MAP
+        "training.mixed_precision_param": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
+        "training.mixed_precision_reduce": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
+        **{
+            f"{section}.recipe_name": Accepted(_one_of(*_TITAN_FLOAT8), ", ".join(_TITAN_FLOAT8))
+            for section in ("quantize.linear.float8", "float8")
+        },
+    },
     "simpletuner": {
         "mixed_precision": _MIXED_PRECISION,
         "gradient_precision": Accepted(_one_of("fp32", "unmodified"), "fp32, unmodified"),

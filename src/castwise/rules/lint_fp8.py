@@ -27,4 +27,43 @@ RULES: tuple[Rule, ...] = (
         fix="Use bf16 on that machine (mixed_precision: bf16, precision: bf16-mixed), or move the run "
         "to an FP8 GPU (L4, L40S, H100, H200, B200: a SageMaker ml.g6 / ml.g6e / ml.p5 instance).",
     ),
+    Rule(
+        code="CW213",
+        name="fp8-setting-ignored",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="warning",
+        summary="A float8 recipe setting that no code reads: the run uses the default instead.",
+        detects="Accelerate fp8_config keys accelerate launch passes under names TransformerEngine's "
+        "recipe never reads (amax_history_length, amax_compute_algorithm: what accelerate config writes), "
+        "a TransformerEngine key under backend: AO or a torchao key under backend: TE, fp8_config without "
+        "mixed_precision: fp8; a torchtitan [quantize.linear.float8] / [quantize.linear.mx] section whose "
+        "converter [model] converters does not list, precompute_float8_dynamic_scale_for_fsdp without "
+        "the float8 all-gather.",
+        why="Nothing fails: the setting is dropped on the way (an environment variable nobody reads, a "
+        "section no converter is built for) and the run trains with the recipe's defaults (an amax "
+        "history of 1024 with most_recent, not what the file says) or without float8 at all.",
+        example="mixed_precision: fp8\nfp8_config:\n  backend: TE\n  amax_history_length: 16",
+        fix="Rename the key to the one the recipe reads (amax_history_len, amax_compute_algo), set the "
+        'backend the key belongs to, or list the converter (converters = ["quantize.linear.float8"]).',
+    ),
+    Rule(
+        code="CW214",
+        name="fp8-settings-refused",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="error",
+        summary="Float8 settings the launcher refuses at start (a conflict, or a recipe key it does not take).",
+        detects="torchtitan: a rowwise recipe_name with enable_fsdp_float8_all_gather = true (float8 "
+        "all-gather needs tensorwise scales), or a float8 and an MX converter both in [model] converters. "
+        "Lightning: a TransformerEnginePrecision recipe key DelayedScaling does not take "
+        "(amax_history_length), or an fp8_format that is not a Format name (HYBRID, E4M3, E5M2: 'hybrid' "
+        "fails).",
+        why="torchtitan asserts 'using enable_fsdp_float8_all_gather together with recipe_name is not "
+        "supported' when it builds the model, and Lightning builds DelayedScaling(**recipe) when the "
+        "Trainer is made: the job fails after it was scheduled and the GPUs allocated; two converters "
+        "both try to swap the same Linears.",
+        example='[model]\nconverters = ["quantize.linear.float8"]\n[quantize.linear.float8]\n'
+        'recipe_name = "rowwise"\nenable_fsdp_float8_all_gather = true',
+        fix="Turn the float8 all-gather off for rowwise scaling (or use tensorwise to keep it); keep one of "
+        "the float8 and MX converters; write the recipe with DelayedScaling's own keys and Format names.",
+    ),
 )

@@ -6,6 +6,7 @@ fields): the catalog and the audit find it by itself. Where checks overlap, the 
 its ``before`` names (the catch-all ``CW110`` by default).
 
 Precedence, and why:
+0. CW132 / CW131 a float8 GEMM the GPU cannot run / a shape it refuses: their own violation kinds.
 1. CW111 no kernel for a dtype at all: nothing to cast "to the other side".
 2. CW112 backward: gradients, whatever the forward looked like.
    CW114 a module turned autocast off around the op: the region, not the operands.
@@ -29,6 +30,8 @@ import pkgutil
 from castwise.rules.audit._base import AuditRule, Check
 
 PRECEDENCE: tuple[str, ...] = (
+    "CW132",
+    "CW131",
     "CW111",
     "CW112",
     "CW114",

@@ -67,6 +67,7 @@ from castwise.trace.contracts.elementwise import (
     _to_long,
     _true_divide,
 )
+from castwise.trace.contracts.float8 import _scaled_mm
 from castwise.trace.contracts.index import (
     _embedding,
     _embedding_backward,
@@ -122,6 +123,7 @@ def _register(rule: Rule, *names: str) -> None:
 _register(_mm, "mm", "bmm", "dot", "vdot", "mv", "matmul")
 _register(_addmm, "addmm", "addmm_", "_addmm_activation", "addbmm", "addbmm_")
 _register(_linear, "linear")
+_register(_scaled_mm, "_scaled_mm")
 _register(_baddbmm, "baddbmm", "baddbmm_")
 _register(_addmv, "addmv", "addmv_")
 _register(

@@ -1,0 +1,272 @@
+"""FP8 as part of ``apply``: which Linears a float8 recipe converts, converting them, undoing it.
+
+A policy with ``fp8=...`` (``fp8``, ``fp8,fp8=rowwise``, ``mxfp8``) converts the model's
+``nn.Linear`` layers to torchao's float8 training layers (``convert_to_float8_training`` for
+tensorwise and rowwise scaling, ``MXFP8TrainingOpConfig`` for mxfp8), emulated where the model
+lives on the CPU (the float8 rounding of inputs, weights and gradients, the matmul in high
+precision: it trains on any machine), with float8 kernels (``torch._scaled_mm``) on CUDA.
+
+Castwise's filter (``leave_out``) leaves a Linear out, with its reason, where
+
+- a policy island holds it (``keep[...]``: the forecast's leave-out list, CW313, is written so);
+- its dimensions are not multiples of 16 (32 for mxfp8's blocks): ``torch._scaled_mm`` refuses them;
+- it is the output head (``get_output_embeddings()``, or named ``lm_head`` / ``output`` / ``head``
+  / ``classifier``: torchtitan's default ``filter_fqns``), or its weight is shared with another
+  module (tied embeddings): the logits' rounding goes straight into the loss;
+- it is tiny (a weight under 1024 elements): scaling costs more than the GEMM saves;
+- it is not a plain ``nn.Linear`` (a subclass with its own forward, transformers' ``Conv1D``).
+
+Undo is exact: the original ``nn.Linear`` objects go back into their parents. Float8Linear
+holds the very ``Parameter`` objects of the layer it replaced, so a step trained meanwhile
+stays trained, and optimizers keep their parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from castwise.applied.inspection import Decision
+from castwise.errors import ApplyError
+from castwise.policy.float8 import Float8Recipe
+
+__all__ = ["Float8Conversion", "Float8Plan", "convert", "leave_out", "plan"]
+
+TINY = 1024  # weight elements under which a Linear is left out
+HEAD_NAMES = ("lm_head", "output", "head", "classifier")
+SUPPORTED = ("tensorwise", "rowwise", "mxfp8")
+
+
+def multiple(recipe: Float8Recipe) -> int:
+    """What every GEMM dimension must be a multiple of: 16 (``_scaled_mm``), 32 for MX blocks."""
+    return 32 if recipe.scaling == "mxfp8" else 16
+
+
+@dataclass(frozen=True)
+class Float8Plan:
+    """Which Linears a float8 recipe converts, and which it leaves out with the reason."""
+
+    recipe: Float8Recipe
+    converted: tuple[str, ...]
+    left_out: tuple[tuple[str, str], ...]  # (qualified name, why)
+
+    def table(self) -> str:
+        """One line per layer: converted, or left out and why."""
+        width = max((len(n) for n in (*self.converted, *(n for n, _ in self.left_out))), default=0)
+        rows = [f"{n:<{width}}  float8 ({self.recipe})" for n in self.converted]
+        rows += [f"{n:<{width}}  left out: {why}" for n, why in self.left_out]
+        return "\n".join(rows)
+
+
+def _shared(model: nn.Module) -> dict[int, str]:
+    """id(parameter) -> the first module that holds it, for parameters two modules hold."""
+    first: dict[int, str] = {}
+    shared: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for p in module._parameters.values():
+            if p is None:
+                continue
+            if id(p) in first and first[id(p)] != name:
+                shared[id(p)] = first[id(p)]
+            first.setdefault(id(p), name)
+    return shared
+
+
+def _head(model: nn.Module) -> nn.Module | None:
+    get = getattr(model, "get_output_embeddings", None)
+    if callable(get):
+        try:
+            head = get()
+        except Exception:  # a model whose accessor needs a config it lacks
+            return None
+        return head if isinstance(head, nn.Module) else None
+    return None
+
+
+def _island(name: str, decisions: dict[str, Decision]) -> tuple[str, torch.dtype] | None:
+    parts = name.split(".") if name else []
+    for i in range(len(parts), -1, -1):
+        owner = ".".join(parts[:i])
+        d = decisions.get(owner)
+        if d is not None and d.island is not None:
+            return owner, d.island
+    return None
+
+
+def leave_out(
+    name: str,
+    module: nn.Module,
+    recipe: Float8Recipe,
+    *,
+    head: nn.Module | None = None,
+    shared: dict[int, str] | None = None,
+    decisions: dict[str, Decision] | None = None,
+) -> str | None:
+    """Why castwise leaves this Linear out of float8, or None to convert it."""
+    if not name:
+        return "the model itself: apply converts layers inside a model, in place"
+    if type(module) is not nn.Linear:
+        return f"a {type(module).__name__}, not a plain nn.Linear: torchao converts nn.Linear only"
+    island = _island(name, decisions or {})
+    if island is not None:
+        owner, dtype = island
+        return f"kept in {str(dtype).removeprefix('torch.')} by the policy's keep[{owner}] island"
+    n = multiple(recipe)
+    out_f, in_f = module.weight.shape
+    if in_f % n or out_f % n:
+        return f"its dimensions ({in_f}, {out_f}) are not multiples of {n}: torch._scaled_mm refuses them"
+    if module is head or name.rsplit(".", 1)[-1] in HEAD_NAMES:
+        return "the output head: the logits' float8 rounding goes straight into the loss"
+    holder = (shared or {}).get(id(module.weight))
+    if holder is not None:
+        return f"its weight is tied to {holder}'s (tied embeddings)"
+    if module.weight.numel() < TINY:
+        return f"tiny ({in_f}x{out_f}, under {TINY} weights): scaling costs more than the GEMM saves"
+    return None
+
+
+def plan(model: nn.Module, recipe: Float8Recipe, decisions: dict[str, Decision]) -> Float8Plan:
+    """The layers ``recipe`` converts in ``model`` and those it leaves out (with the reason)."""
+    head, shared = _head(model), _shared(model)
+    converted: list[str] = []
+    left: list[tuple[str, str]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) and type(module).__name__ != "Conv1D":
+            continue
+        why = leave_out(name, module, recipe, head=head, shared=shared, decisions=decisions)
+        if why is None:
+            converted.append(name)
+        else:
+            left.append((name, why))
+    return Float8Plan(recipe, tuple(converted), tuple(left))
+
+
+# -- converting ------------------------------------------------------------------------------
+
+
+def _torchao() -> Any:
+    try:
+        import torchao.float8 as ao_float8
+    except ImportError as exc:
+        raise ApplyError(
+            "a float8 policy converts Linears with torchao, which is not installed: pip install torchao "
+            "(or apply the base policy and measure float8 with castwise.compare, which emulates it)"
+        ) from exc
+    return ao_float8
+
+
+def _float8_config(recipe: Float8Recipe, emulate: bool) -> Any:
+    ao = _torchao()
+    if recipe.scaling == "rowwise":
+        if recipe.format != "e4m3":
+            raise ApplyError(f"fp8=rowwise:{recipe.format}: torchao's rowwise recipe is e4m3 only; valid: fp8=rowwise")
+        return dataclasses.replace(ao.Float8LinearConfig.from_recipe_name("rowwise"), emulate=emulate)
+    forward = getattr(torch, recipe.forward_dtype)
+    grad = getattr(torch, recipe.gradient_dtype)
+    return ao.Float8LinearConfig(
+        cast_config_input=ao.CastConfig(target_dtype=forward),
+        cast_config_weight=ao.CastConfig(target_dtype=forward),
+        cast_config_grad_output=ao.CastConfig(target_dtype=grad),
+        emulate=emulate,
+    )
+
+
+@dataclass
+class Float8Conversion:
+    """A conversion done: its plan, and what undoes it."""
+
+    plan: Float8Plan
+    emulated: bool
+    _modules: list[tuple[nn.Module, str, nn.Module]] = dataclasses.field(default_factory=list)
+    _params: list[tuple[nn.Module, str, nn.Parameter]] = dataclasses.field(default_factory=list)
+    _forwards: list[nn.Module] = dataclasses.field(default_factory=list)
+
+    def undo(self) -> None:
+        """The original Linears and Parameters back where they were (values trained meanwhile kept)."""
+        for parent, attr, original in reversed(self._modules):
+            setattr(parent, attr, original)
+        for module in self._forwards:
+            module.__dict__.pop("forward", None)
+        for module, pname, param in reversed(self._params):
+            module._parameters[pname] = param  # the wrapper shared its storage: trained values kept
+        self._modules.clear()
+        self._params.clear()
+        self._forwards.clear()
+
+
+def _parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    head, _, attr = name.rpartition(".")
+    return (model.get_submodule(head) if head else model), attr
+
+
+def _swap_linears(model: nn.Module, conv: Float8Conversion, make: Callable[[nn.Module], nn.Module]) -> None:
+    for name in conv.plan.converted:
+        parent, attr = _parent(model, name)
+        original = getattr(parent, attr)
+        setattr(parent, attr, make(original))
+        conv._modules.append((parent, attr, original))
+
+
+def _mxfp8(model: nn.Module, conv: Float8Conversion) -> None:
+    try:
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+        from torchao.quantization import quantize_
+        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+    except ImportError as exc:
+        raise ApplyError("fp8=mxfp8 needs torchao's MXFP8 training (torchao >= 0.15): pip install -U torchao") from exc
+    chosen = set(conv.plan.converted)
+    for name in conv.plan.converted:
+        module = model.get_submodule(name)
+        conv._params += [(module, n, p) for n, p in module._parameters.items() if p is not None]
+    # torchao's MX casts on CUDA are triton kernels: without a GPU triton can use (a CPU-only machine
+    # auditing a simulated GPU) the emulated path runs, with the same shapes and dtypes
+    from torch.utils._triton import has_triton
+
+    fake = any(type(p).__name__ == "FakeTensor" or type(p.data).__name__ == "FakeTensor" for p in model.parameters())
+    emulate = conv.emulated or fake or not has_triton()
+    kernel = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
+    quantize_(model, MXFP8TrainingOpConfig(kernel_preference=kernel), filter_fn=lambda _m, fqn: fqn in chosen)
+    if conv.emulated:
+        # torchao's emulated MX GEMM dequantizes both operands to their own dtypes and refuses a
+        # bf16 activation (autocast) against a float32 weight: run it in the weight's dtype
+        for name in conv.plan.converted:
+            module = model.get_submodule(name)
+            module.forward = types.MethodType(_weight_dtype_forward, module)  # type: ignore[method-assign]
+            conv._forwards.append(module)
+
+
+def _weight_dtype_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    where = x.device.type
+    with torch.autocast(where, enabled=False):
+        out: torch.Tensor = nn.Linear.forward(module, x.to(module.weight.dtype))
+    return out.to(x.dtype)
+
+
+def convert(model: nn.Module, recipe: Float8Recipe, decisions: dict[str, Decision]) -> Float8Conversion:
+    """Convert ``model``'s Linears per castwise's filter; emulated unless the model is on CUDA."""
+    if recipe.scaling not in SUPPORTED:
+        raise ApplyError(
+            f"apply cannot run fp8={recipe} yet: torchao trains {', '.join(SUPPORTED)} (valid: fp8=tensorwise, "
+            "fp8=rowwise, fp8=mxfp8); TransformerEngine's delayed and Megatron's blockwise recipes run in "
+            "those frameworks (castwise.export writes their settings; castwise.compare emulates them)"
+        )
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    conv = Float8Conversion(plan(model, recipe, decisions), emulated=device != "cuda")
+    if recipe.scaling == "mxfp8":
+        _mxfp8(model, conv)
+        return conv
+    config = _float8_config(recipe, conv.emulated)
+    from torchao.float8.float8_linear import Float8Linear
+
+    try:
+        _swap_linears(model, conv, lambda m: Float8Linear.from_float(m, config=config))
+    except BaseException:
+        conv.undo()
+        raise
+    return conv

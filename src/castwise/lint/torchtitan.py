@@ -1,0 +1,130 @@
+"""torchtitan job configs (TOML): FSDP2 mixed precision and the float8 / MX model converters.
+
+Semantics (pytorch/torchtitan, torchtitan/config/job_config.py and
+torchtitan/components/quantization/):
+- ``[training] mixed_precision_param`` (default bfloat16) and ``mixed_precision_reduce``
+  (default float32): FSDP2's ``MixedPrecisionPolicy`` over float32 sharded weights (castwise's
+  ``mixed_precision_param=...`` policy strings, castwise.policy.vocab); no GradScaler.
+- ``[model] converters``: ``"quantize.linear.float8"`` (older releases: ``"float8"``) swaps Linears
+  for torchao's Float8Linear with the settings of ``[quantize.linear.float8]`` (older:
+  ``[float8]``): ``recipe_name`` (none: tensorwise; ``tensorwise``, ``rowwise``,
+  ``rowwise_with_gw_hp``), ``enable_fsdp_float8_all_gather``,
+  ``precompute_float8_dynamic_scale_for_fsdp``, ``filter_fqns``, ``emulate``.
+  ``"quantize.linear.mx"`` (older: ``"mx"``) does MXFP8 with ``[quantize.linear.mx]``
+  (``recipe_name``: ``mxfp8_cublas``...). A section whose converter is not listed is never read.
+- Float8 all-gather works with tensorwise scaling only: torchtitan refuses ``recipe_name`` with
+  ``enable_fsdp_float8_all_gather``; precomputed scales only take effect with the all-gather.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from castwise.lint._source import Document, Path_
+from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar
+
+__all__ = ["FLOAT8_SECTIONS", "MX_SECTIONS", "is_torchtitan", "read"]
+
+FLOAT8_SECTIONS: dict[str, tuple[str, ...]] = {
+    "quantize.linear.float8": ("quantize", "linear", "float8"),
+    "float8": ("float8",),
+}
+MX_SECTIONS: dict[str, tuple[str, ...]] = {
+    "quantize.linear.mx": ("quantize", "linear", "mx"),
+    "mx": ("mx",),
+}
+_SECTION = re.compile(r"\s*\[\s*([A-Za-z0-9_.\-]+)\s*\]")
+_KEY = re.compile(r"\s*([A-Za-z0-9_\-]+)\s*=")
+
+
+def is_torchtitan(data: dict[str, Any]) -> bool:
+    training = data.get("training")
+    model = data.get("model")
+    return (
+        (isinstance(training, dict) and any(k.startswith("mixed_precision_") for k in training))
+        or (isinstance(model, dict) and "converters" in model)
+        or "job" in data
+        or "quantize" in data
+    )
+
+
+def _lines(text: str) -> dict[Path_, int]:
+    """The line of every ``[section]`` and ``key =`` under it (tomllib keeps no positions)."""
+    out: dict[Path_, int] = {}
+    section: tuple[str, ...] = ()
+    for number, raw in enumerate(text.splitlines(), 1):
+        head = _SECTION.match(raw)
+        if head:
+            section = tuple(head.group(1).split("."))
+            out.setdefault(section, number)
+            continue
+        key = _KEY.match(raw)
+        if key:
+            out.setdefault((*section, key.group(1)), number)
+    return out
+
+
+def _node(data: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def read(doc: Document, text: str, shown: str) -> ConfigFile:
+    """A torchtitan TOML's precision settings, keyed by their dotted TOML names."""
+    lines = _lines(text)
+    doc = Document(doc.data, {**doc.lines, **lines})
+    settings: dict[str, Setting] = {}
+    rejected: dict[str, Setting] = {}
+
+    def put(path: tuple[str, ...], value: Any) -> None:
+        key = ".".join(path)
+        s = Setting(key, value, shown, doc.line(path))
+        if is_scalar(value) or isinstance(value, list):
+            settings[key] = s
+        else:
+            rejected[key] = s
+
+    for key in ("mixed_precision_param", "mixed_precision_reduce"):
+        value = _node(doc.data, ("training", key))
+        if value is not None:
+            put(("training", key), value)
+    converters = _node(doc.data, ("model", "converters"))
+    if converters is not None:
+        put(("model", "converters"), converters)
+    for sections in (FLOAT8_SECTIONS, MX_SECTIONS):
+        for path in sections.values():
+            block = _node(doc.data, path)
+            if isinstance(block, dict):
+                settings[".".join(path) + ".block"] = Setting(".".join(path), "{...}", shown, doc.line(path))
+                for k, v in block.items():
+                    put((*path, k), v)
+    return ConfigFile(shown, "torchtitan", settings, rejected=rejected)
+
+
+def converters(cf: ConfigFile) -> list[str]:
+    value = cf.value("model.converters")
+    if isinstance(value, str):
+        return [c.strip() for c in value.split(",") if c.strip()]
+    return [str(c) for c in value] if isinstance(value, list) else []
+
+
+def contribute(cf: ConfigFile, put: Any) -> None:
+    param = cf.get("training.mixed_precision_param")
+    reduce = cf.get("training.mixed_precision_reduce")
+    compute = dtype_of(param.value) if param is not None else "bfloat16"
+    note = "torchtitan's FSDP2 MixedPrecisionPolicy(param_dtype=mixed_precision_param) over float32 weights"
+    put("compute", Traced(compute or "bfloat16", (param,) if param is not None else (), note))
+    conv = cf.get("model.converters")
+    if conv is not None and any(c in FLOAT8_SECTIONS or c in MX_SECTIONS for c in converters(cf)):
+        # the converted Linears' GEMMs take float8_e4m3fn inputs (Accelerate's fp8 reads the same)
+        note = "torchtitan's float8 / MX converter: Linears compute in float8_e4m3fn, the rest in the param dtype"
+        put("compute", Traced("float8_e4m3fn", (conv,), note))
+    put("weights", Traced("float32", (), "torchtitan keeps the sharded weights in float32"), weak=True)
+    put("gradients", Traced("float32", (), "FSDP2 keeps sharded gradients in the weights' dtype"), weak=True)
+    put("optimizer_state", Traced("float32", (), "optimizer state follows the float32 weights"), weak=True)
+    put("loss_scaling", Traced("none", (), "torchtitan has no GradScaler"), weak=True)
+    red = dtype_of(reduce.value) if reduce is not None else "float32"
+    put("reduce", Traced(red or "float32", (reduce,) if reduce is not None else (), "reduce_dtype"))

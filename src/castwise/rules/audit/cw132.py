@@ -1,0 +1,66 @@
+"""CW132 fp8-unsupported-on-gpu: the target GPU has no float8 (or MX) GEMMs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from castwise.rules._rule import Rule
+from castwise.rules.audit._base import AuditRule, Check, Diag
+
+if TYPE_CHECKING:
+    from castwise.auditor.context import Ctx, FixContext
+    from castwise.report import Finding
+
+META = Rule(
+    code="CW132",
+    name="fp8-unsupported-on-gpu",
+    category="DTYPE_UNSUPPORTED_ON_DEVICE",
+    severity="error",
+    summary="The target GPU has no float8 (or MX) GEMMs.",
+    detects="A float8 matmul (torch._scaled_mm) audited for a GPU below compute capability 8.9 "
+    "(cuda:a100, cuda:t4, cuda:v100), an MX block-scaled one (float8_e8m0fnu scales: mxfp8) below "
+    "10.0 (anything before Blackwell: cuda, cuda:l4), or two e5m2 operands (no such cuBLASLt GEMM).",
+    why="float8 GEMMs run on FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) or newer; MX formats on "
+    "Blackwell (sm_100). On an A100 the first float8 Linear fails in _scaled_mm ('torch._scaled_mm is "
+    "only supported on CUDA devices with compute capability >= 9.0 or 8.9'), after the job was "
+    "scheduled.",
+    example="castwise.audit(model, x, policy='fp8', device='cuda:a100')",
+    fix="On that GPU train in bf16 (bf16-mixed) instead of fp8; for MX formats before Blackwell use "
+    "fp8 with tensorwise or rowwise scaling; or audit for, and run on, a GPU that has them "
+    "(cuda:l4, cuda (H100-class), cuda:b200).",
+)
+
+
+def _match(ctx: Ctx) -> Diag | None:
+    if ctx.kind != "fp8-device":
+        return None
+    mx = "MX" in ctx.text
+    sm = ctx.device.capability
+    on = f"{ctx.device.name} (compute capability {sm[0]}.{sm[1]})" if sm else ctx.device.name
+    if "e5m2" in ctx.text:
+        fix = "Cast one operand to e4m3: a hybrid recipe (e4m3 forward, e5m2 gradients) never multiplies two e5m2."
+    elif mx and sm is not None and sm >= (8, 9):
+        fix = f"Use fp8 with tensorwise or rowwise scaling on {on} (policy fp8); MX formats need Blackwell (cuda:b200)."
+    else:
+        fix = f"Train in bf16 on {on} (policy bf16-mixed), or target a GPU with FP8 (cuda:l4, cuda, cuda:b200)."
+    message = f"{ctx.at} is a float8 GEMM {on} cannot run: {ctx.text}"
+    kernel = "e5m2" if "e5m2" in ctx.text else "mx" if mx else "fp8"
+    has_fp8 = sm is not None and sm >= (8, 9)
+    diag = ctx.diag("CW132", message, fix, origin=None, source=None)
+    return dataclasses.replace(diag, details=(("fp8_kernel", kernel), ("gpu_has_fp8", has_fp8)))
+
+
+def _another_recipe(policy: Any, finding: Finding, fx: FixContext) -> Any:
+    """MX on a GPU with plain FP8: tensorwise float8; no FP8 at all: the base precision."""
+    if getattr(policy, "float8", None) is None:
+        return policy
+    from castwise.policy.float8 import Float8Recipe
+
+    details = dict(finding.details)
+    if details.get("fp8_kernel") == "mx" and details.get("gpu_has_fp8"):
+        return policy.replace(float8=Float8Recipe("tensorwise"))
+    return policy.replace(float8=None)
+
+
+RULE = AuditRule(META, checks=(Check("CW132", _match),), policy_fix=_another_recipe)
