@@ -53,13 +53,13 @@ def _match(ctx: Ctx) -> Diag | None:
 
 def _another_recipe(policy: Any, finding: Finding, fx: FixContext) -> Any:
     """MX on a GPU with plain FP8: tensorwise float8; no FP8 at all: the base precision."""
-    if getattr(policy, "float8", None) is None:
+    recipe = getattr(policy, "float8", None)
+    if recipe is None:
         return policy
-    from castwise.policy.float8 import Float8Recipe
-
     details = dict(finding.details)
     if details.get("fp8_kernel") == "mx" and details.get("gpu_has_fp8"):
-        return policy.replace(float8=Float8Recipe("tensorwise"))
+        # the recipe's own class: rules sit below policy and do not import it
+        return policy.replace(float8=type(recipe)("tensorwise"))
     return policy.replace(float8=None)
 
 
