@@ -7,6 +7,8 @@ passed), missed (the real run failed with a dtype error, no error finding), inco
 could not check the whole model), else ok. The simulated-CUDA half has no CUDA truth on this
 machine: it takes the CPU run as the truth where the recipe's dtype logic does not depend on the
 device, and is scored only for crashes, incompleteness and false errors (a miss is not scored).
+With ``truth="cuda"`` (a machine with a GPU) the simulated-CUDA half is scored against the same
+recipe run for real on the CUDA device instead, misses included.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from benchmarks.recipes.recipes import RECIPES, build
 from benchmarks.zoo.faults import FAULTS, NotApplicable, PlantedFault
 from benchmarks.zoo.scoring import MODES, AuditOutcome, RealOutcome, Score, audit_outcome, real_run, score
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 DEVICES = ("cpu", "cuda")
+TRUTHS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -45,12 +49,12 @@ def build_case(case: RecipeCase) -> tuple[nn.Module, Any, PlantedFault | None]:
     return module, inputs, planted
 
 
-def outcome(s: Score, device: str) -> str:
+def outcome(s: Score, device: str, truth: str = "cpu") -> str:
     if s.crash:
         return "crash"
     if s.false_alarm_modes:
         return "false_error"
-    if s.missed and device == "cpu":
+    if s.missed and (device == "cpu" or truth == "cuda"):
         return "missed"
     if s.incomplete:
         return "incomplete"
@@ -80,21 +84,37 @@ def _audit_view(audit: AuditOutcome) -> dict[str, Any]:
     }
 
 
-def _code_recipe(case: RecipeCase, devices: tuple[str, ...], timeout: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def real_cuda_run(case: RecipeCase, mode: str) -> RealOutcome:
+    """The recipe run for real on the CUDA device: the model and its inputs moved there."""
+    module, inputs, _ = build_case(case)
+    module = module.to("cuda")  # keeps each parameter's dtype: the recipe's casts stay
+    inputs = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), inputs)
+    result = real_run(module, inputs, None, mode)
+    try:
+        torch.cuda.synchronize()  # an asynchronous kernel error surfaces here
+    except RuntimeError as exc:
+        return RealOutcome("other_error", f"{type(exc).__name__}: {exc}"[:300])
+    return result
+
+
+def _code_recipe(
+    case: RecipeCase, devices: tuple[str, ...], timeout: int, truth: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     real = {}
     for mode in MODES:
         module, inputs, _ = build_case(case)
         real[mode] = real_run(module, inputs, None, mode)
+    real_cuda = {mode: real_cuda_run(case, mode) for mode in MODES} if truth == "cuda" and "cuda" in devices else {}
     audits = {}
     for device in devices:
         module, inputs, _ = build_case(case)
         audits[device] = audit_outcome(module, inputs, None, timeout, device=None if device == "cpu" else device)
-    return real, audits
+    return real, audits, real_cuda
 
 
 def _lightning_recipe(
-    case: RecipeCase, devices: tuple[str, ...], timeout: int
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    case: RecipeCase, devices: tuple[str, ...], timeout: int, truth: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
     from benchmarks.recipes import lit
 
     precision = RECIPES[case.recipe].lightning
@@ -116,27 +136,39 @@ def _lightning_recipe(
     if "cuda" in devices:  # what the callback audits on a GPU trainer
         module, batch, _ = build_case(case)
         audits["cuda"] = audit_outcome(module, (batch,), f"lightning:{precision}", timeout, device="cuda")
-    return real, audits, extra
+    real_cuda = {}
+    if truth == "cuda" and "cuda" in devices:  # the same fit and validation on a GPU trainer
+        module, batch, _ = build_case(case)
+        real_cuda["train"] = lit.fit(module, batch, precision, with_callback=False, accelerator="gpu").outcome  # type: ignore[arg-type]
+        module, batch, _ = build_case(case)
+        real_cuda["eval"] = lit.validate(module, batch, precision, accelerator="gpu")  # type: ignore[arg-type]
+    return real, audits, extra, real_cuda
 
 
-def evaluate(case: RecipeCase, devices: tuple[str, ...] = DEVICES, timeout: int = 120) -> dict[str, Any]:
-    """Run the case for real (truth), audit it on each device, score each half."""
+def evaluate(
+    case: RecipeCase, devices: tuple[str, ...] = DEVICES, timeout: int = 120, truth: str = "cpu"
+) -> dict[str, Any]:
+    """Run the case for real (truth), audit it on each device, score each half; ``truth="cuda"``:
+    the simulated-CUDA half against the recipe run for real on the CUDA device."""
     start = time.perf_counter()
     torch.manual_seed(case.seed)
     _, _, planted = build_case(case)  # NotApplicable surfaces here, before any run
     extra: dict[str, Any] = {}
     if RECIPES[case.recipe].lightning:
-        real, audits, extra = _lightning_recipe(case, devices, timeout)
+        real, audits, extra, real_cuda = _lightning_recipe(case, devices, timeout, truth)
     else:
-        real, audits = _code_recipe(case, devices, timeout)
+        real, audits, real_cuda = _code_recipe(case, devices, timeout, truth)
     halves = {}
     for device, audit in audits.items():
-        s = score(real, audit, planted.expected_origin if planted else None)
-        halves[device] = {"outcome": outcome(s, device), "score": asdict(s), "audit": _audit_view(audit)}
+        truth_here = real_cuda if device == "cuda" and real_cuda else real
+        s = score(truth_here, audit, planted.expected_origin if planted else None)
+        halves[device] = {"outcome": outcome(s, device, truth), "score": asdict(s), "audit": _audit_view(audit)}
     return {
         "case": asdict(case),
+        "truth": truth,
         "planted": asdict(planted) if planted else None,
         "real": {m: asdict(r) for m, r in real.items()},
+        **({"real_cuda": {m: asdict(r) for m, r in real_cuda.items()}} if real_cuda else {}),
         "halves": halves,
         **extra,
         "seconds": round(time.perf_counter() - start, 3),
@@ -169,4 +201,14 @@ def real_failed(record: dict[str, Any]) -> bool:
     return any(r["status"] == "dtype_error" for r in record["real"].values())
 
 
-__all__ = ["DEVICES", "RealOutcome", "RecipeCase", "build_case", "evaluate", "fault_cases", "outcome", "real_failed"]
+__all__ = [
+    "DEVICES",
+    "TRUTHS",
+    "RealOutcome",
+    "RecipeCase",
+    "build_case",
+    "evaluate",
+    "fault_cases",
+    "outcome",
+    "real_failed",
+]

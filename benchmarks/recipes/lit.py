@@ -45,12 +45,12 @@ def _loader(batch: Any) -> Any:
     return DataLoader([batch], batch_size=None)  # one batch, as built: no collation
 
 
-def _trainer(precision: str, callbacks: list[Any]) -> pl.Trainer:
+def _trainer(precision: str, callbacks: list[Any], accelerator: str = "cpu") -> pl.Trainer:
     for name in ("lightning.pytorch", "lightning.fabric", "lightning", "castwise"):
         logging.getLogger(name).setLevel(logging.ERROR)  # the benchmark prints tables, not fit chatter
     warnings.filterwarnings("ignore")
     return pl.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=1,
         precision=precision,  # type: ignore[arg-type]  # Lightning's own literal type
         max_steps=1,
@@ -78,12 +78,12 @@ class FitResult:
     audit: AuditOutcome | None = None  # the callback's report, when it ran
 
 
-def fit(module: LitRecipe, batch: Any, precision: str, with_callback: bool) -> FitResult:
+def fit(module: LitRecipe, batch: Any, precision: str, with_callback: bool, accelerator: str = "cpu") -> FitResult:
     """One training step (``trainer.fit``), with validation off; with the callback, its report."""
     from castwise.lightning import CastwiseAuditError, CastwiseCallback
 
     callback = CastwiseCallback(mode="both") if with_callback else None
-    trainer = _trainer(precision, [callback] if callback else [])
+    trainer = _trainer(precision, [callback] if callback else [], accelerator)
     start = time.perf_counter()
     error: BaseException | None = None
     try:
@@ -122,9 +122,9 @@ def callback_outcome(callback: Any, error: BaseException | None, seconds: float)
     )
 
 
-def validate(module: LitRecipe, batch: Any, precision: str) -> RealOutcome:
+def validate(module: LitRecipe, batch: Any, precision: str, accelerator: str = "cpu") -> RealOutcome:
     """The eval truth: ``trainer.validate`` on the batch (no_grad, eval mode), no callback."""
-    trainer = _trainer(precision, [])
+    trainer = _trainer(precision, [], accelerator)
     try:
         trainer.validate(module, dataloaders=_loader(batch), verbose=False)
     except Exception as exc:

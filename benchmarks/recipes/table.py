@@ -66,7 +66,10 @@ def print_tables(records: list[Record]) -> dict[str, Any]:
     for device, c in sorted(t["by_device"].items()):
         n = sum(c.values())
         print(f"{'TOTAL':<24} {device:<6} {n:>5} " + " ".join(f"{c.get(o, 0):>11}" for o in OUTCOMES))
-    print("(cuda = simulated CUDA audit scored against the real CPU run: false errors, crashes, incomplete only)")
+    if any(r.get("truth") == "cuda" for r in records):
+        print("(cuda = simulated CUDA audit scored against the recipe run for real on the CUDA device)")
+    else:
+        print("(cuda = simulated CUDA audit scored against the real CPU run: false errors, crashes, incomplete only)")
     print(
         f"\nplanted faults (cpu): {t['planted']} cases ({t['planted_on_failing_recipes']} not scored: the recipe "
         f"fails without them), {t['planted_real_failures']} fail for real; "

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
 from benchmarks.bench_recipes import main
 from benchmarks.recipes.cases import RecipeCase, evaluate, outcome
 from benchmarks.zoo.cases import quiet
@@ -70,3 +72,14 @@ def test_the_outcome_rule_per_device() -> None:
     assert outcome(_score(failed, missed=True), "cuda") == "ok"
     assert outcome(_score(ok, incomplete=True), "cpu") == "incomplete"
     assert outcome(_score({"train": "other_error", "eval": "other_error"}), "cpu") == "unscored"
+    # against a real CUDA run (--truth cuda) the simulated-CUDA half's misses count
+    assert outcome(_score(failed, missed=True), "cuda", truth="cuda") == "missed"
+
+
+def test_truth_cuda_without_a_gpu_fails_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    # this machine has no CUDA device (CI runs on CPU): the option says so before running anything
+    assert not torch.cuda.is_available()
+    with pytest.raises(SystemExit) as exc:
+        main(["--models", "gpt2", "--recipes", "autocast-bf16", "--truth", "cuda"])
+    assert exc.value.code == 2
+    assert "--truth cuda: no CUDA device" in capsys.readouterr().err
