@@ -148,7 +148,7 @@ def _lightning_recipe(
     return real, audits, extra, real_cuda
 
 
-def _hf_recipe(case: RecipeCase, devices: tuple[str, ...], timeout: int) -> tuple[dict[str, Any], ...]:
+def _hf_recipe(case: RecipeCase, devices: tuple[str, ...], timeout: int, truth: str) -> tuple[dict[str, Any], ...]:
     from benchmarks.recipes import hf
 
     precision = RECIPES[case.recipe].trainer
@@ -172,7 +172,13 @@ def _hf_recipe(case: RecipeCase, devices: tuple[str, ...], timeout: int) -> tupl
         policy = trainer_precision(types.SimpleNamespace(bf16=precision == "bf16", fp16=precision == "fp16"))
         module, batch, _ = build_case(case)
         audits["cuda"] = audit_outcome(module, batch, policy, timeout, device="cuda")
-    return real, audits, extra, {}
+    real_cuda = {}
+    if truth == "cuda" and "cuda" in devices:  # the same Trainer step and eval on the GPU
+        module, batch, _ = build_case(case)
+        real_cuda["train"] = hf.fit(module, batch, precision, with_callback=False, use_cpu=False).outcome
+        module, batch, _ = build_case(case)
+        real_cuda["eval"] = hf.evaluate_eval(module, batch, precision, device="cuda")
+    return real, audits, extra, real_cuda
 
 
 def evaluate(
@@ -190,7 +196,7 @@ def _evaluate(case: RecipeCase, devices: tuple[str, ...], timeout: int, truth: s
     _, _, planted = build_case(case)  # NotApplicable surfaces here, before any run
     extra: dict[str, Any] = {}
     if RECIPES[case.recipe].trainer:
-        real, audits, extra, real_cuda = _hf_recipe(case, devices, timeout)
+        real, audits, extra, real_cuda = _hf_recipe(case, devices, timeout, truth)
     elif RECIPES[case.recipe].lightning:
         real, audits, extra, real_cuda = _lightning_recipe(case, devices, timeout, truth)
     else:

@@ -19,9 +19,10 @@ from benchmarks.recipes.lit import FitResult, _outcome
 from benchmarks.recipes.wrappers import loss_of
 from benchmarks.zoo.scoring import AuditOutcome, RealOutcome, first_line, view
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 
-def _trainer(model: nn.Module, batch: Any, precision: str, callbacks: list[Any], out: str) -> Any:
+def _trainer(model: nn.Module, batch: Any, precision: str, callbacks: list[Any], out: str, use_cpu: bool = True) -> Any:
     from torch.utils.data import DataLoader
     from transformers import Trainer, TrainingArguments
 
@@ -38,7 +39,7 @@ def _trainer(model: nn.Module, batch: Any, precision: str, callbacks: list[Any],
 
     args = TrainingArguments(
         output_dir=out,
-        use_cpu=True,
+        use_cpu=use_cpu,
         max_steps=1,
         report_to=[],
         save_strategy="no",
@@ -56,7 +57,7 @@ def _trainer(model: nn.Module, batch: Any, precision: str, callbacks: list[Any],
     return trainer
 
 
-def fit(model: nn.Module, batch: Any, precision: str, with_callback: bool) -> FitResult:
+def fit(model: nn.Module, batch: Any, precision: str, with_callback: bool, use_cpu: bool = True) -> FitResult:
     """One ``trainer.train()`` step; with the callback, its report as the audit's outcome."""
     from castwise.integrations.transformers import CastwiseAuditError, CastwiseTrainerCallback
 
@@ -65,7 +66,7 @@ def fit(model: nn.Module, batch: Any, precision: str, with_callback: bool) -> Fi
     error: BaseException | None = None
     with tempfile.TemporaryDirectory() as out:
         try:
-            _trainer(model, batch, precision, [callback] if callback else [], out).train()
+            _trainer(model, batch, precision, [callback] if callback else [], out, use_cpu).train()
         except (CastwiseAuditError, Exception) as exc:
             error = exc
     audit = None
@@ -95,13 +96,16 @@ def _callback_outcome(callback: Any, error: BaseException | None, seconds: float
     )
 
 
-def evaluate_eval(model: nn.Module, batch: Any, precision: str) -> RealOutcome:
+def evaluate_eval(model: nn.Module, batch: Any, precision: str, device: str = "cpu") -> RealOutcome:
     """The eval truth: the model's forward in eval mode under no_grad and the Trainer's autocast
-    (what ``trainer.evaluate``'s prediction step runs: ``autocast_smart_context_manager``)."""
+    (Accelerate's autocast around the prepared model's forward)."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     model.eval()
+    if device != "cpu":
+        model = model.to(device)
+        batch = tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
     try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        with torch.no_grad(), torch.autocast(device, dtype=dtype):
             loss_of(model, batch)
     except Exception as exc:
         return _outcome(exc)
