@@ -264,6 +264,8 @@ def fsdp2(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
     def prepare(model: nn.Module, inputs: Any) -> Built:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        if any(p.dim() == 0 for p in model.parameters()):
+            raise NotApplicable("fully_shard refuses scalar parameters (CLIP's logit_scale)")
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for blocks in wrappers.block_lists(model):
             for block in blocks:
