@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,9 +43,11 @@ def build_case(case: RecipeCase) -> tuple[nn.Module, Any, PlantedFault | None]:
     sees them: relative to what the user runs)."""
     recipe = RECIPES[case.recipe]
     model, inputs = build(case.model, case.seed)
-    module, inputs = recipe.prepare(model, inputs)
     planted = None
-    if case.fault is not None:
+    if case.fault is not None and recipe.plant_first:
+        planted = FAULTS[case.fault].plant(model, random.Random(case.seed))
+    module, inputs = recipe.prepare(model, inputs)
+    if case.fault is not None and not recipe.plant_first:
         planted = FAULTS[case.fault].plant(module, random.Random(case.seed))
     return module, inputs, planted
 
@@ -145,16 +148,56 @@ def _lightning_recipe(
     return real, audits, extra, real_cuda
 
 
+def _hf_recipe(case: RecipeCase, devices: tuple[str, ...], timeout: int, truth: str) -> tuple[dict[str, Any], ...]:
+    from benchmarks.recipes import hf
+
+    precision = RECIPES[case.recipe].trainer
+    assert precision is not None
+    module, batch, _ = build_case(case)
+    plain = hf.fit(module, batch, precision, with_callback=False)
+    module, batch, _ = build_case(case)
+    real = {"train": plain.outcome, "eval": hf.evaluate_eval(module, batch, precision)}
+    audits: dict[str, AuditOutcome] = {}
+    extra: dict[str, Any] = {}
+    if "cpu" in devices:
+        module, batch, _ = build_case(case)
+        with_cb = hf.fit(module, batch, precision, with_callback=True)
+        assert with_cb.audit is not None
+        audits["cpu"] = with_cb.audit
+        if plain.weights is not None and with_cb.weights is not None:
+            extra["fit_same"] = all(torch.equal(plain.weights[k], with_cb.weights[k]) for k in plain.weights)
+    if "cuda" in devices:  # what the callback audits on a GPU trainer
+        from castwise.integrations.transformers import trainer_precision
+
+        policy = trainer_precision(types.SimpleNamespace(bf16=precision == "bf16", fp16=precision == "fp16"))
+        module, batch, _ = build_case(case)
+        audits["cuda"] = audit_outcome(module, batch, policy, timeout, device="cuda")
+    real_cuda = {}
+    if truth == "cuda" and "cuda" in devices:  # the same Trainer step and eval on the GPU
+        module, batch, _ = build_case(case)
+        real_cuda["train"] = hf.fit(module, batch, precision, with_callback=False, use_cpu=False).outcome
+        module, batch, _ = build_case(case)
+        real_cuda["eval"] = hf.evaluate_eval(module, batch, precision, device="cuda")
+    return real, audits, extra, real_cuda
+
+
 def evaluate(
     case: RecipeCase, devices: tuple[str, ...] = DEVICES, timeout: int = 120, truth: str = "cpu"
 ) -> dict[str, Any]:
     """Run the case for real (truth), audit it on each device, score each half; ``truth="cuda"``:
     the simulated-CUDA half against the recipe run for real on the CUDA device."""
+    with RECIPES[case.recipe].session():
+        return _evaluate(case, devices, timeout, truth)
+
+
+def _evaluate(case: RecipeCase, devices: tuple[str, ...], timeout: int, truth: str) -> dict[str, Any]:
     start = time.perf_counter()
     torch.manual_seed(case.seed)
     _, _, planted = build_case(case)  # NotApplicable surfaces here, before any run
     extra: dict[str, Any] = {}
-    if RECIPES[case.recipe].lightning:
+    if RECIPES[case.recipe].trainer:
+        real, audits, extra, real_cuda = _hf_recipe(case, devices, timeout, truth)
+    elif RECIPES[case.recipe].lightning:
         real, audits, extra, real_cuda = _lightning_recipe(case, devices, timeout, truth)
     else:
         real, audits, real_cuda = _code_recipe(case, devices, timeout, truth)
@@ -189,7 +232,8 @@ def fault_cases(models: list[str], recipes: list[str], per_recipe: int, seed: in
                 break
             case = RecipeCase(rng.choice(models), name, classes[i % len(classes)], seed * 1000 + r * 100 + i)
             try:
-                build_case(case)
+                with RECIPES[name].session():
+                    build_case(case)
             except (NotApplicable, KeyError):  # no place for it (a wrapper's delegated ``bias``)
                 continue
             out.append(case)

@@ -9,8 +9,9 @@ whose fault classes make sense under the recipe (benchmarks/zoo/faults.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +130,11 @@ class Recipe:
     faults: str  # the zoo situation whose fault classes are planted under this recipe
     lightning: str | None = None  # the Trainer's precision string (a Lightning recipe)
     doc: str = ""
+    trainer: str | None = None  # the HF Trainer's precision flag ("bf16" / "fp16"): an HF Trainer recipe
+    # where a planted fault goes: into the model the user built, before the recipe's code takes it
+    # (an engine's cast or FSDP2's sharding sees the bug), or into what the user runs
+    plant_first: bool = False
+    session: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def _frozen_parts_to(model: nn.Module, dtype: torch.dtype) -> None:
@@ -214,6 +220,66 @@ def float8_emulated(model: nn.Module, inputs: Any) -> Built:
     return wrappers.OwnAutocast(model, BF16), inputs
 
 
+def _floats_to(inputs: Any, dtype: torch.dtype) -> Any:
+    return tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, inputs)
+
+
+def deepspeed(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
+    """DeepSpeed's engine in fp16/bf16 mode: ``DeepSpeedEngine._cast_module_mixed_precision``
+    (deepspeed 0.19) casts every floating parameter to the engine's dtype and keeps the buffers
+    as loaded (rotary ``inv_freq`` stays f32); no autocast; the HF Trainer under DeepSpeed casts
+    the batch's floating inputs to that dtype (``_prepare_input``)."""
+
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        for p in model.parameters():
+            if p.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+        return model, _floats_to(inputs, dtype)
+
+    return prepare
+
+
+@contextlib.contextmanager
+def fake_group() -> Iterator[None]:
+    """torch.distributed's fake process group (rank 0 of 2, collectives do nothing) for one case:
+    FSDP2 runs for real on CPU; destroyed after, so the other recipes' trainers see no group."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp2(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
+    """torch's FSDP2 ``fully_shard`` per block and at the root with ``MixedPrecisionPolicy(
+    param_dtype=dtype, reduce_dtype=f32)`` (torchtitan's): parameters stored f32 and gathered in
+    ``dtype``, each unit's floating inputs cast to it, outputs left as computed."""
+
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if any(p.dim() == 0 for p in model.parameters()):
+            raise NotApplicable("fully_shard refuses scalar parameters (CLIP's logit_scale)")
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for blocks in wrappers.block_lists(model):
+            for block in blocks:
+                fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        return model, inputs
+
+    return prepare
+
+
+def hf_trainer(model: nn.Module, inputs: Any) -> Built:
+    return model, inputs  # the Trainer itself is the recipe (benchmarks/recipes/hf.py)
+
+
 def lightning(precision: str, hf_gc: bool = False) -> Callable[[nn.Module, Any], Built]:
     def prepare(model: nn.Module, inputs: Any) -> Built:
         from benchmarks.recipes.lit import LitRecipe
@@ -243,6 +309,24 @@ _RECIPES = [
         "bf16-mixed",
         lightning="bf16-mixed",
         doc="Lightning Trainer(bf16-mixed) + CastwiseCallback, HF gradient_checkpointing_enable()",
+    ),
+]
+_RECIPES += [
+    *(
+        Recipe(f"hf-trainer-{p}", hf_trainer, s, trainer=p, doc=f"HF Trainer({p}=True) + CastwiseTrainerCallback")
+        for p, s in (("bf16", "bf16-mixed"), ("fp16", "16-mixed"))
+    ),
+    *(
+        Recipe(f"deepspeed-{n}", deepspeed(d), s, plant_first=True, doc=f"DeepSpeed {n}: params cast by the engine")
+        for n, d, s in (("bf16", BF16, "bf16-hand"), ("fp16", F16, "f16-hand"))
+    ),
+    Recipe(
+        "fsdp2-bf16",
+        fsdp2(BF16),
+        "bf16-mixed",
+        plant_first=True,
+        session=fake_group,
+        doc="FSDP2 fully_shard(MixedPrecisionPolicy(bf16, reduce f32)) per block, fake process group",
     ),
 ]
 if importlib.util.find_spec("torchao") is not None:

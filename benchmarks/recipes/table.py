@@ -76,7 +76,7 @@ def print_tables(records: list[Record]) -> dict[str, Any]:
         f"detected {_pct(t['planted_detected'], t['planted_real_failures'])}, "
         f"origin right {_pct(t['planted_origin_right'], t['planted_detected'])}; outcomes {t['planted_outcomes']}"
     )
-    print(f"Lightning fits with the callback reach the same weights as without: {t['lightning_fit_same']}")
+    print(f"trainer fits (Lightning, HF) with the callback end with the same weights: {t['lightning_fit_same']}")
     print(f"harness errors {t['harness_errors']}, not applicable {t['not_applicable']}")
     print_failing_classes(records)
     return t

@@ -83,7 +83,7 @@ class CheckpointBlock(nn.Module):
             return getattr(super().__getattr__("block"), name)
 
 
-def _block_lists(model: nn.Module) -> list[nn.Module]:
+def block_lists(model: nn.Module) -> list[nn.Module]:
     """The outermost ModuleLists / Sequentials whose entries are blocks (modules with children)."""
     found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
@@ -98,7 +98,7 @@ def _block_lists(model: nn.Module) -> list[nn.Module]:
 def checkpoint_blocks(model: nn.Module, use_reentrant: bool) -> int:
     """Wrap every block of ``model`` in ``CheckpointBlock``; returns how many."""
     count = 0
-    for blocks in _block_lists(model):
+    for blocks in block_lists(model):
         for i, child in enumerate(list(blocks)):
             blocks[i] = CheckpointBlock(child, use_reentrant)
             count += 1

@@ -3,6 +3,7 @@ autocast through ``torch.amp.autocast("cuda")`` and runs the same dtypes, as on 
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -64,3 +65,34 @@ def test_a_gradient_checkpointed_llama_is_clean_on_simulated_cuda(use_reentrant:
     report = castwise.audit(model, {"input_ids": ids, "labels": ids}, policy="bf16-mixed", device="cuda", mode="train")
     assert report.ok, str(report)
     assert not report.findings, str(report)
+
+
+def test_a_block_given_its_tensors_by_keyword_recomputes_under_the_gpus_autocast() -> None:
+    # non-reentrant checkpoint reads the device whose autocast it restores off the positional
+    # tensors; with none (diffusers' up blocks get theirs by keyword) it takes its default device type, which a
+    # CPU run on this machine cached as "cpu": a GPU machine answers "cuda"
+    calls: list[bool] = []
+
+    class ByKeyword(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def block(self, *, h: torch.Tensor) -> torch.Tensor:
+            calls.append(torch.is_autocast_enabled(h.device.type))
+            return torch.relu(self.b(h))  # bf16 h into an f32 layer: refused without autocast
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                h = self.a(x)
+                fn = functools.partial(self.block, h=h)
+                return checkpoint.checkpoint(fn, use_reentrant=False).float().sum()
+
+    cached = checkpoint.DefaultDeviceType._default_device_type
+    try:
+        checkpoint.DefaultDeviceType.get_device_type()  # a CPU run asked first: "cpu" cached
+        report = castwise.audit(ByKeyword(), torch.randn(2, 8), device="cuda", mode="train")
+    finally:
+        checkpoint.DefaultDeviceType._default_device_type = cached
+    assert report.ok, str(report)
+    assert calls == [True, True]  # the forward and the recompute, both under the GPU's autocast

@@ -3,6 +3,7 @@ make a bf16 model "float32 with one module cast by hand" (issue 21, item 6)."""
 
 from __future__ import annotations
 
+import copy
 import types
 
 import pytest
@@ -67,3 +68,29 @@ def test_one_module_cast_by_hand_in_a_float32_model_is_still_that_module() -> No
     model[2].to(torch.bfloat16)
     report = castwise.audit(model, torch.randint(0, 50_000, (2, 3)), mode="train")
     assert [(f.code, f.module) for f in report.errors][:1] == [("CW113", "2")]
+
+
+class _F64UnderAutocast(nn.Module):
+    """The user's own bf16 autocast around an f32 model with one layer left in f64 (``.double()``):
+    autocast casts f32 only, so the f64 layer meets the bf16 activations and the real run fails."""
+
+    def __init__(self, left: str) -> None:
+        super().__init__()
+        self.a, self.b, self.norm = nn.Linear(16, 16), nn.Linear(16, 16), nn.LayerNorm(16)
+        getattr(self, left).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.norm(self.b(self.a(x)))
+
+
+@pytest.mark.parametrize("left", ["b", "norm"])
+def test_a_layer_left_in_f64_under_autocast_is_the_origin_not_autocasts_activation(left: str) -> None:
+    model, x = _F64UnderAutocast(left), torch.randn(2, 16)
+    with pytest.raises(RuntimeError):
+        copy.deepcopy(model)(x)  # the real run fails
+    report = castwise.audit(model, x, mode="eval")
+    first = report.errors[0]
+    assert first.module == left
+    # the bf16 activation is what the user's autocast makes; the f64 weight is what was changed
+    assert first.origin is not None and first.origin.module == left, str(report)

@@ -215,3 +215,36 @@ def test_an_island_without_parameters_is_cast_by_castwise_not_gathered() -> None
     units = _units(report)
     assert report.ok and units["model.layers.0.mlp.act_fn"]["kind"] == "island"
     assert (units["model.layers.0.mlp.act_fn"]["params"], units["model.layers.0.mlp.act_fn"]["inputs"]) == (0, "f32")
+
+
+class _Unit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x))
+
+
+@pytest.mark.parametrize("odd", ["trainable", "frozen", "none"])
+def test_a_unit_with_mixed_parameter_dtypes_is_found_before_fsdp2_refuses_it(odd: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Unit(), _Unit())
+    if odd != "none":
+        model[1].norm.double()  # one module left in f64 inside a unit
+        model[1].norm.requires_grad_(odd == "trainable")
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for unit in model:
+        torch_fully_shard(unit, mp_policy=mp)
+    torch_fully_shard(model, mp_policy=mp)
+    x = torch.randn(2, 8)
+    report = castwise.audit(model, x, mode="train")
+    found = [f for f in report.errors if "uniform original parameter dtype" in f.message]
+    if odd == "trainable":
+        with pytest.raises(AssertionError, match="uniform original parameter dtype"):
+            model(x)  # torch refuses it at the unit's first forward
+        assert [(f.code, f.module) for f in found] == [("CW113", "1.norm")], str(report)
+        assert found[0].origin is not None and found[0].origin.module == "1.norm"
+    else:
+        model(x).float().sum().backward()  # FSDP2 checks trainable parameters only: this runs
+        assert not found, str(report)

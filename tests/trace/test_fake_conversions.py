@@ -9,9 +9,12 @@ Couldn't swap Linear.weight``) and became a false CW130. Truth is the real run o
 from __future__ import annotations
 
 import copy
+import functools
+from typing import Any
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 import castwise
@@ -143,3 +146,56 @@ def test_switch_transformers_router_recast_is_no_false_cw130() -> None:
     # the whole model was checked: its experts' f"expert_{idx[0]}" lookup formats the fake index's value
     assert [f.code for f in report.findings if f.code == "CW902"] == []
     assert torch.Tensor.__format__.__module__ == "torch._tensor"  # torch's own formatting is back
+
+
+class _CheckpointedLayer(nn.Module):
+    """A decoder layer run under ``checkpoint(use_reentrant=True)`` in training, its keyword
+    arguments bound with ``functools.partial`` (as Hugging Face does for the reentrant mode)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        fn = functools.partial(self.layer, **kwargs)
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=True)
+
+
+def test_transformers_takes_its_eager_path_under_fake_tensors_as_under_real_ones() -> None:
+    from transformers import BartConfig, BartForConditionalGeneration
+    from transformers.utils.import_utils import is_tracing
+
+    seen: list[bool] = []
+
+    class AsksIfTraced(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(is_tracing(x))
+            return x * 2
+
+    castwise.audit(AsksIfTraced(), torch.randn(2, 4), mode="eval")
+    assert seen == [False]  # as the real run answers: no trace, no compile, no export
+
+    # BART's decoder under reentrant checkpointing: the recompute in backward runs with the
+    # cache grown by the first pass; SDPA's is_causal (the eager path) takes it, and the real
+    # run trains. A mask built for the first pass (the compile path) refused it: a false CW130.
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=64,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
+    model = BartForConditionalGeneration(config)
+    layers = model.model.decoder.layers
+    layers[0] = _CheckpointedLayer(layers[0])
+    inputs = {"input_ids": torch.randint(0, 64, (2, 8)), "decoder_input_ids": torch.randint(0, 64, (2, 5))}
+    real = copy.deepcopy(model).train()
+    real(**inputs).logits.float().sum().backward()  # truth: the real run trains
+    for device in ("cpu", "cuda"):
+        report = castwise.audit(model, inputs, mode="train", device=device)
+        assert not report.errors, str(report)

@@ -156,9 +156,11 @@ def _blame(
     culprits: list[int],
     compute: torch.dtype,
     stray: bool,
+    autocast: torch.dtype | None = None,
 ) -> tuple[list[int], list[Prov]]:
     """The culprits' provenance; when the table blames this module's own weights, the operand that
-    differs from them instead, unless the weights are the odd ones (off the compute dtype)."""
+    differs from them instead, unless the weights are the odd ones: off the dtypes the run makes
+    there (the compute dtype, and autocast's where it is on), the others in them."""
     culprit_provs = [p for p in (provs[i] for i in culprits if i < len(provs)) if p is not None]
     causes = [p for p in culprit_provs if not _own(p, module)]
     if culprit_provs and not causes and not stray:
@@ -172,7 +174,10 @@ def _blame(
             and dtypes[i] != wrong
             and not _own(p, module)
         ]
-        if others and not (wrong != compute and all(p.dtype == compute for p in others)):
+        # under autocast its dtype is what the policy makes: a bf16 activation meeting an f64
+        # weight autocast leaves alone (it casts f32 only) is the run's, the weight the user's
+        usual = {compute} if autocast is None else {compute, autocast}
+        if others and not (wrong not in usual and all(p.dtype in usual for p in others)):
             causes = others
             culprits = [i for i, p in enumerate(provs) if p is not None and p in causes]
     return culprits, causes or culprit_provs
@@ -208,12 +213,15 @@ def make_ctx(
     if stray:
         # a tensor the policy left off its dtype (CW122) is the odd one wherever it meets others
         culprits = stray
-    if not stray and autocast is None and culprits and all(dtypes[i] == compute for i in culprits if i < len(dtypes)):
-        # outside autocast the model's own dtype is the norm: the operand off it is the odd one
-        odd = [i for i in floats if dtypes[i] != compute]
+    # the model's own dtype is the norm, and under autocast autocast's too: where the table blames
+    # an operand in them, the operand off them is the odd one (an f64 weight autocast leaves alone
+    # meets its bf16 activation: the weight is what the user changed)
+    usual = {compute} if autocast is None else {compute, autocast}
+    if not stray and culprits and all(dtypes[i] in usual for i in culprits if i < len(dtypes)):
+        odd = [i for i in floats if dtypes[i] not in usual]
         if odd:
             culprits = odd
-    culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray))
+    culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray), autocast)
     return Ctx(
         phase,
         module,

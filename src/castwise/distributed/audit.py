@@ -32,7 +32,7 @@ import torch
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
-from castwise.report import Report
+from castwise.report import Finding, Origin, Report
 
 if TYPE_CHECKING:
     from torch import nn
@@ -116,6 +116,54 @@ def records_of(model: nn.Module) -> tuple[list[UnitPlan], dict[int, torch.dtype]
     have = {r.name for r in records}
     records[:-1] = records[:-1] + [u for u in (plan.units if plan else ()) if u.name not in have and u.name]
     return records, gather_of
+
+
+def mixed_unit_findings(model: nn.Module, modes: tuple[Any, ...]) -> list[Finding]:
+    """A CW113 error per FSDP2 unit whose trainable parameters are stored in more than one dtype:
+    torch's FSDP2 refuses that at the unit's first forward (``FSDPParamGroup._init_mp_dtypes``:
+    "FSDP expects uniform original parameter dtype"), whatever its ``MixedPrecisionPolicy``, so
+    the run stops before any op; the view gathers them all in one dtype and would pass."""
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    found: list[Finding] = []
+    for unit, _module, state in _states(model):
+        trainable = [fp.sharded_param for fp in _fsdp_params(state) if fp.sharded_param.requires_grad]
+        by_dtype: Counter[torch.dtype] = Counter()
+        for p in trainable:
+            by_dtype[p.dtype] += _global_numel(p)
+        if len(by_dtype) < 2:
+            continue
+        usual = by_dtype.most_common(1)[0][0]
+        odd = [names.get(id(p), "?") for p in trainable if p.dtype != usual]
+        owner = odd[0].rpartition(".")[0]
+        odd_dtype = next(p.dtype for p in trainable if p.dtype != usual)
+        where = f"`{unit}`" if unit else "the root unit"
+        shown = ", ".join(sorted(str(d) for d in by_dtype))
+        found.append(
+            Finding(
+                code="CW113",
+                message=(
+                    f"FSDP2 unit {where} holds trainable parameters in {_short(odd_dtype)} (`{odd[0]}`"
+                    f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''}) and {_short(usual)}: torch's "
+                    f"fully_shard refuses it at the unit's first forward (AssertionError: FSDP expects uniform "
+                    f"original parameter dtype but got {{{shown}}}), before any op runs."
+                ),
+                module=owner,
+                origin=Origin(owner or None, None, f"param {odd[0]}"),
+                modes=modes,
+                fix=(
+                    f"Cast `{owner or 'the model'}` to {_short(usual)} with the rest of the unit before "
+                    f"fully_shard, or make it its own unit (fully_shard(model.{owner}) first) if it is meant "
+                    f"to be stored in {_short(odd_dtype)}."
+                ),
+            )
+        )
+    return found
+
+
+def _short(dtype: torch.dtype) -> str:
+    from castwise._dtypes import short_of
+
+    return short_of(dtype)
 
 
 # -- the view ----------------------------------------------------------------------------------
@@ -319,6 +367,9 @@ def audit_sharded(
             view, inputs, plan.policy, found, device or _device_of(model), mode
         )
     report.extra["units"] = [_unit_dict(u, world) for u in records]
+    if is_sharded(model):
+        modes = tuple(dict.fromkeys(r.mode for r in report.runs))
+        report.findings = [*mixed_unit_findings(model, modes), *report.findings]
     return report
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,3 +201,31 @@ def scalar_formatting() -> Iterator[None]:
         yield
     finally:
         torch.Tensor.__format__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def untraced_look() -> Iterator[None]:
+    """While a fake audit runs, transformers does not take the fake tensors for a trace.
+
+    ``transformers.utils.import_utils.is_tracing`` counts a FakeTensor as tracing (torch.export
+    runs on them), and model code then takes its compile path: the causal mask is built as a
+    tensor instead of SDPA's ``is_causal`` (masking_utils' ``_ignore_causal_mask_sdpa``), and
+    value checks are skipped. The real run takes the eager path, so the audit would check
+    another one: BART under reentrant checkpointing recomputes its decoder with the grown cache,
+    which ``is_causal`` takes and the mask built for the first pass refuses. The fake run answers
+    value questions itself (trace/values.py), so it can take the eager path. Only a transformers
+    already imported is changed (castwise never imports it); restored on exit."""
+    module = sys.modules.get("transformers.utils.import_utils")
+    original = getattr(module, "is_fake_tensor", None)
+    if module is None or original is None:
+        yield
+        return
+
+    def is_fake_tensor(x: Any) -> bool:
+        return False
+
+    module.is_fake_tensor = is_fake_tensor  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        module.is_fake_tensor = original  # type: ignore[attr-defined]

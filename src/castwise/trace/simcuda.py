@@ -252,6 +252,16 @@ def _patched(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -
             setattr(module, name, original)
 
 
+def _host_default_type() -> str:
+    """What torch's checkpoint finds as its default device type on this machine (its lazy
+    default: the current accelerator, else "cpu"): a value cached from it, not set by the user's
+    code (``DefaultDeviceType.set_device_type``, as far as castwise can tell), which a checkpoint
+    of a block whose tensors all come as keyword arguments reads for the device whose autocast it
+    recomputes under. On a GPU machine that is "cuda"."""
+    acc = torch.accelerator.current_accelerator(True)
+    return acc.type if acc is not None else "cpu"
+
+
 @contextlib.contextmanager
 def simulated_cuda(device: Device) -> Iterator[None]:
     """While a fake audit simulates ``device`` (a CUDA one), code that asks torch about the GPU
@@ -262,10 +272,13 @@ def simulated_cuda(device: Device) -> Iterator[None]:
         yield
         return
     # checkpoint caches the default device type the first time it is asked: what it caches
-    # under the simulation must not outlive it
+    # under the simulation must not outlive it, and what this machine cached before (a CPU run's
+    # "cpu") is not what a GPU machine answers
     default_type = torch.utils.checkpoint.DefaultDeviceType._default_device_type
     outer_host, _host_answer = _host_answer, host_has_cuda()
     try:
+        if default_type is not None and default_type == _host_default_type():
+            torch.utils.checkpoint.DefaultDeviceType._default_device_type = None
         # the guard first, while torch still gives this machine's answer (cuda_guard.py: fake CUDA
         # tensors carry gradients on CPU-only builds too)
         with stand_in_guard(), _patched(torch.cuda, _answers(device.capability)):
