@@ -56,7 +56,9 @@ def main(args):
     args = parse_args(args)
     torch.manual_seed(0)
     open_clip.add_model_config(Path(__file__).with_name(f"{args.model}.json"))
-    model = open_clip.create_model(args.model, pretrained=None, precision=args.precision, device="cpu", output_dict=True)
+    model = open_clip.create_model(
+        args.model, pretrained=None, precision=args.precision, device="cpu", output_dict=True
+    )
     if args.model_dtype == "bf16":
         model = model.to(torch.bfloat16)
     loss = open_clip.ClipLoss()

@@ -62,7 +62,13 @@ def main():
     torch.manual_seed(42)
     device = torch.device("cpu")
     model = timm.create_model(
-        args.model, pretrained=False, num_classes=args.num_classes, img_size=32, patch_size=8, embed_dim=32, depth=2,
+        args.model,
+        pretrained=False,
+        num_classes=args.num_classes,
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=2,
         num_heads=2,
     )
     model_dtype = getattr(torch, args.model_dtype) if args.model_dtype else None
