@@ -37,7 +37,7 @@ def _rule(clause: str) -> Any:
 def _idle(rule: Any, model: nn.Module, ran: set[str]) -> str | None:
     """The first module the rule selects when none of them (nor anything inside them) ran an
     op; None when one ran, or the rule selects nothing."""
-    selected = [name for name, m in model.named_modules() if name and rule.matches(name, m)]
+    selected: list[str] = [name for name, m in model.named_modules() if name and rule.matches(name, m)]
     if not selected or any(is_ancestor(s, m) for s in selected for m in ran):
         return None
     return selected[0]

@@ -71,7 +71,7 @@ class Watcher:
                 watcher._depth -= 1
 
         nn.Module.__call__ = __call__  # type: ignore[method-assign]
-        torch.amp.GradScaler.__init__ = init_scaler  # type: ignore[method-assign]
+        torch.amp.GradScaler.__init__ = init_scaler  # type: ignore[method-assign,assignment]
         try:
             yield self
         finally:
@@ -84,7 +84,11 @@ class Watcher:
             return  # nothing a dtype audit could check: no parameters, or arguments it cannot pass
         from castwise.auditor import audit
 
-        policy = self.policy if self.policy is not None else ambient_policy(_device_type(module, args, kwargs), scaled=self.scaled)
+        policy = (
+            self.policy
+            if self.policy is not None
+            else ambient_policy(_device_type(module, args, kwargs), scaled=self.scaled)
+        )
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
             with random_streams_kept():  # the script's random streams stay as they were
