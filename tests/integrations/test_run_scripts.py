@@ -143,3 +143,13 @@ def test_without_a_grad_scaler_f16_params_are_not_an_unscale_error(tmp_path: Pat
     unet = next(m for m in models if m["model"] == "UNet2DConditionModel")
     assert unet["runs"][0]["policy"] == "16-mixed,loss_scale=none,keep_in_fp32=off"
     assert out.returncode == 0, out.stderr
+
+
+def test_a_loss_scaler_made_through_timm_is_seen(tmp_path: Path) -> None:
+    """timm's NativeScaler makes a torch.amp.GradScaler: the f16 autocast audit scales the loss
+    (and the f32 model trained under it has no finding)."""
+    watched, models = _castwise(tmp_path, "timm_train.py", "--amp", "--amp-dtype", "float16")
+    assert watched.returncode == 0, watched.stderr
+    (vit,) = models
+    assert vit["runs"][0]["policy"] == "16-mixed,keep_in_fp32=off"  # loss scaling: the scaler was seen
+    assert _alarms(models) == []
