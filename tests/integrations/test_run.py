@@ -141,13 +141,13 @@ def test_the_script_exit_code_is_kept(tmp_path: Path) -> None:
 def test_the_watcher_leaves_module_call_rng_and_argv_as_they_were(tmp_path: Path) -> None:
     path = tmp_path / "s.py"
     path.write_text("import torch\nfrom torch import nn\nm = nn.Linear(4, 4)\nm(torch.randn(2, 4))\n")
-    call, argv = nn.Module.__call__, list(sys.argv)
+    call, argv, scaler_init = nn.Module.__call__, list(sys.argv), torch.amp.GradScaler.__init__
     torch.manual_seed(1)
     expected = torch.rand(3)
     torch.manual_seed(1)
     watcher = Watcher()
     assert run_script(str(path), ["x"], watcher) == 0
-    assert nn.Module.__call__ is call and sys.argv == argv
+    assert nn.Module.__call__ is call and sys.argv == argv and torch.amp.GradScaler.__init__ is scaler_init
     assert [name for name, _ in watcher.reports] == ["Linear"]
     # the script drew its own numbers (randn); the audit drew none the script would have seen
     torch.manual_seed(1)
