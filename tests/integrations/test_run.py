@@ -141,13 +141,13 @@ def test_the_script_exit_code_is_kept(tmp_path: Path) -> None:
 def test_the_watcher_leaves_module_call_rng_and_argv_as_they_were(tmp_path: Path) -> None:
     path = tmp_path / "s.py"
     path.write_text("import torch\nfrom torch import nn\nm = nn.Linear(4, 4)\nm(torch.randn(2, 4))\n")
-    call, argv = nn.Module.__call__, list(sys.argv)
+    call, argv, scaler_init = nn.Module.__call__, list(sys.argv), torch.amp.GradScaler.__init__
     torch.manual_seed(1)
     expected = torch.rand(3)
     torch.manual_seed(1)
     watcher = Watcher()
     assert run_script(str(path), ["x"], watcher) == 0
-    assert nn.Module.__call__ is call and sys.argv == argv
+    assert nn.Module.__call__ is call and sys.argv == argv and torch.amp.GradScaler.__init__ is scaler_init
     assert [name for name, _ in watcher.reports] == ["Linear"]
     # the script drew its own numbers (randn); the audit drew none the script would have seen
     torch.manual_seed(1)
@@ -171,3 +171,43 @@ def test_only_root_calls_are_audited_once(tmp_path: Path, inner_first: bool) -> 
             outer(torch.randn(1, 4))
     names = [n for n, _ in watcher.reports]
     assert names == (["Linear", "Sequential"] if inner_first else ["Sequential"])
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_only_rank_0_audits_and_reports(tmp_path: Path, rank: str) -> None:
+    """torchrun / accelerate launch start one process per rank with RANK and LOCAL_RANK set: rank
+    0 audits and reports for all; the others run the script unwatched (no audit, no JSON)."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(CLEAN))
+    report = tmp_path / f"r{rank}.json"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": "2"}
+    out = subprocess.run(
+        [sys.executable, "-m", "castwise", "run", "--json", str(report), str(path), "a", "--lr", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "step 2 loss" in out.stdout
+    assert ("castwise run: Sequential at its first forward" in out.stderr) == (rank == "0")
+    assert report.exists() == (rank == "0")
+
+
+def test_a_forward_with_var_keywords_is_audited_with_its_keywords() -> None:
+    """forward(self, x, **kwargs), called with keywords: the keywords are passed on by name."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.lin(x) * kwargs["scale"]
+            return out
+
+    watcher = Watcher(mode="eval")
+    with watcher.watching():
+        Net()(torch.randn(2, 4), scale=torch.ones(4))
+    assert [name for name, _ in watcher.reports] == ["Net"]

@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from castwise._state import preserved_state
+from castwise.auditor.offered import check_offered
 from castwise.auditor.session import MODES, check_args, run_audit
 from castwise.auditor.suggest import suggest_policy, verify_code_fixes
 from castwise.policy import Policy
@@ -54,7 +55,7 @@ def audit(
     if report.errors:  # an incomplete run alone has nothing for a policy to fix
         report.suggested_policy = suggest_policy(model, inputs, pol, dev, mode, fake, report, runs)
         report = verify_code_fixes(model, inputs, pol, dev, mode, fake, report)
-    return report
+    return check_offered(model, inputs, pol, dev, mode, fake, report, runs)
 
 
 __all__ = ["MODES", "audit", "preserved_state", "suggest_policy"]

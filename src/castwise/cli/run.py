@@ -56,6 +56,10 @@ def run(
         print(f"castwise run: {name} at its first forward", file=sys.stderr)
         print(render_report(report, terminal_width()), file=sys.stderr, flush=True)
 
+    if launched_rank() != 0:
+        # torchrun / accelerate launch: every rank runs the same model; rank 0 audits and reports
+        # for them all, the others run the script as python would, unwatched (no audit, no cost)
+        return _unwatched(script, list(args), as_module)
     watcher = Watcher(policy=policy, device=device, mode=mode, stop=stop, on_report=show)
     try:
         code = run_script(script, list(args), watcher, module=as_module)
@@ -76,3 +80,25 @@ def run(
     if code == 0 and any(r.errors for _, r in watcher.reports):
         return EXIT_FINDINGS
     return code
+
+
+def launched_rank() -> int:
+    """This process's global rank as torchrun and accelerate launch set it (``RANK``, else
+    ``LOCAL_RANK`` on one node); 0 when launched on its own or the value is not a number."""
+    import os
+
+    for var in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _unwatched(script: str, args: list[str], as_module: bool) -> int:
+    from castwise.integrations.run import run_script
+
+    try:
+        return run_script(script, args, None, module=as_module)
+    except Exception:  # the script's own error, as python prints it
+        traceback.print_exc()
+        return 1

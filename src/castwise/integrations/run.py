@@ -5,8 +5,10 @@ exit code). While it runs, ``nn.Module.__call__`` is wrapped: the first time a m
 from outside any other module's forward (a *root* call), castwise audits a fake copy of it with
 fake copies of the real arguments, in the precision the script runs it in (its own
 ``torch.autocast``, unless ``--policy`` replaces it), in train and eval mode, so a crash only
-validation would meet is reported before the first training step runs. The user's model, inputs
-and every global setting are left as they were; the wrapper is removed when the script ends.
+validation would meet is reported before the first training step runs. ``GradScaler.__init__``
+is wrapped too: under f16 autocast the audit scales the loss only once the script has made an
+enabled GradScaler. The user's model, inputs and every global setting are left as they were; the
+wrappers are removed when the script ends.
 """
 
 from __future__ import annotations
@@ -47,11 +49,18 @@ class Watcher:
     _seen: set[int] = field(default_factory=set)
     _depth: int = 0
     _busy: bool = False
+    scaled: bool = False  # an enabled GradScaler was made: the script scales its f16 loss
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Watcher]:
         original = nn.Module.__call__
+        scaler_init = torch.amp.GradScaler.__init__
         watcher = self
+
+        # torch.cuda.amp's, Lightning's, Accelerate's and FSDP's scalers all init through this one
+        def init_scaler(scaler: torch.amp.GradScaler, *args: Any, **kwargs: Any) -> None:
+            scaler_init(scaler, *args, **kwargs)
+            watcher.scaled = watcher.scaled or scaler.is_enabled()
 
         def __call__(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             if watcher._depth == 0 and not watcher._busy and id(module) not in watcher._seen:
@@ -64,10 +73,12 @@ class Watcher:
                 watcher._depth -= 1
 
         nn.Module.__call__ = __call__  # type: ignore[method-assign]
+        torch.amp.GradScaler.__init__ = init_scaler  # type: ignore[method-assign,assignment]
         try:
             yield self
         finally:
             nn.Module.__call__ = original  # type: ignore[method-assign]
+            torch.amp.GradScaler.__init__ = scaler_init  # type: ignore[method-assign]
 
     def _first_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         inputs = _inputs(module, args, kwargs)
@@ -75,7 +86,11 @@ class Watcher:
             return  # nothing a dtype audit could check: no parameters, or arguments it cannot pass
         from castwise.auditor import audit
 
-        policy = self.policy if self.policy is not None else ambient_policy(_device_type(module, args, kwargs))
+        policy = (
+            self.policy
+            if self.policy is not None
+            else ambient_policy(_device_type(module, args, kwargs), scaled=self.scaled)
+        )
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
             with random_streams_kept():  # the script's random streams stay as they were
@@ -91,15 +106,19 @@ class Watcher:
             raise RunStopped(f"castwise run --stop: {name}: {first.code} at `{first.module}`: {first.message}")
 
 
-def ambient_policy(device_type: str) -> str | None:
+def ambient_policy(device_type: str, *, scaled: bool = False) -> str | None:
     """The policy that runs a model as it is called now: the script's own autocast for the
-    model's device type (weights left as they are), or None (no autocast: the model as it is)."""
+    model's device type (weights left as they are), or None (no autocast: the model as it is).
+    Under f16 autocast, loss scaling only where the script made a GradScaler (``scaled``)."""
     if not torch.is_autocast_enabled(device_type):
         return None
     dtype = torch.get_autocast_dtype(device_type)
-    base = {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(dtype)
-    # the script's autocast casts nothing but at each op: no islands castwise would add
-    return None if base is None else f"{base},keep_in_fp32=off"
+    if dtype == torch.bfloat16:
+        # the script's autocast casts nothing but at each op: no islands castwise would add
+        return "bf16-mixed,keep_in_fp32=off"
+    if dtype == torch.float16:
+        return "16-mixed,keep_in_fp32=off" + ("" if scaled else ",loss_scale=off")
+    return None
 
 
 def _device_type(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -120,14 +139,22 @@ def _inputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         bound = inspect.signature(module.forward).bind(*args, **kwargs)
     except (TypeError, ValueError):
         return None
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in bound.signature.parameters.values()):
-        return None
-    return dict(bound.arguments)
+    out: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        if kind == inspect.Parameter.VAR_KEYWORD:  # forward(x, **kwargs): passed on as keywords
+            out.update(value)
+        elif kind == inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return None  # extra positionals have no name to pass them by
+        else:
+            out[name] = value
+    return out
 
 
-def run_script(target: str, argv: list[str], watcher: Watcher, *, module: bool = False) -> int:
+def run_script(target: str, argv: list[str], watcher: Watcher | None, *, module: bool = False) -> int:
     """Run ``target`` (a file, or a module with ``module=True``) as ``python`` would, with
-    ``sys.argv = [target, *argv]``, under ``watcher``; its exit code."""
+    ``sys.argv = [target, *argv]``, under ``watcher`` (None: unwatched); its exit code."""
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *argv]
     if not module:
@@ -136,7 +163,7 @@ def run_script(target: str, argv: list[str], watcher: Watcher, *, module: bool =
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
     code = 0
     try:
-        with watcher.watching():
+        with watcher.watching() if watcher is not None else contextlib.nullcontext():
             if module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:

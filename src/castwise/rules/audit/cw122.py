@@ -77,13 +77,31 @@ def _from_config(have: Any, want: Any, policy: Any) -> tuple[str, str]:
     return how, fix
 
 
+def _reported_elsewhere(session: Session) -> set[str]:
+    """Parameters CW122 leaves out: under a mixed policy a frozen one (requires_grad=False: a
+    VAE or text encoder kept in f16/bf16 on purpose, as diffusers' weight_dtype does), and a
+    trainable f16 one under loss scaling (CW124 reports it, as the error it is)."""
+    policy = session.policy
+    if policy is None or not policy.is_mixed:
+        return set()
+    from castwise.rules.audit.cw124 import half_trainable
+
+    copy = session.runs[0].copy
+    frozen = {n for n, p in copy.named_parameters() if not p.requires_grad}
+    scaled = set(half_trainable(copy)) if policy.loss_scale is not None and not policy.master_weights else set()
+    return frozen | scaled
+
+
 def _scan(session: Session) -> list[Finding]:
     # tensors the policy leaves off the dtype it gives them (apply casts the rest)
     policy, runs = session.policy, session.runs
     if policy is None or not runs or not runs[0].unexpected:
         return []
     groups: dict[tuple[str, Any, Any], list[str]] = {}
+    skip = _reported_elsewhere(session)
     for m, n, kind, dtype, want in runs[0].unexpected:
+        if kind == "param" and (f"{m}.{n}" if m else n) in skip:
+            continue
         groups.setdefault((kind, dtype, want), []).append(f"{m}.{n}" if m else n)
     out: list[Finding] = []
     built_in = _config_dtype(runs[0].copy)
