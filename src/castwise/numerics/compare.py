@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castwise.errors import CastwiseError
-from castwise.numerics._compare_core import TOLERANCE_FACTOR, Measurement, ModuleNumerics, check_mode, measure
+from castwise.numerics._compare_core import (
+    TOLERANCE_FACTOR,
+    Measurement,
+    ModuleNumerics,
+    check_mode,
+    measure,
+    reference_run,
+)
 from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
+from castwise.numerics._failed import RunRaised, diagnosed
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import Mode
 
@@ -59,6 +67,8 @@ class ComparisonReport(Report):
     def __str__(self) -> str:
         lines = [super().__str__(), ""]
         s = self.summary
+        if s.get("raised"):
+            return "\n".join([*lines, f"no numbers: {s['raised']}"])
         lines.append(
             f"loss: reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
             f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
@@ -168,10 +178,38 @@ def compare(
     check_mode(mode)
     target, ref = parse_target(policy), parse_target(reference)
     _check_model(model)
-    with preserved_state():
-        m = measure(model, inputs, target, ref, mode)
     device = next((t.device.type for t in (*model.parameters(), *model.buffers())), "cpu")
+    try:
+        with preserved_state():
+            m = measure(model, inputs, target, ref, mode)
+    except RunRaised as raised:
+        return raised_report(model, inputs, raised, target, ref, mode, device)
     return report_of(m, target, ref, mode, device)
+
+
+def raised_report(
+    model: Any, inputs: Inputs, raised: RunRaised, target: Target, reference: Target, mode: str, device: str
+) -> ComparisonReport:
+    """The report of a comparison the model could not run: the audit's findings for the run that
+    raised, no numbers."""
+    findings = diagnosed(model, inputs, raised, mode=mode)
+    ref_failed = raised.run == reference_run(reference)
+    status = [("error" if ref_failed else "ok"), ("incomplete" if ref_failed else "error")]
+    summary: dict[str, Any] = {
+        "reference": str(reference),
+        "policy": str(target),
+        "mode": mode,
+        "loss_reference": None,
+        "loss_policy": None,
+        "loss_err": None,
+        "output_err": None,
+        "raised": str(raised),
+        "first_past_tolerance": None,
+        "ranked": [],
+    }
+    runs = [Run(_mode(mode), device, str(reference), status[0]), Run(_mode(mode), device, str(target), status[1])]
+    title = f"castwise numerics --compare (real tensors, policy {target}, reference {reference})"
+    return ComparisonReport(findings=findings, runs=runs, summary=summary, title=title)
 
 
 def _check_model(model: Any) -> None:

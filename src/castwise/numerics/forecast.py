@@ -27,6 +27,7 @@ from torch import nn
 from castwise._dtypes import canonical, name_of, short_of
 from castwise.errors import AuditError, PolicyError
 from castwise.numerics import _run
+from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
 from castwise.policy import Policy
@@ -333,13 +334,19 @@ def forecast(
         run_model, applied = _run.on_device(model, pol, dev) if not meta else (model, None)
         try:
             with _run.kept_as_is(run_model):
-                return _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
+                report, error = _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
         finally:
             if applied is not None:
                 applied.remove()
+    if error is not None:
+        raised = RunRaised(f"forecast's run (policy {pol if pol is not None else 'none'})", pol, error)
+        add_diagnosis(report, model, inputs, raised, mode=mode, device=dev)
+    return report
 
 
-def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any) -> Report:
+def _forecast(
+    model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any
+) -> tuple[Report, BaseException | None]:
     from castwise.numerics import layerwise as lw
 
     inputs = _run.real_inputs(inputs, device)
@@ -370,7 +377,7 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         summary["numerics"]["layerwise"] = how
     if error is not None:
         summary["numerics"]["error"] = f"{type(error).__name__}: {error}"
-    return Report(
+    report = Report(
         findings=findings,
         runs=[
             Run(
@@ -386,3 +393,4 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         f"policy "
         f"{policy if policy is not None else 'none'})",
     )
+    return report, error
