@@ -12,7 +12,16 @@ from torch import nn
 
 from castwise.errors import CastwiseError
 from castwise.numerics._compare_iso import NO_ERR, Err, err, grad_err, isolated, sensitivity, unit_roundoff
-from castwise.numerics._compare_run import Call, Inputs, Recording, loss_of, loss_scale, record, seed_all
+from castwise.numerics._compare_run import (
+    Call,
+    Inputs,
+    Recording,
+    loss_of,
+    loss_scale,
+    record,
+    returns_loss,
+    seed_all,
+)
 from castwise.numerics._compare_target import Target, prepared
 from castwise.numerics._failed import raised_in
 
@@ -79,6 +88,12 @@ class Measurement:
     loss_low: float
     output_err: float
     loss_scale: float = 0.0  # see loss_error
+    has_loss: bool = True  # the model returned its own loss; else loss_* are of a random projection
+
+    @property
+    def metric(self) -> str:
+        """What the model's result is measured by: its "loss", or its "output" when it returns none."""
+        return "loss" if self.has_loss else "output"
 
     @property
     def loss_err(self) -> float:
@@ -227,7 +242,9 @@ def measure(
     if per_module:
         rows = _aggregate(_pair_calls(ref, low), ref, low, low_model, mode)
     output_err = err(low.output, ref.output).value
-    return Measurement(tuple(rows), float(ref.loss), float(low.loss), output_err, loss_scale(ref.output))
+    return Measurement(
+        tuple(rows), float(ref.loss), float(low.loss), output_err, loss_scale(ref.output), returns_loss(ref.output)
+    )
 
 
 def loss_only(

@@ -29,7 +29,7 @@ from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
 from castwise.report import Finding, Report, Run
-from castwise.trace.events import Mode
+from castwise.trace.events import Mode, RunStatus
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
 
@@ -69,10 +69,16 @@ class ComparisonReport(Report):
         s = self.summary
         if s.get("raised"):
             return "\n".join([*lines, f"no numbers: {s['raised']}"])
-        lines.append(
-            f"loss: reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
-            f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
-        )
+        if s.get("metric") == "loss":
+            lines.append(
+                f"loss (the model's own): reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
+                f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
+            )
+        else:
+            lines.append(
+                f"output error {_fmt(s['output_err'])} (the model returns no loss: its outputs are compared; "
+                "gradients are of a fixed random projection of them)"
+            )
         first = s.get("first_past_tolerance")
         lines.append(f"first module past tolerance: {_where(first) if first is not None else 'none'}")
         lines.append("")
@@ -144,9 +150,11 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
         "reference": str(reference),
         "policy": str(target),
         "mode": mode,
-        "loss_reference": m.loss_ref,
-        "loss_policy": m.loss_low,
-        "loss_err": m.loss_err,
+        "metric": m.metric,
+        # the model's own loss only: a random projection of its outputs is not called a loss
+        "loss_reference": m.loss_ref if m.has_loss else None,
+        "loss_policy": m.loss_low if m.has_loss else None,
+        "loss_err": m.loss_err if m.has_loss else None,
         "output_err": m.output_err,
         "tolerance_factor": TOLERANCE_FACTOR,
         "first_past_tolerance": None if first is None else first.module,
@@ -194,11 +202,12 @@ def raised_report(
     raised, no numbers."""
     findings = diagnosed(model, inputs, raised, mode=mode)
     ref_failed = raised.run == reference_run(reference)
-    status = [("error" if ref_failed else "ok"), ("incomplete" if ref_failed else "error")]
+    status: list[RunStatus] = ["error", "incomplete"] if ref_failed else ["ok", "error"]
     summary: dict[str, Any] = {
         "reference": str(reference),
         "policy": str(target),
         "mode": mode,
+        "metric": None,
         "loss_reference": None,
         "loss_policy": None,
         "loss_err": None,

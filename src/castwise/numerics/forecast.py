@@ -132,8 +132,33 @@ def _origins(rec: RangeRecord, tmax: float) -> dict[tuple[str, str], list[tuple[
     ins = torch.stack(rec.op_in).tolist()
     found: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for (module, op, phase), o, i in zip(rec.op_keys, outs, ins, strict=True):
+        # an input past the limit comes from a site upstream (or a parameter past it): that one is
+        # reported there, and this op is judged as if it were fixed
         if o > tmax and i <= tmax:
             found.setdefault((module, phase), []).append((op, o))
+    return found
+
+
+def _state_sites(
+    model: nn.Module, fixed: dict[int, torch.Tensor], tmax: float
+) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """(module, "forward") -> [("parameter NAME" | "buffer NAME", absmax)] for parameters and
+    buffers already past ``tmax`` (finite): a copy of them in the target is Inf before any op runs.
+    A tied tensor is a site of every module that holds it."""
+    found: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for kind, named in (
+            ("parameter", module.named_parameters(recurse=False)),
+            ("buffer", module.named_buffers(recurse=False)),
+        ):
+            for name, t in named:
+                amax = fixed.get(id(t))
+                if amax is None:
+                    continue
+                a = float(amax)
+                if tmax < a < math.inf:
+                    qual = f"{module_name}.{name}" if module_name else name
+                    found.setdefault((module_name, "forward"), []).append((f"{kind} {qual}", a))
     return found
 
 
@@ -147,6 +172,10 @@ def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], 
         absmax = max(a for _, a in ops)
         margin = math.log2(absmax / t.max)
         names = sorted({op for op, _ in ops})
+        held = [n for n in names if n.startswith(("parameter ", "buffer "))]
+        if held:
+            findings.append(_state_finding(module, held, absmax, margin, t, mode))
+            continue
         if phase == "forward":
             fix = (
                 f"Keep {_where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
@@ -180,6 +209,30 @@ def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], 
             )
         )
     return findings
+
+
+def _state_finding(module: str, held: list[str], absmax: float, margin: float, t: Target, mode: str) -> Finding:
+    return Finding(
+        code="CW310",
+        module=module,
+        modes=(as_mode(mode),),
+        fix=(
+            f"Keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`: its weights stay float32), or bring "
+            f"the values back into {t.name}'s range (a weight this large is usually a bug: a wrong init or scale)."
+        ),
+        message=(
+            f"{', '.join(held)} of {_where(module)} already holds magnitudes up to {absmax:.4g}: 2^{margin:.2f} past "
+            f"{t.name}'s largest {t.max:.6g}, so a {t.name} copy of it is Inf before any op runs."
+        ),
+        details=(
+            ("phase", "forward"),
+            ("target", t.name),
+            ("absmax", absmax),
+            ("margin_pow2", margin),
+            ("limit", t.max),
+            ("tensors", [h.split(" ", 1)[1] for h in held]),
+        ),
+    )
 
 
 def _module_stats(
@@ -364,7 +417,9 @@ def _forecast(
     else:
         error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
     rec = observer.rec
-    origins = {} if t.float8 else _origins(rec, t.max)  # per-tensor float8 scaling does not overflow
+    rec.bin_pending()
+    # per-tensor float8 scaling does not overflow
+    origins = {} if t.float8 else {**_origins(rec, t.max), **_state_sites(model, fixed, t.max)}
     findings = _overflow_findings(origins, t, mode)
     stats, more = _module_stats(rec, t, origins, mode)
     findings += more

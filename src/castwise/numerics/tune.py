@@ -307,8 +307,9 @@ def tune(
     most FLOPs first, while a run without them still meets it and runs are left (at most
     2 + log2(modules) in all).
 
-    ``metric``: ``"loss"`` (relative difference of the loss: the model's own ``loss`` or a fixed
-    random projection of its outputs) or ``"output"`` (relative L2 error of the outputs).
+    ``metric``: ``"loss"`` (relative difference of the model's own loss: a ``loss`` field of its
+    output or a scalar output; a model that returns none is measured by its outputs, and
+    ``Tuned.metric`` says "output") or ``"output"`` (relative L2 error of the outputs).
     ``policy``: bf16/f16 policies, or an emulated float8 format (``float8_e4m3fn``). The model is
     not changed: every run is on a deep copy.
     """
@@ -336,6 +337,8 @@ def _tune(
             ref_out = call_model(ref_model, inputs)
     dirs = projection(ref_out)
     m = measure(model, inputs, target, ref, mode)
+    if metric == "loss" and not m.has_loss:
+        metric = "output"  # no loss of its own: its outputs are what it gives, not a projection of them
     search = _Search(model, inputs, target, mode, metric, m.loss_ref, m.loss_scale, ref_out, dirs)
     search.runs = 1  # the measurement's run of the policy is the run without islands
     baseline = m.loss_err if metric == "loss" else m.output_err
