@@ -89,7 +89,7 @@ def test_forecast_and_locate_of_a_model_that_raises_give_the_audits_finding(whic
     assert "bf16" in f.message
     assert not report.ok
     # compare runs it: the reference makes the parameter f32, bf16-mixed computes under autocast
-    assert castwise.compare(model, x, policy="bf16-mixed").summary["loss_reference"] is not None
+    assert castwise.compare(model, x, policy="bf16-mixed").summary["output_err"] is not None
 
 
 @pytest.mark.parametrize(
