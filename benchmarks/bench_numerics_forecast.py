@@ -277,7 +277,7 @@ def plant_param(model: nn.Module, rng: random.Random) -> str | None:
     return name
 
 
-def cost(model: nn.Module, inputs: Any, repeats: int = 3) -> float:
+def cost(model: nn.Module, inputs: Any, repeats: int = 5) -> float:
     plain, fc = [], []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -341,6 +341,9 @@ def main() -> None:
                 if row["predicted"] != row["real"] or args.verbose:
                     print("DIFF", row, flush=True)
         if not args.no_cost:
+            # one thread: on a shared, loaded machine a second one spins against other processes
+            # and a toy model's plain step goes from milliseconds to seconds
+            torch.set_num_threads(1)
             torch.manual_seed(seed)
             model, inputs = MODELS[model_name]()
             ratios[model_name] = cost(model, inputs)

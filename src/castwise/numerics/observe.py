@@ -293,23 +293,23 @@ class ModuleRange:
     absmax: torch.Tensor
     _hist: torch.Tensor | None = None
     ops: int = 0
-    pending: list[torch.Tensor] = field(default_factory=list)
+    pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # (magnitudes, weight)
     pending_n: int = 0
 
-    def add(self, hist: torch.Tensor | None, magnitudes: torch.Tensor | None) -> None:
+    def add(self, hist: torch.Tensor | None, magnitudes: tuple[torch.Tensor, int] | None) -> None:
         if hist is not None:
             self._hist = hist if self._hist is None else self._hist + hist
         if magnitudes is not None:
             self.pending.append(magnitudes)
-            self.pending_n += magnitudes.numel()
+            self.pending_n += magnitudes[0].numel()
             if self.pending_n >= PENDING:
                 self._bin()
 
     def _bin(self) -> None:
-        if self.pending:
-            h = log2_hist(torch.cat(self.pending), 1)
+        for mags, weight in self.pending:
+            h = log2_hist(mags, weight)
             self._hist = h if self._hist is None else self._hist + h
-            self.pending, self.pending_n = [], 0
+        self.pending, self.pending_n = [], 0
 
     @property
     def hist(self) -> torch.Tensor:
@@ -334,13 +334,15 @@ class RangeRecord:
         if not waiting:
             return
         width = HIST_BINS + 1
-        a = torch.cat([p for mr in waiting for p in mr.pending])
-        sizes = torch.tensor([mr.pending_n for mr in waiting], device=a.device)
-        rows = torch.repeat_interleave(torch.arange(len(waiting), device=a.device) * width, sizes)
+        parts = [(row * width, m, w) for row, mr in enumerate(waiting) for m, w in mr.pending]
+        a = torch.cat([m for _, m, _ in parts])
+        sizes = torch.tensor([m.numel() for _, m, _ in parts], device=a.device)
+        rows = torch.repeat_interleave(torch.tensor([r for r, _, _ in parts], device=a.device), sizes)
+        weights = torch.repeat_interleave(torch.tensor([float(w) for _, _, w in parts], device=a.device), sizes)
         _, e = torch.frexp(a)
         idx = (e.long() - 1 - HIST_LO).clamp_(0, HIST_BINS - 1)
         idx = torch.where((a > 0) & (a < math.inf), idx, HIST_BINS) + rows
-        counts = torch.bincount(idx, minlength=len(waiting) * width).reshape(len(waiting), width)
+        counts = torch.bincount(idx, weights, minlength=len(waiting) * width).reshape(len(waiting), width)
         for mr, h in zip(waiting, counts[:, :HIST_BINS].float(), strict=True):
             mr.pending, mr.pending_n = [], 0
             mr.add(h, None)
@@ -375,16 +377,20 @@ def absmax(t: torch.Tensor) -> torch.Tensor:
 PENDING = 1 << 16  # small tensors' magnitudes binned together once this many have gathered
 
 
-def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``absmax(t)``, and either ``log2_hist`` of its sample (a large tensor) or its magnitudes
-    to bin later with others (a small one: most of a forecast's per-op cost on small tensors is
-    the number of kernels, so a small tensor costs one pass and an amax)."""
+HIST_SAMPLE = 1 << 10  # a small tensor's magnitudes kept for the histogram (strided, weighted)
+
+
+def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, int] | None]:
+    """``absmax(t)``, and either ``log2_hist`` of its sample (a large tensor) or a strided sample
+    of its magnitudes with the weight of each, to bin later with others (a small one: most of a
+    forecast's per-op cost on small tensors is the number of kernels)."""
     if t.numel() > SAMPLE:
         sa, step = _sample(t)
         return absmax(t), log2_hist(sa, step), None
     a = t.detach().reshape(-1).abs().float()  # float32: every floating dtype's magnitudes fit
     sentinel = _SENTINEL.get(t.dtype, math.inf)
-    return torch.where(a < sentinel, a, 0.0).amax(), None, a
+    step = max(a.numel() // HIST_SAMPLE, 1)
+    return torch.where(a < sentinel, a, 0.0).amax(), None, (a[::step], step)
 
 
 def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
