@@ -72,7 +72,7 @@ def test_float8_names_layers_to_leave_out_with_a_policy_and_a_filter() -> None:
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
     with torch.no_grad():
         model[2].weight[0, 0] = 1e4  # one outlier: after scaling by absmax every other weight flushes
-    report = forecast(model, torch.randn(4, 32), target="float8_e4m3fn")
+    report = forecast(model, torch.randn(16, 32), target="float8_e4m3fn")
     f8 = report.summary["float8"]
     assert f8["leave_out"] == ["2", "4"]  # 2: the outlier; 4: 10 outputs, not a multiple of 16
     assert f8["policy"] == "keep[2]=bf16,keep[4]=bf16"
@@ -165,3 +165,20 @@ def test_norms_are_judged_by_how_their_kernel_computes() -> None:
         # a real float16 run: only the hand-written square makes Inf
         made = locate_nonfinite(model.half(), (x.half(),), mode="eval").findings
         assert bool(made and made[0].module == "1") is site, norm
+
+
+def test_float8_scores_every_gemm_operand_per_recipe_and_the_token_dim() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    with torch.no_grad():
+        model[0].weight[0, 0] = 1e5  # one outlier: per tensor every weight flushes but it
+    report = forecast(model, torch.randn(10, 64), target="float8_e4m3fn")
+    layer = report.summary["float8"]["layers"]["0"]
+    assert set(layer["operands"]) == {"input", "weight", "grad_output"}
+    w = layer["operands"]["weight"]
+    # per tensor most weights flush; per row only the outlier's row; per 32-block only its block
+    assert w["tensorwise"] > 0.9 > 1 / 64 >= w["rowwise"] > w["mxfp8"] >= 0
+    assert w["range_pow2"] > 20  # 1e5 against weights around 1e-3
+    # 10 tokens: the weight gradient's reduction dim is not a multiple of 16
+    assert layer["tokens"] == 10 and "2" in report.summary["float8"]["leave_out"]
+    assert any("10 tokens" in f.message for f in report.findings if f.code == "CW313" and f.module == "2")

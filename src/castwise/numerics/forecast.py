@@ -27,6 +27,7 @@ from torch import nn
 from castwise._dtypes import canonical, name_of, short_of
 from castwise.errors import AuditError, PolicyError
 from castwise.numerics import _run
+from castwise.numerics import float8_scaled as f8s
 from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
@@ -317,7 +318,13 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
                 reasons.append(f"{100 * share:.1f}% of its {what} flushes to zero after per-tensor scaling")
         if layer.in_features % 16 or layer.out_features % 16:
             reasons.append(f"its dimensions ({layer.in_features}, {layer.out_features}) are not multiples of 16")
-        per[name] = {"flush_share": shares, "leave_out": bool(reasons)}
+        ops = rec.operands.get(name, {})
+        tokens = ops.get("tokens")
+        if isinstance(tokens, int) and tokens % 16:
+            # the backward's weight-gradient GEMM reduces over the tokens: float8 kernels want 16s
+            reasons.append(f"its {tokens} tokens (the weight gradient's reduction dim) are not a multiple of 16")
+        operands = {k: f8s.shares(v) for k, v in ops.items() if isinstance(v, dict)}
+        per[name] = {"flush_share": shares, "operands": operands, "tokens": tokens, "leave_out": bool(reasons)}
         if reasons:
             leave.append(name)
             findings.append(

@@ -326,6 +326,8 @@ class RangeRecord:
     op_out: list[torch.Tensor] = field(default_factory=list)
     op_in: list[torch.Tensor] = field(default_factory=list)
     scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    # float8: per Linear, its GEMM operands (input, weight, grad_output) scored per recipe, and tokens
+    operands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def bin_pending(self) -> None:
         """Every module's waiting magnitudes binned in one pass (one bincount over all modules,
@@ -544,9 +546,27 @@ class RangeObserver(Observer):
             return
         parts = [("input", frame.inputs[0])] if frame.inputs else []
         parts.append(("weight", frame.module.weight))
+        from castwise.numerics.float8_scaled import scores
+
+        top, bottom = self.scaled_limit
+        operands = self.rec.operands.setdefault(frame.name, {})
         for what, t in parts:
             flush, nonzero = self.scaled_flush(t)
             self.rec.scaled.setdefault(frame.name, []).append((what, flush, nonzero))
+            operands.setdefault(what, scores(t, top, bottom))
+        if frame.inputs:
+            operands.setdefault("tokens", frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1))
+        out = output if isinstance(output, torch.Tensor) else None
+        if out is not None and out.requires_grad and "grad_output" not in operands:
+
+            def grad_hook(g: torch.Tensor) -> None:
+                self.paused = True  # the scoring's own ops are not the model's
+                try:
+                    operands.setdefault("grad_output", scores(g, top, bottom))
+                finally:
+                    self.paused = False
+
+            out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
 
     def scaled_flush(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(values that would flush to zero, non-zero values) once ``t`` is scaled by its absmax."""
