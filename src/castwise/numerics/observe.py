@@ -560,11 +560,11 @@ class RangeObserver(Observer):
         if out is not None and out.requires_grad and "grad_output" not in operands:
 
             def grad_hook(g: torch.Tensor) -> None:
-                self.paused = True  # the scoring's own ops are not the model's
+                was, self.paused = self.paused, True  # the scoring's own ops are not the model's
                 try:
                     operands.setdefault("grad_output", scores(g, top, bottom))
                 finally:
-                    self.paused = False
+                    self.paused = was
 
             out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
 
