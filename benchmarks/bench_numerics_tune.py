@@ -11,7 +11,8 @@ precision-sensitive module planted on a Linear/Conv holding <= 4% of the forward
 (cancellation or a one-pass variance under bf16-mixed; a tiny-epsilon norm or a large-magnitude
 projection under 16-true). The budget is --budget, or twice the healthy model's loss error
 under the policy when that is larger (a tighter budget is below what the format gives, plant
-or no plant). Per model: the loss error without islands, the islands tune returns, the error
+or no plant). The metric is the model's own loss where it returns one, its output (relative L2)
+otherwise. Per model: the metric's error without islands, the islands tune returns, the error
 of the verified run under them, the share of forward FLOPs in those islands (target <= 5%; a
 policy's own islands, T5's `wo` under 16-true, are not tune's), and the number of real runs
 (target <= 2 + log2(modules)).
@@ -64,7 +65,9 @@ def _planted(name: str, seed: int) -> tuple[nn.Module, Any, str, str, str, float
     where = rng.choice(small)
     policy = rng.choice(tuple(PLANTS))
     cls = rng.choice(PLANTS[policy][:2] if policy == "bf16-mixed" else PLANTS[policy][2:])
-    healthy = castwise.compare(model, inputs, policy=policy).summary["loss_err"]
+    summary = castwise.compare(model, inputs, policy=policy).summary
+    # what tune measures: the model's own loss, or its outputs when it returns none
+    healthy = summary["loss_err"] if summary["metric"] == "loss" else summary["output_err"]
     plant(model, where, cls)
     return model, inputs, policy, where, cls.kind, healthy
 
@@ -79,7 +82,7 @@ def _row(label: str, model: nn.Module, inputs: Any, policy: str, budget: float, 
     ok = tuned.met and f32_share <= 0.05 and tuned.runs <= bound
     found = planted in tuned.islands if planted else True
     print(
-        f"{label:<44} {policy:<26} {budget:>8.1e} {tuned.baseline_error:>9.2e} {tuned.error:>9.2e} "
+        f"{label:<44} {policy:<26} {tuned.metric:<6} {budget:>8.1e} {tuned.baseline_error:>9.2e} {tuned.error:>9.2e} "
         f"{100 * f32_share:>6.2f}% "
         f"{tuned.runs:>3}/{bound:<5.1f} {wall:>6.1f}s  {'ok' if ok else 'FAIL'}"
         f"{'' if found else ' (planted module not in islands)'}  islands: {', '.join(tuned.islands) or '-'}",
@@ -96,7 +99,7 @@ def main() -> int:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     print(
-        f"{'model (planted)':<44} {'policy':<26} {'budget':>8} {'no island':>9} {'tuned':>9} "
+        f"{'model (planted)':<44} {'policy':<26} {'metric':<6} {'budget':>8} {'no island':>9} {'tuned':>9} "
         f"{'f32 FLOPs':>7} {'runs':>9} {'time':>7}"
     )
     from castwise.stories import build_t5_overflow

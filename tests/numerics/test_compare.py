@@ -31,7 +31,7 @@ def test_healthy_model_under_bf16_mixed_flags_nothing(build) -> None:
     # bf16 rounding is there and measured: errors are not zero, but within 4 * 2^-8
     linears = [row for row in rows if row["dtype"] == "bf16" and row["added_err"] not in (None, 0)]
     assert linears and all(0 < row["added_err"] <= row["tolerance"] == 4 * 2**-8 for row in linears)
-    assert 0 < report.summary["loss_err"] < 1e-2
+    assert 0 < report.summary["output_err"] < 1e-2
     assert report.summary["first_past_tolerance"] is None
 
 
@@ -59,7 +59,7 @@ def test_tiny_epsilon_norm_in_f16_makes_nonfinite_and_is_named_as_the_producer()
     assert rows["layers.1.0"]["added_err"] == "inf"
     # downstream modules inherit the nan; none of them is said to make it
     assert rows["out"]["inherited_err"] == "inf" and rows["out"]["added_err"] != "inf"
-    assert math.isinf(report.summary["loss_err"]) or math.isnan(report.summary["loss_policy"])
+    assert math.isinf(report.summary["output_err"]) or math.isnan(report.summary["output_err"])
     assert "error CW321 module-makes-nonfinite-under-policy" in str(report)
 
 
@@ -122,3 +122,32 @@ def test_bad_arguments_say_what_is_valid() -> None:
         castwise.compare(model, inputs, policy="bf17-mixed")
     with pytest.raises(CastwiseError, match=r"torch\.nn\.Module"):
         castwise.compare("model", inputs, policy="bf16-mixed")
+
+
+class _ScalarLoss(torch.nn.Module):
+    """Returns its loss as a scalar (no transformers output object)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.inner(x), y)
+
+
+def test_the_metric_is_the_models_own_loss_where_it_returns_one_and_output_otherwise() -> None:
+    torch.manual_seed(0)
+    model, x, y = _ScalarLoss(), torch.randn(8, 16), torch.randint(0, 4, (8,))
+    report = castwise.compare(model, (x, y), policy="bf16-mixed")
+    with torch.no_grad():
+        real = float(model(x, y))
+    assert report.summary["metric"] == "loss"
+    assert report.summary["loss_reference"] == pytest.approx(real, rel=1e-6)
+    assert "loss (the model's own)" in str(report)
+    # no loss returned: its output is the metric, and no projection of it is called a loss
+    model, inputs = mlp()
+    report = castwise.compare(model, inputs, policy="bf16-mixed")
+    assert report.summary["metric"] == "output"
+    assert report.summary["loss_reference"] is None and report.summary["loss_err"] is None
+    assert "loss" not in str(report).split("\n\n")[1].split("(")[0]
+    assert castwise.tune(model, inputs, policy="bf16-mixed", budget=1e-1).metric == "output"

@@ -72,7 +72,7 @@ def test_float8_names_layers_to_leave_out_with_a_policy_and_a_filter() -> None:
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
     with torch.no_grad():
         model[2].weight[0, 0] = 1e4  # one outlier: after scaling by absmax every other weight flushes
-    report = forecast(model, torch.randn(4, 32), target="float8_e4m3fn")
+    report = forecast(model, torch.randn(16, 32), target="float8_e4m3fn")
     f8 = report.summary["float8"]
     assert f8["leave_out"] == ["2", "4"]  # 2: the outlier; 4: 10 outputs, not a multiple of 16
     assert f8["policy"] == "keep[2]=bf16,keep[4]=bf16"
@@ -100,3 +100,85 @@ def test_mask_values_at_the_dtype_limit_are_not_overflow() -> None:
 def test_bad_target_lists_the_valid_ones() -> None:
     with pytest.raises(CastwiseError, match=r"valid: .*bf16.*f16"):
         forecast(nn.Linear(2, 2), torch.randn(1, 2), target="int8")
+
+
+class _Scaled(nn.Module):
+    """A Linear whose output is multiplied past float16's range (a planted value fault)."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.inner, self.factor = nn.Linear(16, 16), factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * self.factor
+
+
+class _FunctionalRMSNorm(nn.Module):
+    """A user's norm calling torch's rms_norm: its kernel squares in float32 (on CPU the
+    composite runs as pow, mean, rsqrt in the trace)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.rms_norm(x, (x.shape[-1],))
+
+
+class _HandRMSNorm(nn.Module):
+    """The same norm written by hand: in float16 its square overflows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def _sites(report: object, phase: str = "forward") -> set[str]:
+    return {f.module for f in report.findings if f.code == "CW310" and dict(f.details)["phase"] == phase}  # type: ignore[attr-defined]
+
+
+def test_every_site_is_named_not_only_the_first() -> None:
+    # two faults, one after the other: the second's input is past the range in an f16 run (so a
+    # real run shows only the first); fixed upstream, it overflows on its own
+    torch.manual_seed(0)
+    model = nn.Sequential(_Scaled(2e5), nn.LayerNorm(16), nn.Linear(16, 16), _Scaled(2e5), nn.LayerNorm(16))
+    report = forecast(model, (torch.randn(4, 16),), target="f16", mode="eval")
+    assert _sites(report) == {"0", "3"}
+    # the LayerNorm fed the first fault's output (torch's kernel accumulates in float32) is none
+    assert "1" not in _sites(report)
+
+
+def test_a_parameter_past_the_range_is_a_site() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(1e6)
+    report = forecast(model, (torch.randn(4, 16),), target="f16")
+    found = [f for f in report.findings if f.code == "CW310" and f.module == "2"]
+    assert found and "2.weight" in found[0].message and dict(found[0].details)["phase"] == "forward"
+    # locate agrees: a float16 copy of the weight is Inf before any op runs
+    assert locate_nonfinite(model.half(), (torch.randn(4, 16).half(),)).findings[0].code == "CW303"
+
+
+def test_norms_are_judged_by_how_their_kernel_computes() -> None:
+    for norm, site in ((_FunctionalRMSNorm, False), (_HandRMSNorm, True)):
+        torch.manual_seed(0)
+        model = nn.Sequential(_Scaled(300.0), norm(), nn.Linear(16, 16))
+        x = torch.randn(4, 16)
+        report = forecast(model, (x,), target="f16", mode="eval")
+        assert ("1" in _sites(report)) is site, norm
+        # a real float16 run: only the hand-written square makes Inf
+        made = locate_nonfinite(model.half(), (x.half(),), mode="eval").findings
+        assert bool(made and made[0].module == "1") is site, norm
+
+
+def test_float8_scores_every_gemm_operand_per_recipe_and_the_token_dim() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    with torch.no_grad():
+        model[0].weight[0, 0] = 1e5  # one outlier: per tensor every weight flushes but it
+    report = forecast(model, torch.randn(10, 64), target="float8_e4m3fn")
+    layer = report.summary["float8"]["layers"]["0"]
+    assert set(layer["operands"]) == {"input", "weight", "grad_output"}
+    w = layer["operands"]["weight"]
+    # per tensor most weights flush; per row only the outlier's row; per 32-block only its block
+    assert w["tensorwise"] > 0.9 > 1 / 64 >= w["rowwise"] > w["mxfp8"] >= 0
+    assert w["range_pow2"] > 20  # 1e5 against weights around 1e-3
+    # 10 tokens: the weight gradient's reduction dim is not a multiple of 16
+    assert layer["tokens"] == 10 and "2" in report.summary["float8"]["leave_out"]
+    assert any("10 tokens" in f.message for f in report.findings if f.code == "CW313" and f.module == "2")

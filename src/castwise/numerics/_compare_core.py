@@ -12,8 +12,18 @@ from torch import nn
 
 from castwise.errors import CastwiseError
 from castwise.numerics._compare_iso import NO_ERR, Err, err, grad_err, isolated, sensitivity, unit_roundoff
-from castwise.numerics._compare_run import Call, Inputs, Recording, loss_of, loss_scale, record, seed_all
+from castwise.numerics._compare_run import (
+    Call,
+    Inputs,
+    Recording,
+    loss_of,
+    loss_scale,
+    record,
+    returns_loss,
+    seed_all,
+)
 from castwise.numerics._compare_target import Target, prepared
+from castwise.numerics._failed import raised_in
 
 # what rounding explains: a module that rounds its inputs, weights and output to a format with
 # unit roundoff u moves its output by about u (relative L2); ops that amplify rounding a little
@@ -78,6 +88,12 @@ class Measurement:
     loss_low: float
     output_err: float
     loss_scale: float = 0.0  # see loss_error
+    has_loss: bool = True  # the model returned its own loss; else loss_* are of a random projection
+
+    @property
+    def metric(self) -> str:
+        """What the model's result is measured by: its "loss", or its "output" when it returns none."""
+        return "loss" if self.has_loss else "output"
 
     @property
     def loss_err(self) -> float:
@@ -86,6 +102,11 @@ class Measurement:
     def first_past_tolerance(self) -> ModuleNumerics | None:
         past = [m for m in self.modules if m.past_tolerance]
         return min(past, key=lambda m: m.order) if past else None
+
+
+def reference_run(reference: Target) -> str:
+    """How a reference run is named where it raised."""
+    return f"the reference run ({reference})"
 
 
 def check_mode(mode: str) -> None:
@@ -212,14 +233,18 @@ def measure(
     """Run the reference and the target on copies of ``model``; per module numbers if asked."""
     ref_model = prepared(model, reference, mode)
     low_model = prepared(model, target, mode)
-    ref, dirs = record(ref_model, inputs, mode, None, seed)
-    low, _ = record(low_model, inputs, mode, dirs, seed)
+    with raised_in(reference_run(reference), reference.full_policy):
+        ref, dirs = record(ref_model, inputs, mode, None, seed)
+    with raised_in(f"the policy's run ({target})", target.full_policy):
+        low, _ = record(low_model, inputs, mode, dirs, seed)
     assert ref.loss is not None and low.loss is not None  # record always computes a loss
     rows: list[ModuleNumerics] = []
     if per_module:
         rows = _aggregate(_pair_calls(ref, low), ref, low, low_model, mode)
     output_err = err(low.output, ref.output).value
-    return Measurement(tuple(rows), float(ref.loss), float(low.loss), output_err, loss_scale(ref.output))
+    return Measurement(
+        tuple(rows), float(ref.loss), float(low.loss), output_err, loss_scale(ref.output), returns_loss(ref.output)
+    )
 
 
 def loss_only(
@@ -230,7 +255,7 @@ def loss_only(
 
     twin = prepared(model, target, mode)
     seed_all(seed)
-    with torch.no_grad():
+    with torch.no_grad(), raised_in(f"the policy's run ({target})", target.full_policy):
         out = call_model(twin, inputs)
         dirs = directions if directions is not None else projection(out)
         return float(loss_of(out, dirs)), out

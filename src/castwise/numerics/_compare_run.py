@@ -118,10 +118,18 @@ def call_model(model: nn.Module, inputs: Inputs) -> Any:
 
 
 def _loss_tensor(out: Any) -> torch.Tensor | None:
+    """The model's own loss: a ``loss`` field (transformers' outputs, a dict) or a scalar output."""
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 and out.is_floating_point() else None
     loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point():
         return loss
     return None
+
+
+def returns_loss(output: Any) -> bool:
+    """Whether the model returned its own loss (else compare and tune measure its outputs)."""
+    return _loss_tensor(output) is not None
 
 
 def projection(output: Any, seed: int = 1234) -> list[torch.Tensor]:

@@ -17,11 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castwise.errors import CastwiseError
-from castwise.numerics._compare_core import TOLERANCE_FACTOR, Measurement, ModuleNumerics, check_mode, measure
+from castwise.numerics._compare_core import (
+    TOLERANCE_FACTOR,
+    Measurement,
+    ModuleNumerics,
+    check_mode,
+    measure,
+    reference_run,
+)
 from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
+from castwise.numerics._failed import RunRaised, diagnosed
 from castwise.report import Finding, Report, Run
-from castwise.trace.events import Mode
+from castwise.trace.events import Mode, RunStatus
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
 
@@ -59,10 +67,18 @@ class ComparisonReport(Report):
     def __str__(self) -> str:
         lines = [super().__str__(), ""]
         s = self.summary
-        lines.append(
-            f"loss: reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
-            f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
-        )
+        if s.get("raised"):
+            return "\n".join([*lines, f"no numbers: {s['raised']}"])
+        if s.get("metric") == "loss":
+            lines.append(
+                f"loss (the model's own): reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
+                f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
+            )
+        else:
+            lines.append(
+                f"output error {_fmt(s['output_err'])} (the model returns no loss: its outputs are compared; "
+                "gradients are of a fixed random projection of them)"
+            )
         first = s.get("first_past_tolerance")
         lines.append(f"first module past tolerance: {_where(first) if first is not None else 'none'}")
         lines.append("")
@@ -134,9 +150,11 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
         "reference": str(reference),
         "policy": str(target),
         "mode": mode,
-        "loss_reference": m.loss_ref,
-        "loss_policy": m.loss_low,
-        "loss_err": m.loss_err,
+        "metric": m.metric,
+        # the model's own loss only: a random projection of its outputs is not called a loss
+        "loss_reference": m.loss_ref if m.has_loss else None,
+        "loss_policy": m.loss_low if m.has_loss else None,
+        "loss_err": m.loss_err if m.has_loss else None,
         "output_err": m.output_err,
         "tolerance_factor": TOLERANCE_FACTOR,
         "first_past_tolerance": None if first is None else first.module,
@@ -168,10 +186,39 @@ def compare(
     check_mode(mode)
     target, ref = parse_target(policy), parse_target(reference)
     _check_model(model)
-    with preserved_state():
-        m = measure(model, inputs, target, ref, mode)
     device = next((t.device.type for t in (*model.parameters(), *model.buffers())), "cpu")
+    try:
+        with preserved_state():
+            m = measure(model, inputs, target, ref, mode)
+    except RunRaised as raised:
+        return raised_report(model, inputs, raised, target, ref, mode, device)
     return report_of(m, target, ref, mode, device)
+
+
+def raised_report(
+    model: Any, inputs: Inputs, raised: RunRaised, target: Target, reference: Target, mode: str, device: str
+) -> ComparisonReport:
+    """The report of a comparison the model could not run: the audit's findings for the run that
+    raised, no numbers."""
+    findings = diagnosed(model, inputs, raised, mode=mode)
+    ref_failed = raised.run == reference_run(reference)
+    status: list[RunStatus] = ["error", "incomplete"] if ref_failed else ["ok", "error"]
+    summary: dict[str, Any] = {
+        "reference": str(reference),
+        "policy": str(target),
+        "mode": mode,
+        "metric": None,
+        "loss_reference": None,
+        "loss_policy": None,
+        "loss_err": None,
+        "output_err": None,
+        "raised": str(raised),
+        "first_past_tolerance": None,
+        "ranked": [],
+    }
+    runs = [Run(_mode(mode), device, str(reference), status[0]), Run(_mode(mode), device, str(target), status[1])]
+    title = f"castwise numerics --compare (real tensors, policy {target}, reference {reference})"
+    return ComparisonReport(findings=findings, runs=runs, summary=summary, title=title)
 
 
 def _check_model(model: Any) -> None:

@@ -27,6 +27,8 @@ from torch import nn
 from castwise._dtypes import canonical, name_of, short_of
 from castwise.errors import AuditError, PolicyError
 from castwise.numerics import _run
+from castwise.numerics import float8_scaled as f8s
+from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
 from castwise.policy import Policy
@@ -131,8 +133,33 @@ def _origins(rec: RangeRecord, tmax: float) -> dict[tuple[str, str], list[tuple[
     ins = torch.stack(rec.op_in).tolist()
     found: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for (module, op, phase), o, i in zip(rec.op_keys, outs, ins, strict=True):
+        # an input past the limit comes from a site upstream (or a parameter past it): that one is
+        # reported there, and this op is judged as if it were fixed
         if o > tmax and i <= tmax:
             found.setdefault((module, phase), []).append((op, o))
+    return found
+
+
+def _state_sites(
+    model: nn.Module, fixed: dict[int, torch.Tensor], tmax: float
+) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """(module, "forward") -> [("parameter NAME" | "buffer NAME", absmax)] for parameters and
+    buffers already past ``tmax`` (finite): a copy of them in the target is Inf before any op runs.
+    A tied tensor is a site of every module that holds it."""
+    found: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for kind, named in (
+            ("parameter", module.named_parameters(recurse=False)),
+            ("buffer", module.named_buffers(recurse=False)),
+        ):
+            for name, t in named:
+                amax = fixed.get(id(t))
+                if amax is None:
+                    continue
+                a = float(amax)
+                if tmax < a < math.inf:
+                    qual = f"{module_name}.{name}" if module_name else name
+                    found.setdefault((module_name, "forward"), []).append((f"{kind} {qual}", a))
     return found
 
 
@@ -146,6 +173,10 @@ def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], 
         absmax = max(a for _, a in ops)
         margin = math.log2(absmax / t.max)
         names = sorted({op for op, _ in ops})
+        held = [n for n in names if n.startswith(("parameter ", "buffer "))]
+        if held:
+            findings.append(_state_finding(module, held, absmax, margin, t, mode))
+            continue
         if phase == "forward":
             fix = (
                 f"Keep {_where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
@@ -179,6 +210,30 @@ def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], 
             )
         )
     return findings
+
+
+def _state_finding(module: str, held: list[str], absmax: float, margin: float, t: Target, mode: str) -> Finding:
+    return Finding(
+        code="CW310",
+        module=module,
+        modes=(as_mode(mode),),
+        fix=(
+            f"Keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`: its weights stay float32), or bring "
+            f"the values back into {t.name}'s range (a weight this large is usually a bug: a wrong init or scale)."
+        ),
+        message=(
+            f"{', '.join(held)} of {_where(module)} already holds magnitudes up to {absmax:.4g}: 2^{margin:.2f} past "
+            f"{t.name}'s largest {t.max:.6g}, so a {t.name} copy of it is Inf before any op runs."
+        ),
+        details=(
+            ("phase", "forward"),
+            ("target", t.name),
+            ("absmax", absmax),
+            ("margin_pow2", margin),
+            ("limit", t.max),
+            ("tensors", [h.split(" ", 1)[1] for h in held]),
+        ),
+    )
 
 
 def _module_stats(
@@ -263,7 +318,13 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
                 reasons.append(f"{100 * share:.1f}% of its {what} flushes to zero after per-tensor scaling")
         if layer.in_features % 16 or layer.out_features % 16:
             reasons.append(f"its dimensions ({layer.in_features}, {layer.out_features}) are not multiples of 16")
-        per[name] = {"flush_share": shares, "leave_out": bool(reasons)}
+        ops = rec.operands.get(name, {})
+        tokens = ops.get("tokens")
+        if isinstance(tokens, int) and tokens % 16:
+            # the backward's weight-gradient GEMM reduces over the tokens: float8 kernels want 16s
+            reasons.append(f"its {tokens} tokens (the weight gradient's reduction dim) are not a multiple of 16")
+        operands = {k: f8s.shares(v) for k, v in ops.items() if isinstance(v, dict)}
+        per[name] = {"flush_share": shares, "operands": operands, "tokens": tokens, "leave_out": bool(reasons)}
         if reasons:
             leave.append(name)
             findings.append(
@@ -333,13 +394,19 @@ def forecast(
         run_model, applied = _run.on_device(model, pol, dev) if not meta else (model, None)
         try:
             with _run.kept_as_is(run_model):
-                return _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
+                report, error = _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
         finally:
             if applied is not None:
                 applied.remove()
+    if error is not None:
+        raised = RunRaised(f"forecast's run (policy {pol if pol is not None else 'none'})", pol, error)
+        add_diagnosis(report, model, inputs, raised, mode=mode, device=dev)
+    return report
 
 
-def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any) -> Report:
+def _forecast(
+    model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any
+) -> tuple[Report, BaseException | None]:
     from castwise.numerics import layerwise as lw
 
     inputs = _run.real_inputs(inputs, device)
@@ -357,7 +424,9 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
     else:
         error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
     rec = observer.rec
-    origins = {} if t.float8 else _origins(rec, t.max)  # per-tensor float8 scaling does not overflow
+    rec.bin_pending()
+    # per-tensor float8 scaling does not overflow
+    origins = {} if t.float8 else {**_origins(rec, t.max), **_state_sites(model, fixed, t.max)}
     findings = _overflow_findings(origins, t, mode)
     stats, more = _module_stats(rec, t, origins, mode)
     findings += more
@@ -370,7 +439,7 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         summary["numerics"]["layerwise"] = how
     if error is not None:
         summary["numerics"]["error"] = f"{type(error).__name__}: {error}"
-    return Report(
+    report = Report(
         findings=findings,
         runs=[
             Run(
@@ -386,3 +455,4 @@ def _forecast(model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, 
         f"policy "
         f"{policy if policy is not None else 'none'})",
     )
+    return report, error

@@ -21,6 +21,7 @@ from torch import nn
 from castwise._autocast import DEVICE_TYPES, autocast
 from castwise._dtypes import short_of
 from castwise.numerics import _run
+from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
 from castwise.numerics.rows import locate_rows
@@ -154,15 +155,19 @@ def locate_in(
         target, applied = _run.on_device(model, policy, device)
         try:
             with _run.kept_as_is(target):
-                return _locate(target, inputs, policy, mode, device, fn)
+                report, error = _locate(target, inputs, policy, mode, device, fn)
         finally:
             if applied is not None:
                 applied.remove()
+    if error is not None:
+        raised = RunRaised(f"locate's run (policy {policy if policy is not None else 'none'})", policy, error)
+        add_diagnosis(report, model, inputs, raised, mode=mode, device=device, audit=fn is None)
+    return report
 
 
 def _locate(
     model: nn.Module, inputs: Any, policy: Any, mode: str, device: str, fn: Callable[..., Any] | None
-) -> Report:
+) -> tuple[Report, BaseException | None]:
     inputs = _run.real_inputs(inputs, device)
     findings: list[Finding] = []
     bad = _run.nonfinite_state(model, inputs)
@@ -207,7 +212,7 @@ def _locate(
         )
     if result.error is not None:
         numerics["error"] = f"{type(result.error).__name__}: {result.error}"
-    return Report(
+    report = Report(
         findings=findings,
         runs=[
             Run(
@@ -226,6 +231,7 @@ def _locate(
         title=f"castwise numerics --locate (real tensors, device {device}, policy "
         f"{policy if policy is not None else 'none'})",
     )
+    return report, result.error
 
 
 def locate_nonfinite(

@@ -8,6 +8,7 @@ maximum and a histogram of powers of two as it is made.
 from __future__ import annotations
 
 import math
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -283,11 +284,37 @@ class OpFinder(Observer):
 
 @dataclass
 class ModuleRange:
-    """What one module's ops made in one phase: the largest magnitude and a power-of-two histogram."""
+    """What one module's ops made in one phase: the largest magnitude and a power-of-two histogram.
+
+    Small tensors' magnitudes wait in ``pending`` and are binned together when the histogram is
+    read (or PENDING elements have gathered): one histogram per module instead of one per op,
+    whose handful of small kernels cost more than a toy model's op itself."""
 
     absmax: torch.Tensor
-    hist: torch.Tensor
+    _hist: torch.Tensor | None = None
     ops: int = 0
+    pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # (magnitudes, weight)
+    pending_n: int = 0
+
+    def add(self, hist: torch.Tensor | None, magnitudes: tuple[torch.Tensor, int] | None) -> None:
+        if hist is not None:
+            self._hist = hist if self._hist is None else self._hist + hist
+        if magnitudes is not None:
+            self.pending.append(magnitudes)
+            self.pending_n += magnitudes[0].numel()
+            if self.pending_n >= PENDING:
+                self._bin()
+
+    def _bin(self) -> None:
+        for mags, weight in self.pending:
+            h = log2_hist(mags, weight)
+            self._hist = h if self._hist is None else self._hist + h
+        self.pending, self.pending_n = [], 0
+
+    @property
+    def hist(self) -> torch.Tensor:
+        self._bin()
+        return self._hist if self._hist is not None else torch.zeros(HIST_BINS)
 
 
 @dataclass
@@ -299,6 +326,28 @@ class RangeRecord:
     op_out: list[torch.Tensor] = field(default_factory=list)
     op_in: list[torch.Tensor] = field(default_factory=list)
     scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    # float8: per Linear, its GEMM operands (input, weight, grad_output) scored per recipe, and tokens
+    operands: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def bin_pending(self) -> None:
+        """Every module's waiting magnitudes binned in one pass (one bincount over all modules,
+        each offset by its own row), not one small histogram per module."""
+        waiting = [mr for mr in self.modules.values() if mr.pending]
+        if not waiting:
+            return
+        width = HIST_BINS + 1
+        parts = [(row * width, m, w) for row, mr in enumerate(waiting) for m, w in mr.pending]
+        a = torch.cat([m for _, m, _ in parts])
+        sizes = torch.tensor([m.numel() for _, m, _ in parts], device=a.device)
+        rows = torch.repeat_interleave(torch.tensor([r for r, _, _ in parts], device=a.device), sizes)
+        weights = torch.repeat_interleave(torch.tensor([float(w) for _, _, w in parts], device=a.device), sizes)
+        _, e = torch.frexp(a)
+        idx = (e.long() - 1 - HIST_LO).clamp_(0, HIST_BINS - 1)
+        idx = torch.where((a > 0) & (a < math.inf), idx, HIST_BINS) + rows
+        counts = torch.bincount(idx, weights, minlength=len(waiting) * width).reshape(len(waiting), width)
+        for mr, h in zip(waiting, counts[:, :HIST_BINS].float(), strict=True):
+            mr.pending, mr.pending_n = [], 0
+            mr.add(h, None)
 
 
 SAMPLE = 1 << 14  # elements per tensor the histogram looks at (strided: the shares are estimates)
@@ -327,15 +376,23 @@ def absmax(t: torch.Tensor) -> torch.Tensor:
     return torch.where(raw < sentinel, raw, torch.where(sa < sentinel, sa, 0.0).amax())
 
 
-def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``absmax(t)`` and ``log2_hist`` of its sample, sharing one pass over a small tensor's
-    magnitudes (most of a forecast's per-op cost on small tensors is the number of kernels)."""
+PENDING = 1 << 16  # small tensors' magnitudes binned together once this many have gathered
+
+
+HIST_SAMPLE = 1 << 10  # a small tensor's magnitudes kept for the histogram (strided, weighted)
+
+
+def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, int] | None]:
+    """``absmax(t)``, and either ``log2_hist`` of its sample (a large tensor) or a strided sample
+    of its magnitudes with the weight of each, to bin later with others (a small one: most of a
+    forecast's per-op cost on small tensors is the number of kernels)."""
     if t.numel() > SAMPLE:
         sa, step = _sample(t)
-        return absmax(t), log2_hist(sa, step)
+        return absmax(t), log2_hist(sa, step), None
     a = t.detach().reshape(-1).abs().float()  # float32: every floating dtype's magnitudes fit
     sentinel = _SENTINEL.get(t.dtype, math.inf)
-    return torch.where(a < sentinel, a, 0.0).amax(), log2_hist(a, 1)
+    step = max(a.numel() // HIST_SAMPLE, 1)
+    return torch.where(a < sentinel, a, 0.0).amax(), None, (a[::step], step)
 
 
 def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
@@ -345,6 +402,27 @@ def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
     idx = (e.long() - 1 - HIST_LO).clamp_(0, HIST_BINS - 1)
     idx = torch.where((sa > 0) & (sa < math.inf), idx, HIST_BINS)  # a dump bin, dropped below
     return torch.bincount(idx, minlength=HIST_BINS + 1)[:HIST_BINS].float() * weight
+
+
+_NORM_KERNELS = ("rms_norm", "layer_norm", "group_norm", "batch_norm", "instance_norm")
+_norm_codes: frozenset[Any] | None = None
+
+
+def in_norm_kernel(depth: int = 40) -> bool:
+    """Whether the op now dispatched was issued by one of torch's functional norms (its kernel
+    accumulates in float32 whatever the tensors' dtype), found on the Python stack."""
+    global _norm_codes
+    if _norm_codes is None:
+        fn = torch.nn.functional
+        _norm_codes = frozenset(getattr(fn, n).__code__ for n in _NORM_KERNELS if hasattr(getattr(fn, n), "__code__"))
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code in _norm_codes:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class RangeObserver(Observer):
@@ -369,22 +447,18 @@ class RangeObserver(Observer):
 
         self.fixed = fixed  # id(parameter or buffer) -> absmax, computed once before the run
         self.amax = _AttrMap("amax")
-        # the largest magnitude anywhere in a tensor's lineage: once a value passed the target's
-        # limit the target holds Inf there, and everything computed from it inherits it, even
-        # where the wider run shrinks it back into range
+        # backward only: the largest magnitude in a gradient's lineage. A gradient grows and
+        # shrinks linearly along the chain (no norm brings it back), so one that passed the limit
+        # inflates every gradient computed from it: those are not sites of their own
         self.reach = _AttrMap("reach")
         self.rec = RangeRecord()
         self.scaled_limit = scaled_limit
-        self.wide = wide  # modules that compute in float32 inside: their intermediates add no reach
-        # a tensor a wide module made: (module, op, phase, its absmax, its inputs' reach). When an op
+        self.wide = wide  # modules that compute in float32 inside: their intermediates are no sites
+        # a tensor a wide module made: (module, op, phase, its absmax, its inputs' absmax). When an op
         # of another module reads it, it left the module in the target dtype: its magnitude counts
         # there (an origin of that module when it passes the limit), forward and backward alike
         self.wide_out = _AttrMap("wide_out")
         self.paused = False  # a layerwise run's recomputed forward: its values are recorded already
-
-    def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
-        got: torch.Tensor | None = self.reach.get(t)
-        return self._absmax_of(t) if got is None else got
 
     def _absmax_of(self, t: torch.Tensor) -> torch.Tensor:
         got = self.fixed.get(id(t))
@@ -395,6 +469,10 @@ class RangeObserver(Observer):
             self.amax[t] = got
         return got
 
+    def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
+        got: torch.Tensor | None = self.reach.get(t)
+        return self._absmax_of(t) if got is None else got
+
     def _escaped(self, call: OpCall) -> None:
         """Tensors a wide module made that an op of another module reads now: their values leave
         that module stored in the target dtype, so they count as that module's op outputs."""
@@ -402,12 +480,13 @@ class RangeObserver(Observer):
             made = self.wide_out.get(t)
             if made is None or made[0] == call.module:
                 continue
-            module, op, phase, amax, in_reach = made
+            module, op, phase, amax, in_amax = made
             self.wide_out[t] = None
             self.rec.op_keys.append((module, op, phase))
             self.rec.op_out.append(amax)
-            self.rec.op_in.append(in_reach)
-            self.reach[t] = torch.maximum(self._reach_of(t), amax)
+            self.rec.op_in.append(in_amax)
+            if phase == "backward":
+                self.reach[t] = torch.maximum(self._reach_of(t), amax)
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         if self.paused:
@@ -419,48 +498,75 @@ class RangeObserver(Observer):
             return
         if call.func.is_view:
             if call.tensors:
-                base, reach = self._absmax_of(call.tensors[0]), self._reach_of(call.tensors[0])
+                base = self._absmax_of(call.tensors[0])
                 made = self.wide_out.get(call.tensors[0])
+                reach = self.reach.get(call.tensors[0])
                 for o in outs:
                     self.amax[o] = base  # a view's values are within its base's
-                    self.reach[o] = reach
+                    if reach is not None:
+                        self.reach[o] = reach
                     if made is not None:
                         self.wide_out[o] = made
             return
-        ins = [self._reach_of(t) for t in _floats(call.tensors)]
-        in_reach = torch.stack(ins).amax() if ins else torch.zeros(())
+        # forward: each op judged on its own inputs' magnitudes, as if every site upstream were
+        # fixed (an input past the limit is an upstream site's, or a parameter's: reported there);
+        # backward: on its inputs' lineage (see reach)
+        backward = call.phase == "backward"
+        of = self._reach_of if backward else self._absmax_of
+        ins = [of(t) for t in _floats(call.tensors)]
+        in_amax = ins[0] if len(ins) == 1 else torch.stack(ins).amax() if ins else torch.zeros(())
         inside_wide = call.module in self.wide
+        # a square inside torch's own norm kernels (the composite rms_norm runs as pow, mean,
+        # rsqrt on some devices) is computed in float32 there: not a site; a hand-written one is
+        in_kernel = call.name == "aten.pow" and in_norm_kernel()
         rec = self.rec
         key = (call.module, call.phase)
         mr = rec.modules.get(key)
         for o in outs:
-            amax, h = reduce(o)
+            amax, h, mags = reduce(o)
             self.amax[o] = amax
             if inside_wide:
-                self.reach[o] = in_reach
-                self.wide_out[o] = (call.module, call.name, call.phase, amax, in_reach)
-            else:
-                self.reach[o] = torch.maximum(in_reach, amax)
+                self.wide_out[o] = (call.module, call.name, call.phase, amax, in_amax)
+            if backward:
+                self.reach[o] = in_amax if inside_wide else torch.maximum(in_amax, amax)
             if mr is None:
-                mr = rec.modules[key] = ModuleRange(amax, h)
+                mr = rec.modules[key] = ModuleRange(amax)
             else:
                 mr.absmax = torch.maximum(mr.absmax, amax)
-                mr.hist = mr.hist + h
+            mr.add(h, mags)
             mr.ops += 1
-            if inside_wide:
+            if inside_wide or in_kernel:
                 continue  # its intermediates are float32 in the target run: only what leaves counts
             rec.op_keys.append((call.module, call.name, call.phase))
             rec.op_out.append(amax)
-            rec.op_in.append(in_reach)
+            rec.op_in.append(in_amax)
 
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
         if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
         parts = [("input", frame.inputs[0])] if frame.inputs else []
         parts.append(("weight", frame.module.weight))
+        from castwise.numerics.float8_scaled import scores
+
+        top, bottom = self.scaled_limit
+        operands = self.rec.operands.setdefault(frame.name, {})
         for what, t in parts:
             flush, nonzero = self.scaled_flush(t)
             self.rec.scaled.setdefault(frame.name, []).append((what, flush, nonzero))
+            operands.setdefault(what, scores(t, top, bottom))
+        if frame.inputs:
+            operands.setdefault("tokens", frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1))
+        out = output if isinstance(output, torch.Tensor) else None
+        if out is not None and out.requires_grad and "grad_output" not in operands:
+
+            def grad_hook(g: torch.Tensor) -> None:
+                was, self.paused = self.paused, True  # the scoring's own ops are not the model's
+                try:
+                    operands.setdefault("grad_output", scores(g, top, bottom))
+                finally:
+                    self.paused = was
+
+            out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
 
     def scaled_flush(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(values that would flush to zero, non-zero values) once ``t`` is scaled by its absmax."""

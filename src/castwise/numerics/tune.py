@@ -24,10 +24,19 @@ import torch
 from torch import nn
 
 from castwise.errors import CastwiseError
-from castwise.numerics._compare_core import Measurement, ModuleNumerics, check_mode, loss_error, loss_only, measure
+from castwise.numerics._compare_core import (
+    Measurement,
+    ModuleNumerics,
+    check_mode,
+    loss_error,
+    loss_only,
+    measure,
+    reference_run,
+)
 from castwise.numerics._compare_iso import err
 from castwise.numerics._compare_run import Inputs, call_model, projection, seed_all
 from castwise.numerics._compare_target import Target, parse_target, prepared
+from castwise.numerics._failed import RunRaised, diagnosed, raised_in
 from castwise.report import Finding
 
 METRICS = ("loss", "output")
@@ -50,6 +59,14 @@ class Tuned:
     candidates: tuple[str, ...]  # ranked by sensitivity, most sensitive first
     reference: str = "32-true"
     island_share: float = 0.0  # forward FLOPs in the islands tune added / all (the policy's own excluded)
+    raised: tuple[Finding, ...] = ()  # the model raised in a run: the audit's findings, no search
+
+    @classmethod
+    def failed(cls, findings: list[Finding], target: Target, ref: Target, budget: float, metric: str) -> Tuned:
+        """What tune says when the model raised in one of its runs: the findings, nothing met."""
+        return cls(
+            str(target), math.inf, 0.0, (), budget, metric, False, math.inf, 0, (), str(ref), raised=tuple(findings)
+        )
 
     @property
     def ok(self) -> bool:
@@ -57,6 +74,8 @@ class Tuned:
 
     @property
     def findings(self) -> list[Finding]:
+        if self.raised:
+            return list(self.raised)
         share = f"{100 * self.low_precision_share:.1f}% of FLOPs in low precision"
         if not self.met:
             return [
@@ -107,6 +126,9 @@ class Tuned:
     def __str__(self) -> str:
         from castwise.report.text import render_finding
 
+        if self.raised:
+            head = f"castwise numerics --tune: nothing searched, the model raised (policy {self.policy})"
+            return "\n".join([head, *(x for f in self.raised for x in ["", *render_finding(f)])])
         verdict = "within" if self.met else "NOT within"
         lines = [
             f"castwise numerics --tune: {self.metric} error {self.error:.2e} {verdict} the budget "
@@ -285,8 +307,9 @@ def tune(
     most FLOPs first, while a run without them still meets it and runs are left (at most
     2 + log2(modules) in all).
 
-    ``metric``: ``"loss"`` (relative difference of the loss: the model's own ``loss`` or a fixed
-    random projection of its outputs) or ``"output"`` (relative L2 error of the outputs).
+    ``metric``: ``"loss"`` (relative difference of the model's own loss: a ``loss`` field of its
+    output or a scalar output; a model that returns none is measured by its outputs, and
+    ``Tuned.metric`` says "output") or ``"output"`` (relative L2 error of the outputs).
     ``policy``: bf16/f16 policies, or an emulated float8 format (``float8_e4m3fn``). The model is
     not changed: every run is on a deep copy.
     """
@@ -296,20 +319,26 @@ def tune(
     if not isinstance(model, nn.Module):
         raise CastwiseError(f"tune needs a torch.nn.Module, got {type(model).__name__}")
     target, ref = parse_target(policy), parse_target(reference)
-    with preserved_state():
-        return _tune(model, inputs, target, ref, float(budget), metric, mode)
+    try:
+        with preserved_state():
+            return _tune(model, inputs, target, ref, float(budget), metric, mode)
+    except RunRaised as raised:
+        return Tuned.failed(diagnosed(model, inputs, raised, mode=mode), target, ref, float(budget), metric)
 
 
 def _tune(
     model: nn.Module, inputs: Inputs, target: Target, ref: Target, budget: float, metric: str, mode: str
 ) -> Tuned:
     ref_model = prepared(model, ref, mode)
-    flops = _forward_flops(ref_model, inputs)
-    seed_all(0)
-    with torch.no_grad():
-        ref_out = call_model(ref_model, inputs)
+    with raised_in(reference_run(ref), ref.full_policy):
+        flops = _forward_flops(ref_model, inputs)
+        seed_all(0)
+        with torch.no_grad():
+            ref_out = call_model(ref_model, inputs)
     dirs = projection(ref_out)
     m = measure(model, inputs, target, ref, mode)
+    if metric == "loss" and not m.has_loss:
+        metric = "output"  # no loss of its own: its outputs are what it gives, not a projection of them
     search = _Search(model, inputs, target, mode, metric, m.loss_ref, m.loss_scale, ref_out, dirs)
     search.runs = 1  # the measurement's run of the policy is the run without islands
     baseline = m.loss_err if metric == "loss" else m.output_err
