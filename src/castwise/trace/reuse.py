@@ -239,10 +239,21 @@ def _owned_tensors(block: nn.Module) -> dict[str, torch.Tensor]:
 class _Mapping:
     """Provenance and names of a template's record, renamed for one block."""
 
-    def __init__(self, rec: _Record, name: str, given: dict[int, Prov | None]) -> None:
-        self.old, self.new = rec.name, name
-        self.given = given  # id(template prov) -> this block's prov
+    def __init__(self, rec: _Record, name: str, ins: list[Prov | None], owned: dict[str, Prov | None]) -> None:
+        self.rec, self.old, self.new = rec, rec.name, name
+        self.ins, self.owned = ins, owned  # this block's inputs' and tensors' provenance
+        self.given: dict[int, Prov | None] = {}  # id(template prov) -> this block's prov
+        for tpl, now in zip(rec.inputs, ins, strict=True):
+            if tpl is not None:
+                self.given.setdefault(id(tpl), now)
+        for n, tpl in rec.params.items():
+            if tpl is not None and n in owned:
+                self.given[id(tpl)] = owned[n]
         self.memo: dict[int, Prov | None] = {}
+
+    def to(self, rec: _Record) -> _Mapping:
+        """The same block's mapping from another record of its key."""
+        return self if rec is self.rec else _Mapping(rec, self.new, self.ins, self.owned)
 
     def prov(self, p: Prov | None) -> Prov | None:
         if p is None:
@@ -303,7 +314,9 @@ class BlockReuse(Observer):
         self.model = model
         self.tracer: Tracer | None = None
         self.keys: dict[int, tuple[Any, ...]] = {}
-        self.records: dict[Any, _Record | None] = {}
+        self.records: dict[Any, _Record | None] = {}  # call key -> the first block's record
+        self.back: dict[Any, _Record | None] = {}  # call key -> the last block's (its backward's source)
+        self.last: set[int] = set()  # the last block of each static key
         self.captures: list[_Capture] = []
         self.pending: list[tuple[int, int, _Mapping]] = []  # backward splices: (op, event, mapping)
         self.reused: dict[str, str] = {}  # block -> the template it reused
@@ -313,11 +326,13 @@ class BlockReuse(Observer):
         self.tracer = tracer
         if not tracer.fake or any(o.name not in _KNOWN_OBSERVERS for o in tracer.observers):
             return  # an observer of its own may need every op: nothing is reused
+        last: dict[Any, int] = {}
         for name, block in find_blocks(self.model).items():
             key = static_key(block)
             if key is None:
                 continue
             self.keys[id(block)] = key
+            last[key] = id(block)
             inner = block.forward
 
             @functools.wraps(inner)
@@ -325,6 +340,7 @@ class BlockReuse(Observer):
                 return self.call(_n, _b, _f, args, kwargs)
 
             block.forward = forward  # type: ignore[method-assign]  # the audit's own copy
+        self.last = set(last.values())
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -358,7 +374,11 @@ class BlockReuse(Observer):
         if key is None:
             return inner(*args, **kwargs)
         if key not in self.records:
-            return self._template(key, name, block, inner, args, kwargs, leaves)
+            return self._template(self.records, key, name, block, inner, args, kwargs, leaves)
+        if torch.is_grad_enabled() and id(block) in self.last and key not in self.back:
+            # the last block of a kind traces for itself: its backward runs before the reused
+            # blocks' and gives their backward record (also when backward stops on an error)
+            return self._template(self.back, key, name, block, inner, args, kwargs, leaves)
         rec = self.records[key]
         if rec is None:
             return inner(*args, **kwargs)
@@ -366,6 +386,7 @@ class BlockReuse(Observer):
 
     def _template(
         self,
+        store: dict[Any, _Record | None],
         key: Any,
         name: str,
         block: nn.Module,
@@ -387,13 +408,13 @@ class BlockReuse(Observer):
             tracer.assumed_now,
             dict(trace.activation_bytes),
         )
-        self.records[key] = None  # until it returns: a failing template is no record
+        store[key] = None  # until it returns: a failing template is no record
         self.captures.append(cap)
         try:
             out = inner(*args, **kwargs)
         finally:
             self.captures.pop()
-        self.records[key] = self._record(cap, block, leaves, out)
+        store[key] = self._record(cap, block, leaves, out)
         return out
 
     def _record(self, cap: _Capture, block: nn.Module, leaves: list[Any], out: Any) -> _Record | None:
@@ -443,15 +464,8 @@ class BlockReuse(Observer):
     def _replay(self, rec: _Record, name: str, block: nn.Module, leaves: list[Any]) -> Any:
         tracer = self.tracer
         assert tracer is not None
-        given: dict[int, Prov | None] = {}
-        for tpl, x in zip(rec.inputs, leaves, strict=True):
-            if tpl is not None and isinstance(x, torch.Tensor):
-                given.setdefault(id(tpl), tracer.prov.get(x))
-        for n, t in _owned_tensors(block).items():
-            tpl = rec.params.get(n)
-            if tpl is not None:
-                given[id(tpl)] = tracer.prov.get(t)
-        mapping = _Mapping(rec, name, given)
+        ins = [tracer.prov.get(x) if isinstance(x, torch.Tensor) else None for x in leaves]
+        mapping = _Mapping(rec, name, ins, {n: tracer.prov.get(t) for n, t in _owned_tensors(block).items()})
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         grads = [p for p in block.parameters() if p.requires_grad] if torch.is_grad_enabled() else []
         if torch.is_grad_enabled():
@@ -545,14 +559,18 @@ class BlockReuse(Observer):
         if self.pending:
             ops: dict[str, list[Any]] = {}
             events: dict[str, list[Event]] = {}
-            for _o, _e, m in self.pending:
-                if m.old not in ops:
-                    ops[m.old] = [r for r in trace.ops if r[2] == "backward" and within(r[0], m.old)]
-                    events[m.old] = [e for e in trace.events if e.phase == "backward" and within(e.module, m.old)]
-            trace.ops[:] = _spliced(trace.ops, [(o, [m.op(r) for r in ops[m.old]]) for o, _e, m in self.pending])
-            trace.events[:] = _spliced(
-                trace.events, [(e, [m.event(x) for x in events[m.old]]) for _o, e, m in self.pending]
-            )
+            marks: list[tuple[int, int, _Mapping]] = []
+            for op_at, ev_at, m in self.pending:
+                key = next(k for k, r in self.records.items() if r is m.rec)
+                source = self.back.get(key) or m.rec
+                if source.name not in ops:
+                    ops[source.name] = [r for r in trace.ops if r[2] == "backward" and within(r[0], source.name)]
+                    events[source.name] = [
+                        e for e in trace.events if e.phase == "backward" and within(e.module, source.name)
+                    ]
+                marks.append((op_at, ev_at, m.to(source)))
+            trace.ops[:] = _spliced(trace.ops, [(o, [m.op(r) for r in ops[m.old]]) for o, _e, m in marks])
+            trace.events[:] = _spliced(trace.events, [(e, [m.event(x) for x in events[m.old]]) for _o, e, m in marks])
             self.pending.clear()
         for block, template in self.reused.items():
             for modules in trace.uncovered.values():
