@@ -125,7 +125,9 @@ def main() -> None:
         with_cb.append(_fresh(_FIT, "1"))
     load_after = os.getloadavg()
     print(f"cold: import castwise + first tiny audit in a fresh process: {cold:.2f}s")
-    print(f"warm: tiny audit median of {rounds}: {statistics.median(warm):.3f}s (target <= 0.2s), best {min(warm):.3f}s")
+    print(
+        f"warm: tiny audit median of {rounds}: {statistics.median(warm):.3f}s (target <= 0.2s), best {min(warm):.3f}s"
+    )
     b, c = statistics.median(without), statistics.median(with_cb)
     print(f"tiny Lightning fit start to first step: without {b:.2f}s, with CastwiseCallback {c:.2f}s")
     print(f"added by the callback: {c - b:.2f}s (target <= 1s)")

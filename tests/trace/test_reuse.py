@@ -164,7 +164,7 @@ def test_a_fault_in_block_17_of_32_is_found_there_with_the_same_origin(plant: An
     assert "model.layers.18" in reused and "model.layers.16" in reused
     errors = [f for f in report.findings if f.level == "error"]
     assert errors, [f.code for f in report.findings]
-    first, plain = errors[0], [f for f in without.findings if f.level == "error"][0]
+    first, plain = errors[0], next(f for f in without.findings if f.level == "error")
     assert (first.code, first.module, first.origin) == (plain.code, plain.module, plain.origin)
     assert any(m and m.startswith(where) for m in (first.module, first.origin and first.origin.module))
     assert [f.to_dict() for f in report.findings] == [f.to_dict() for f in without.findings]

@@ -131,9 +131,7 @@ def _attrs_key(module: nn.Module) -> tuple[Any, ...] | None:
             continue
         if isinstance(value, torch.Tensor):
             out.append((aname, _tensor_key(value)))
-        elif isinstance(value, _PLAIN):
-            out.append((aname, value))
-        elif type(value) is int and not any(w in aname.lower() for w in _INDEX_WORDS):
+        elif isinstance(value, _PLAIN) or (type(value) is int and not any(w in aname.lower() for w in _INDEX_WORDS)):
             out.append((aname, value))
     return tuple(out)
 
@@ -541,7 +539,9 @@ class BlockReuse(Observer):
             if g is not None:
                 # a gradient keeps the origin of the incoming one of its dtype, as a chain of
                 # dtype-preserving backward ops would; else the block made it
-                same = next((tracer.prov.get(x) for x in grads if isinstance(x, torch.Tensor) and x.dtype == g.dtype), None)
+                same = next(
+                    (tracer.prov.get(x) for x in grads if isinstance(x, torch.Tensor) and x.dtype == g.dtype), None
+                )
                 desc = fmt_tensor(name_of(g.dtype), shape_of(g))
                 tracer.prov[g] = same or Prov("backward", mapping.new, None, desc, g.dtype)
         return out
