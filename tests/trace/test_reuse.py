@@ -112,10 +112,18 @@ def _every_layer_f64(model: nn.Module) -> nn.Module:
     return model
 
 
+def _checkpointed(reentrant: bool) -> nn.Module:
+    model = _llama(3)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    return model
+
+
 _CASES: dict[str, tuple[Any, Any, str | None, str]] = {
     "llama-cuda": (lambda: _llama(4), _ids, "bf16-mixed", "cuda"),
     "llama-cpu-f16": (lambda: _llama(3), _ids, "16-mixed", "cpu"),
     "llama-fault-in-every-layer": (lambda: _every_layer_f64(_llama(3)), _ids, "bf16-mixed", "cuda"),
+    "llama-checkpoint": (lambda: _checkpointed(False), _ids, "bf16-mixed", "cuda"),
+    "llama-checkpoint-reentrant": (lambda: _checkpointed(True), _ids, "bf16-mixed", "cuda"),
     "t5": (_t5, lambda: {"input_ids": _ids(), "decoder_input_ids": _ids()}, "bf16-mixed", "cuda"),
     "bert": (_bert, _ids, "bf16-mixed", "cuda"),
     "mixtral": (_mixtral, _ids, "bf16-mixed", "cuda"),

@@ -347,12 +347,18 @@ class BlockReuse(Observer):
         assert tracer is not None
         if tracer.phase != "forward" or tracer.hook_stack or self.captures:
             return None
+        if block.training and not torch.is_grad_enabled():
+            # no grad in training: a reentrant checkpoint's first pass, whose backward runs the
+            # block again for real; the two passes are traced as they run
+            return None
         if _global_hooks():
             return None  # a user's global hook runs on every module
         parts: list[Any] = []
         seen: dict[int, int] = {}
         for i, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
+                if id(x) in tracer.stand.ids:
+                    return None  # a dense stand-in for a nested tensor (fastpath.py): ids, not records
                 # values the tracer knows (positions, a mask) may steer the block: the same values
                 # (the same tensor's) or none
                 known = (id(tracer.shadow.get(x)), id(tracer.recipe.get(x)))
@@ -438,6 +444,10 @@ class BlockReuse(Observer):
             elif isinstance(x, torch.Tensor):
                 if id(x) in index or id(x) in owned or x in tracer.shadow or x in tracer.recipe or x.is_nested:
                     return None  # an input or weight passed through, or known values: not made here
+                if isinstance(x.grad_fn, torch.autograd.function.BackwardCFunction):
+                    # made by a custom Function (a reentrant checkpoint): its backward runs Python
+                    # (the block again) whose ops no module name marks as the block's
+                    return None
                 made = _Out(shape_of(x), x.stride(), x.dtype, x.device, x.requires_grad, tracer.prov.get(x), "")
                 outs.append(dataclasses.replace(made, creator=str(tracer.creator.get(x, ""))))
             elif isinstance(x, _PLAIN) or type(x) is int:
