@@ -2,7 +2,8 @@
 
 A 7B Llama runs 32 identical decoder layers; tracing each costs as much as the fake run itself.
 During a fake run, each *block* (a composite module in a ``ModuleList``/``Sequential`` beside
-another of its class, outermost only) is keyed by everything its record depends on:
+another of its class, outermost only: ``trace/blocks.py``) is keyed by everything its record
+depends on:
 
 - static: class and forward (an instance override, a policy's island wrapper: by code and
   closure), per submodule; parameter, buffer and tensor-attribute dtype, shape, stride, device,
@@ -35,7 +36,6 @@ import contextvars
 import dataclasses
 import functools
 import os
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from castwise._dtypes import fmt_tensor, name_of
+from castwise.trace.blocks import PLAIN, find_blocks, global_hooks, renamed, static_key, tensor_key, within
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer
 
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
     from castwise.trace.tracer import Tracer
 
 _OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("castwise_reuse_off", default=False)
-_PLAIN = (bool, str, float, type(None), torch.dtype, torch.device)
-_INDEX_WORDS = ("idx", "index", "layer_id", "layer_num", "block_id")
 # observers whose records a block's record stands for (ops, events, bytes, module exits)
 _KNOWN_OBSERVERS = frozenset({"contracts", "upcasts", "activation_bytes", "modules", "reuse"})
 
@@ -71,113 +70,6 @@ def disabled() -> Iterator[None]:
         yield
     finally:
         _OFF.reset(token)
-
-
-def within(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
-def renamed(name: str, old: str, new: str) -> str:
-    return new + name[len(old) :] if within(name, old) else name
-
-
-# -- keys -----------------------------------------------------------------------------------------
-
-
-def _forward_key(module: nn.Module) -> Any:
-    """The forward a call runs: the class's, or an instance override by code and closure (a
-    policy's island wrapper is one closure per module, alike in all but the module)."""
-    own = module.__dict__.get("forward")
-    return (type(module).forward, None if own is None else _callable_key(own, 0))
-
-
-def _callable_key(fn: Any, depth: int) -> Any:
-    if isinstance(fn, types.MethodType):
-        return ("method", _callable_key(fn.__func__, depth))
-    code = getattr(fn, "__code__", None)
-    if code is None or depth > 3:
-        return ("object", id(fn))
-    cells = tuple(_value_key(c.cell_contents, depth + 1) for c in (fn.__closure__ or ()))
-    return ("function", code, cells)
-
-
-def _value_key(value: Any, depth: int) -> Any:
-    if isinstance(value, _PLAIN) or type(value) is int:
-        return value
-    if isinstance(value, nn.Module):
-        return ("module", type(value))
-    if callable(value):
-        return _callable_key(value, depth)
-    return ("object", id(value))
-
-
-def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
-    stride = () if t.is_nested else t.stride()
-    return (type(t), t.dtype, shape_of(t), stride, t.device, t.requires_grad)
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks:
-        return True
-    if getattr(module, "_backward_pre_hooks", None):
-        return True
-    return any(getattr(p, "_backward_hooks", None) for p in module._parameters.values() if p is not None)
-
-
-def _attrs_key(module: nn.Module) -> tuple[Any, ...] | None:
-    out: list[Any] = []
-    for aname, value in vars(module).items():
-        if aname.startswith("_") or aname == "forward":
-            continue
-        if isinstance(value, torch.Tensor):
-            out.append((aname, _tensor_key(value)))
-        elif isinstance(value, _PLAIN) or (type(value) is int and not any(w in aname.lower() for w in _INDEX_WORDS)):
-            out.append((aname, value))
-    return tuple(out)
-
-
-def static_key(block: nn.Module) -> tuple[Any, ...] | None:
-    """What a block's record depends on in the block itself; None: it must trace for itself."""
-    parts: list[Any] = []
-    for rel, m in block.named_modules():
-        if _has_hooks(m):
-            return None
-        tensors = tuple(
-            (kind, n, None if t is None else _tensor_key(t))
-            for kind, store in (("p", m._parameters), ("b", m._buffers))
-            for n, t in store.items()
-        )
-        parts.append((rel, type(m), _forward_key(m), m.training, tensors, _attrs_key(m)))
-    return tuple(parts)
-
-
-def _global_hooks() -> bool:
-    """Whether a global module hook other than the tracer's own two is registered."""
-    mod: Any = torch.nn.modules.module
-    own = len(mod._global_forward_hooks) + len(mod._global_forward_pre_hooks)
-    return own > 2 or bool(mod._global_backward_hooks) or bool(mod._global_backward_pre_hooks)
-
-
-def _is_block(module: nn.Module, siblings: list[nn.Module]) -> bool:
-    """A composite module beside another of its class (a leaf layer is not worth a record)."""
-    if not module._modules:
-        return False
-    return sum(type(s) is type(module) for s in siblings) > 1
-
-
-def find_blocks(model: nn.Module) -> dict[str, nn.Module]:
-    """The outermost repeated blocks: children of a ModuleList/Sequential, by name."""
-    found: dict[str, nn.Module] = {}
-    for name, container in model.named_modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        if any(within(name, b) for b in found):
-            continue
-        children = list(container._modules.values())
-        for cname, child in container._modules.items():
-            if child is not None and _is_block(child, [c for c in children if c is not None]):
-                found[f"{name}.{cname}" if name else cname] = child
-    return found
 
 
 # -- records --------------------------------------------------------------------------------------
@@ -351,7 +243,7 @@ class BlockReuse(Observer):
             # no grad in training: a reentrant checkpoint's first pass, whose backward runs the
             # block again for real; the two passes are traced as they run
             return None
-        if _global_hooks():
+        if global_hooks():
             return None  # a user's global hook runs on every module
         parts: list[Any] = []
         seen: dict[int, int] = {}
@@ -362,8 +254,8 @@ class BlockReuse(Observer):
                 # values the tracer knows (positions, a mask) may steer the block: the same values
                 # (the same tensor's) or none
                 known = (id(tracer.shadow.get(x)), id(tracer.recipe.get(x)))
-                parts.append((_tensor_key(x), seen.setdefault(id(x), i), known))
-            elif isinstance(x, _PLAIN) or type(x) is int:
+                parts.append((tensor_key(x), seen.setdefault(id(x), i), known))
+            elif isinstance(x, PLAIN) or type(x) is int:
                 parts.append(("value", x))
             else:
                 parts.append(("object", id(x)))
@@ -450,7 +342,7 @@ class BlockReuse(Observer):
                     return None
                 made = _Out(shape_of(x), x.stride(), x.dtype, x.device, x.requires_grad, tracer.prov.get(x), "")
                 outs.append(dataclasses.replace(made, creator=str(tracer.creator.get(x, ""))))
-            elif isinstance(x, _PLAIN) or type(x) is int:
+            elif isinstance(x, PLAIN) or type(x) is int:
                 outs.append(x)
             else:
                 return None  # an object made in the block: it cannot be made again from a record
