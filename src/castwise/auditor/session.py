@@ -26,6 +26,8 @@ from castwise.trace import simcuda
 from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
 from castwise.trace.observers import default_observers
+from castwise.trace.reuse import BlockReuse
+from castwise.trace.reuse import enabled as reuse_enabled
 from castwise.trace.tracer import Tracer, run
 
 MODES = ("both", "eval", "train")
@@ -153,13 +155,12 @@ def _run_once(
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
-        tracer = Tracer(
-            copy,
-            dev,
-            fake=fake,
-            record_ops=record_ops,
-            observers=observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)],
-        )
+        chosen = observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)]
+        # repeated blocks traced once (fake runs): its finish splices before the others read the trace
+        reuse = BlockReuse(copy) if fake and reuse_enabled() else None
+        tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops, observers=[reuse, *chosen] if reuse else chosen)
+        if reuse is not None:
+            reuse.attach(tracer)
         tracer.forced = forced  # branch sites answered True (the second run of a mode, trace/values.py)
         tracer.seed_inputs([x for n, v in named for x in _named_tensors(n, v)])
         if fmode is not None:

@@ -30,7 +30,12 @@ class _HostFakeTensorMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # t
 
     @property
     def avoid_device_init(self) -> bool:
-        return not simcuda.host_has_cuda()
+        # asked for every fake tensor made; the answer is the host's, which a run does not change,
+        # and asking it costs an NVML load on a machine without a driver (~1 ms): asked once per mode
+        avoid: bool | None = self.__dict__.get("_castwise_avoid_init")
+        if avoid is None:
+            avoid = self.__dict__["_castwise_avoid_init"] = not simcuda.host_has_cuda()
+        return avoid
 
 
 def new_mode() -> FakeTensorMode:

@@ -138,6 +138,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.device_type = self.device.autocast_type
         self.fake = fake
         self.record_ops = record_ops
+        self.quiet = False  # ops that only make a reused block's tensors pass unchecked (trace/reuse.py)
         # tensor -> Prov, tensor -> module that made it (kept on the run's own tensors)
         self.prov: Any = _AttrMap("prov")
         self.creator: Any = _AttrMap("creator")
@@ -271,6 +272,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             mode = getattr(args[0], "fake_mode", None) if len(args) == 1 else None
             if mode is not None and not mode.in_kernel_invocation:
                 return args[0].fake_device
+            return func(*args, **(kwargs or {}))
+        if self.quiet:
             return func(*args, **(kwargs or {}))
         if types and _foreign(types):
             # a tensor subclass (torchao's float8 tensors, DTensor, NF4) implements the op itself:
