@@ -383,7 +383,7 @@ def compiled_summary(trace: Trace) -> dict[str, Any]:
     return {
         "graphs": c.graphs,
         "backward_graphs": c.backward_graphs,
-        "graph_breaks": [{"reason": b.reason, "count": b.count} for b in c.breaks],
+        "graph_breaks": [{"reason": b.reason, "count": b.count, "source": b.source} for b in c.breaks],
         "fullgraph": c.fullgraph,
         "ops_checked": c.ops,
         "error": c.error,

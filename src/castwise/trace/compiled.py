@@ -8,20 +8,25 @@ that walk each forward (or inference) and backward ATen graph (``trace.graph``) 
 :class:`Trace` the tracer makes, and return the graph to run as it is, on the fake tensors.
 Between graphs (after a graph break) Dynamo runs the code eagerly, on the same fake tensors.
 
-Nothing of the run outlives it: the compile is isolated (``isolate_recompiles``: it neither
-reuses nor counts against the user's cache entries, nor leaves entries the user's model could
-hit), and its cache entries are dropped after the run.
+Nothing of the run outlives it: the compile is isolated where torch can (``isolate_recompiles``: it
+counts against no limit of the user's), and its cache entries are dropped after the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import inspect
+import logging
+import re
+import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
 
+from castwise._paths import short_path
 from castwise.devices import Device
 from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
 from castwise.trace.graph import GraphWalk
@@ -44,7 +49,8 @@ def compiled_parts(model: nn.Module) -> tuple[nn.Module, CompileOptions] | None:
     ctx = getattr(model, "dynamo_ctx", None)
     dynamic = getattr(ctx, "_dynamic", None)
     options = CompileOptions(bool(getattr(ctx, "fullgraph", False)), dynamic if isinstance(dynamic, bool) else None)
-    orig: nn.Module = model._orig_mod
+    orig = model._orig_mod
+    assert isinstance(orig, nn.Module)
     return orig, options
 
 
@@ -64,6 +70,7 @@ class CompiledProducer:
         self._kept: list[torch.Tensor] = []  # the tensors whose ids key _provs stay alive
         self.graphs = 0
         self.backward_graphs = 0
+        self.breaks: list[tuple[str, str | None]] = []  # (reason, user's line) Dynamo gave the backend
         for mname, module in model.named_modules():
             dot = f"{mname}." if mname else ""
             for kind, store in (("param", module._parameters), ("buffer", module._buffers)):
@@ -90,6 +97,11 @@ class CompiledProducer:
         from torch._dynamo.backends.common import aot_autograd
 
         self.graphs += 1
+        why = getattr(gm, "compile_subgraph_reason", None)
+        if why is not None and getattr(why, "graph_break", False):
+            stack = list(getattr(why, "user_stack", None) or [])
+            at = f"{short_path(stack[-1].filename)}:{stack[-1].lineno}" if stack else None
+            self.breaks.append((_reason(str(why.reason)), at))
         seeds = [self.prov_of(t) if isinstance(t, torch.Tensor) else None for t in example_inputs]
         forward: dict[str, Prov | None] = {}
 
@@ -127,28 +139,105 @@ class CompiledProducer:
         return run
 
 
-def _graph_breaks(before: dict[str, int], after: dict[str, int]) -> tuple[GraphBreak, ...]:
-    return tuple(GraphBreak(reason, n - before.get(reason, 0)) for reason, n in after.items() if n > before.get(reason, 0))
+_BREAK_LOG = "torch._dynamo.symbolic_convert.__graph_breaks"
+_BREAK_AT = re.compile(r"in user code at (.+?):(\d+)")
+_BREAK_REASON = re.compile(r"Graph Break Reason: (.*)")
 
 
-def _drop_entries(codes: list[Any], region: int) -> None:
-    """Drop the cache entries this run's compile left (its own isolated region only). Best
-    effort through Dynamo's internals: where they differ, the entries stay, isolated from the
-    user's, and are invalidated with the copy they guard."""
+def _reason(text: str) -> str:
+    """A break's reason in a line: Dynamo's first line, and the next where the first only says
+    that a break was met ("... Graph break encountered:")."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(Dynamo recorded no reason)"
+    return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
+class _BreakLog(logging.Handler):
+    """Dynamo's graph-break log, read while the compiled run runs: each break's reason and the
+    user's line, also for a break Dynamo met before in this process (its own counters and
+    warnings count a break once per process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.breaks: dict[tuple[str, str | None], int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        reason = _BREAK_REASON.search(text)
+        at = _BREAK_AT.search(text)
+        where = f"{short_path(at.group(1))}:{at.group(2)}" if at else None
+        key = (_reason(text[reason.start(1) :] if reason else text), where)
+        self.breaks[key] = self.breaks.get(key, 0) + 1
+
+    def found(self, producer: CompiledProducer) -> tuple[GraphBreak, ...]:
+        """The breaks logged, and those Dynamo named to the backend that it did not log."""
+        found = dict(self.breaks)
+        for key in producer.breaks:
+            if not any(where == key[1] for _r, where in found):
+                found[key] = found.get(key, 0) + 1
+        if not found and producer.graphs > 1:  # graphs split where Dynamo gave no reason
+            found[("(Dynamo recorded no reason)", None)] = producer.graphs - 1
+        return tuple(GraphBreak(reason, n, where) for (reason, where), n in found.items())
+
+
+@contextlib.contextmanager
+def _reading_breaks() -> Iterator[_BreakLog]:
+    """The graph-break log routed to a :class:`_BreakLog` alone (nothing printed), restored after."""
+    log = logging.getLogger(_BREAK_LOG)
+    saved = (log.level, list(log.handlers), log.propagate, log.disabled)
+    handler = _BreakLog()
+    log.handlers = [handler]
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    log.disabled = False
     try:
-        from torch._C._dynamo.eval_frame import _get_cache_entries_for_region
-        from torch._dynamo.guards import DeletedGuardManagerWrapper
-    except ImportError:
-        return
-    for code in dict.fromkeys(codes):
+        yield handler
+    finally:
+        log.setLevel(saved[0])
+        log.handlers = saved[1]
+        log.propagate = saved[2]
+        log.disabled = saved[3]
+
+
+class _Entries:
+    """The cache entries a run's compile adds, dropped after it: the user's code objects (their
+    ``forward``) hold Dynamo's entries of every compile, the user's own included. Where the
+    compile is isolated (``isolate_recompiles``, torch >= 2.13) every entry of its region is the
+    run's; else those a code object did not have when Dynamo first compiled it in this run.
+    Best effort through Dynamo's internals: where they differ, the entries stay, and fail their
+    guards on anything but the run's fake tensors."""
+
+    def __init__(self, region: int) -> None:
+        self.region = region
+        self.before: dict[Any, set[int]] = {}
+
+    def _of(self, code: Any) -> list[Any]:
+        from torch._C._dynamo import eval_frame
+
+        if self.region >= 0:
+            return list(eval_frame._get_cache_entries_for_region(code, self.region))
+        return list(eval_frame._debug_get_cache_entry_list(code))
+
+    def hook(self, code: types.CodeType, new_code: types.CodeType) -> types.CodeType | None:
+        """Dynamo's bytecode hook: called before each new entry of ``code`` is stored."""
+        if code not in self.before:
+            self.before[code] = set() if self.region >= 0 else {id(e) for e in self._of(code)}
+        return None  # the compiled code as Dynamo made it
+
+    def drop(self) -> None:
         try:
-            for entry in _get_cache_entries_for_region(code, region):
-                manager = entry.guard_manager
-                extra = getattr(manager, "extra_state", None)
-                if extra is not None:
-                    extra.invalidate(entry, DeletedGuardManagerWrapper("castwise audit run ended"))
-        except (AttributeError, RuntimeError, TypeError):
-            continue
+            from torch._dynamo.guards import DeletedGuardManagerWrapper
+        except ImportError:
+            return
+        for code, before in self.before.items():
+            try:
+                for entry in self._of(code):
+                    extra = getattr(entry.guard_manager, "extra_state", None)
+                    if id(entry) not in before and extra is not None:
+                        extra.invalidate(entry, DeletedGuardManagerWrapper("castwise audit run ended"))
+            except (AttributeError, RuntimeError, TypeError):
+                continue
 
 
 def run_compiled(
@@ -164,22 +253,35 @@ def run_compiled(
     raises is recorded (``trace.error``, and its text in ``trace.compiled.error``)."""
     import torch._dynamo
     from torch._dynamo.convert_frame import register_bytecode_hook
-    from torch._dynamo.utils import counters
 
     trace = producer.trace
-    before = dict(counters["graph_break"])
-    codes: list[Any] = []
-    handle = register_bytecode_hook(lambda code, _new: codes.append(code))
-    compiled = torch.compile(
-        model,
-        backend=producer.backend,
-        fullgraph=options.fullgraph,
-        dynamic=options.dynamic,
-        isolate_recompiles=True,
+    # isolated where torch can (>= 2.13): neither counted against the user's recompile limit
+    # nor stored beside the user's entries
+    isolate: dict[str, Any] = (
+        {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
     )
-    region = getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1)
-    error: str | None = None
+    compiled = torch.compile(
+        model, backend=producer.backend, fullgraph=options.fullgraph, dynamic=options.dynamic, **isolate
+    )
+    entries = _Entries(getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1))
+    handle = register_bytecode_hook(entries.hook)
     model.train(mode == "train")
+    try:
+        with _reading_breaks() as breaks:
+            error = _call(compiled, args, kwargs, mode, trace)
+    finally:
+        handle.remove()
+        entries.drop()
+    if trace.events:
+        trace.status = "error"
+    trace.compiled = Compiled(
+        producer.graphs, producer.backward_graphs, breaks.found(producer), options.fullgraph, producer.walk.ops, error
+    )
+    return trace
+
+
+def _call(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, trace: Trace) -> str | None:
+    """One call (and backward in train mode); what it raised is recorded on ``trace``."""
     try:
         if mode == "eval":
             with torch.no_grad():
@@ -194,22 +296,10 @@ def run_compiled(
     except Exception as exc:  # the model's error, or torch.compile's
         trace.error = exc
         trace.status = "error"
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    finally:
-        handle.remove()
-        _drop_entries(codes, region)
-    if trace.error is None:
-        trace.error_phase = "forward"
-    if trace.events:
-        trace.status = "error"
-    trace.compiled = Compiled(
-        producer.graphs,
-        producer.backward_graphs,
-        _graph_breaks(before, dict(counters["graph_break"])),
-        options.fullgraph,
-        producer.walk.ops,
-        error,
-    )
-    return trace
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    trace.error_phase = "forward"
+    return None
+
 
 __all__ = ["CompileOptions", "CompiledProducer", "compiled_parts", "run_compiled"]

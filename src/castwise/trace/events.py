@@ -3,8 +3,9 @@
 A producer makes them: the dispatch-mode tracer (``castwise.trace.tracer``, the eager program)
 or the compiled-graph walker (``castwise.trace.compiled``, the graphs torch.compile runs). The
 audit's rules read only these records (and a :class:`Producer` for the tensors around a raise),
-never a producer's own state, so each producer feeds the same rules; the report shows them. They hold torch objects (dtypes, exceptions) but never import torch, so the
-torch-free layers (``report``, ``lint``) can name them.
+never a producer's own state, so each producer feeds the same rules; the report shows them.
+They hold torch objects (dtypes, exceptions) but never import torch, so the torch-free layers
+(``report``, ``lint``) can name them.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ class GraphBreak:
 
     reason: str
     count: int = 1  # how often Dynamo met it during the run
+    source: str | None = None  # the user's line ("model.py:42")
 
 
 @dataclass(frozen=True)

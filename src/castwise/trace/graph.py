@@ -178,8 +178,9 @@ class GraphWalk:
         line = user_line(node.meta.get("stack_trace")) if outs[0].is_floating_point() else None
         if name in _CASTS and ins:
             # inside autocast a cast is autocast's (the tracer says the same of a cast it sees there)
-            kind = "autocast" if self.autocast is not None else "cast"
-            return Prov(kind, module, name, desc, dtype, None if kind == "autocast" else line)
+            if self.autocast is not None:
+                return Prov("autocast", module, name, desc, dtype)
+            return Prov("cast", module, name, desc, dtype, line)
         if not ins:
             return Prov("created", module, name, desc, dtype, line)
         mixed = tuple(
