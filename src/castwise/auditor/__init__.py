@@ -17,12 +17,12 @@ from typing import Any
 
 from torch import nn
 
+from castwise._compiled import compiled_parts
 from castwise._state import preserved_state
 from castwise.auditor.session import MODES, check_args, run_audit
 from castwise.auditor.suggest import suggest_policy, verify_code_fixes
 from castwise.policy import Policy
 from castwise.report import Report
-from castwise.trace.compiled import compiled_parts
 
 
 def audit(

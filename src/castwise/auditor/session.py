@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise import _autocast, devices
+from castwise._compiled import CompileOptions
 from castwise._dtypes import name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
@@ -23,7 +24,7 @@ from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.trace import fake as fake_mod
 from castwise.trace import simcuda
-from castwise.trace.compiled import CompiledProducer, CompileOptions, run_compiled
+from castwise.trace.compiled import CompiledProducer, run_compiled, warm_up
 from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
 from castwise.trace.observers import default_observers
@@ -344,6 +345,8 @@ def run_audit(
     the model is torch.compile'd with these options; each mode runs eagerly and compiled."""
     compute = policy.compute_dtype if policy is not None else dominant_dtype(model)
     modes: list[Mode] = ["train", "eval"] if mode == "both" else [mode]  # type: ignore[list-item]
+    if compiled is not None:
+        warm_up()  # Dynamo's tables, built before the runs patch anything they key on
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
         alternates = [

@@ -20,38 +20,17 @@ import logging
 import re
 import types
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx, nn
 
+from castwise._compiled import CompileOptions, compiled_parts
 from castwise._paths import short_path
 from castwise.devices import Device
 from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
 from castwise.trace.graph import GraphWalk
 from castwise.trace.tracer import pick_loss
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """How the user compiled the model (what the audit compiles its copy with)."""
-
-    fullgraph: bool = False
-    dynamic: bool | None = None
-
-
-def compiled_parts(model: nn.Module) -> tuple[nn.Module, CompileOptions] | None:
-    """``(the module it compiled, its options)`` for a ``torch.compile``'d module (an
-    OptimizedModule), else None. Read without importing torch._dynamo (seconds to import)."""
-    if type(model).__name__ != "OptimizedModule" or not isinstance(getattr(model, "_orig_mod", None), nn.Module):
-        return None
-    ctx = getattr(model, "dynamo_ctx", None)
-    dynamic = getattr(ctx, "_dynamic", None)
-    options = CompileOptions(bool(getattr(ctx, "fullgraph", False)), dynamic if isinstance(dynamic, bool) else None)
-    orig = model._orig_mod
-    assert isinstance(orig, nn.Module)
-    return orig, options
 
 
 class CompiledProducer:
@@ -240,6 +219,26 @@ class _Entries:
                 continue
 
 
+_WARM: list[bool] = []
+
+
+def warm_up() -> None:
+    """Build Dynamo's per-process tables (which torch function is handled how, keyed by the
+    function objects) before an audit patches any of them: built first under the simulated CUDA
+    device, they would be keyed by its stand-ins (and refuse two names for one of them), and
+    every later compile in the process would miss ``torch.cuda``'s real functions. Done once, on
+    a function of its own, whose cache entry dies with it."""
+    if _WARM:
+        return
+    import torch._dynamo
+
+    def warm(x: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, 1)
+
+    torch.compile(warm, backend="eager")(torch.zeros(1))
+    _WARM.append(True)
+
+
 def run_compiled(
     producer: CompiledProducer,
     model: nn.Module,
@@ -266,8 +265,9 @@ def run_compiled(
     entries = _Entries(getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1))
     handle = register_bytecode_hook(entries.hook)
     model.train(mode == "train")
+    simulated = producer.walk.device.kernels == "cuda" and not torch.cuda.is_initialized()
     try:
-        with _reading_breaks() as breaks:
+        with _reading_breaks() as breaks, _no_stream_tracking() if simulated else contextlib.nullcontext():
             error = _call(compiled, args, kwargs, mode, trace)
     finally:
         handle.remove()
@@ -278,6 +278,20 @@ def run_compiled(
         producer.graphs, producer.backward_graphs, breaks.found(producer), options.fullgraph, producer.walk.ops, error
     )
     return trace
+
+
+@contextlib.contextmanager
+def _no_stream_tracking() -> Iterator[None]:
+    """On the simulated CUDA device: Dynamo asks the accelerator for its current stream when it
+    starts tracing a frame (to track stream use), which reaches the CUDA runtime this machine
+    lacks. It is told there is no accelerator then; the simulated device answers the model's own
+    questions (``torch.cuda.*``) as before."""
+    saved = torch.accelerator.is_available
+    torch.accelerator.is_available = lambda: False
+    try:
+        yield
+    finally:
+        torch.accelerator.is_available = saved
 
 
 def _call(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, trace: Trace) -> str | None:
@@ -302,4 +316,4 @@ def _call(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mo
     return None
 
 
-__all__ = ["CompileOptions", "CompiledProducer", "compiled_parts", "run_compiled"]
+__all__ = ["CompileOptions", "CompiledProducer", "compiled_parts", "run_compiled", "warm_up"]
