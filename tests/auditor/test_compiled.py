@@ -142,7 +142,9 @@ def test_the_users_compiled_model_and_dynamos_caches_are_left_as_they_were() -> 
     y0 = compiled(x)
     entries = _entries(Net.forward.__code__)
     state = {k: v.clone() for k, v in model.state_dict().items()}
+    before = _graphs()
     castwise.audit(compiled, x, policy="bf16-mixed")
+    assert _graphs() > before  # the audit compiled its own copy
     before = _graphs()
     y1 = compiled(x)
     assert _graphs() == before  # the user's entry still serves the call: nothing recompiled

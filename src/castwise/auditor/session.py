@@ -158,13 +158,7 @@ def _run_once(
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
         named_tensors = [x for n, v in named for x in _named_tensors(n, v)]
-        for p in copy.parameters():
-            key = name_of(p.dtype)
-            result.param_dtypes[key] = result.param_dtypes.get(key, 0) + p.numel()
-        result.dominant = dominant_dtype(copy)
-        for mname, module in copy.named_modules():
-            result.module_params[mname] = {n: p.dtype for n, p in module.named_parameters(recurse=False)}
-        result.copy = copy
+        _describe_copy(result, copy)
         if compiled is not None:  # the graphs torch.compile runs, not the eager program
             autocast = policy.compute_dtype if policy is not None and policy.is_mixed else None
             producer = CompiledProducer(copy, dev, autocast, record_ops)
@@ -188,6 +182,17 @@ def _run_once(
         result.producer = tracer
         result.trace = run(tracer, copy, args, kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result
+
+
+def _describe_copy(result: RunRecord, copy: nn.Module) -> None:
+    """What the record says of the copy it ran: its parameters' dtypes, per module too."""
+    for p in copy.parameters():
+        key = name_of(p.dtype)
+        result.param_dtypes[key] = result.param_dtypes.get(key, 0) + p.numel()
+    result.dominant = dominant_dtype(copy)
+    for mname, module in copy.named_modules():
+        result.module_params[mname] = {n: p.dtype for n, p in module.named_parameters(recurse=False)}
+    result.copy = copy
 
 
 def _unexpected_dtypes(

@@ -265,7 +265,7 @@ def run_compiled(
     entries = _Entries(getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1))
     handle = register_bytecode_hook(entries.hook)
     model.train(mode == "train")
-    simulated = producer.walk.device.kernels == "cuda" and not torch.cuda.is_initialized()
+    simulated = producer.walk.device.kernels == "cuda" and not torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
     try:
         with _reading_breaks() as breaks, _no_stream_tracking() if simulated else contextlib.nullcontext():
             error = _call(compiled, args, kwargs, mode, trace)
