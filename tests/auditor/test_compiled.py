@@ -195,3 +195,9 @@ def test_a_compiled_audit_on_the_simulated_cuda_device() -> None:
     assert report.summary["compiled"]["train"]["graphs"] >= 1
     assert _errors(report) and _errors(report) == _errors(eager)
     assert not torch.cuda.is_initialized() and not torch.accelerator.is_available()
+
+
+def test_the_text_report_says_what_torch_compile_did() -> None:
+    report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
+    text = str(report)
+    assert "compiled (eval): 2 graph(s)" in text and "test_compiled.py:" in text
