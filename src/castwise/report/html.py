@@ -53,7 +53,8 @@ def _header(data: dict[str, Any], title: str) -> str:
     runs = data.get("runs")
     if isinstance(runs, list) and runs:  # tune's dict counts its runs (an int): nothing to list
         text = ", ".join(
-            f"{r.get('mode')}{' compiled' if r.get('kind') == 'compiled' else ''} on {r.get('device')}: {r.get('status')}"
+            f"{r.get('mode')}{' compiled' if r.get('kind') == 'compiled' else ''} on {r.get('device')}: "
+            f"{r.get('status')}"
             for r in runs
         )
         parts.append(f'<div class="cw-meta">runs: {escape(text)}</div>')
