@@ -106,7 +106,14 @@ def test_the_compiled_graphs_alone_find_what_the_eager_run_finds() -> None:
     assert any(p is not None and p.kind == "buffer" and p.tensor == "buffer scale" for p in first.provs)
 
 
-_FAULTS = ["buffer_left_fp32", "stray_fp32_module", "plain_tensor_attribute", "factory_in_forward", "float64_module"]
+_FAULTS = [
+    "buffer_left_fp32",
+    "stray_fp32_module",
+    "plain_tensor_attribute",
+    "factory_in_forward",
+    "float64_module",
+    "output_hook_dtype",  # the eager run names the hook (CW115); the graphs see only its cast
+]
 
 
 @pytest.mark.parametrize("fault", _FAULTS)

@@ -324,14 +324,24 @@ def findings_of(
     run: the graphs torch.compile runs), merged; then every rule's run-level scan (of the eager
     runs: the scans compare modes and read what only the tracer observes)."""
     per_mode: dict[str, list[Any]] = {}
-    for r in [*runs, *(alternates or []), *(compiled or [])]:
+    for r in [*runs, *(alternates or [])]:
         per_mode.setdefault(r.mode, []).extend(diags_of_run(r))
+    for r in compiled or []:
+        per_mode.setdefault(r.mode, []).extend(_compiled_only(diags_of_run(r), per_mode[r.mode]))
     findings = merge(per_mode)
     session = Session(runs, policy, list(findings))
     for rule in audit_rules.rules().values():
         if rule.scan is not None:
             findings += rule.scan(session)
     return findings
+
+
+def _compiled_only(diags: list[Any], eager: list[Any]) -> list[Any]:
+    """A compiled run's diagnoses of what the eager run of its mode did not diagnose: one bug is
+    reported once, with the eager diagnosis (the tracer knows more of how a dtype was made: a
+    forward hook's result, a custom Function), and what only the compiled graphs refuse is added."""
+    seen = {m for d in eager for m in (d.module, d.origin.module if d.origin else None, *d.culprit_modules) if m}
+    return [d for d in diags if not ({d.module, d.origin.module if d.origin else None, *d.culprit_modules} & seen)]
 
 
 def run_audit(
