@@ -20,10 +20,12 @@ Scoring rule (benchmarks/zoo/scoring.py has the details):
 Nothing is special-cased per model or fault: the same rule scores every case.
 
     python benchmarks/bench_fault_injection.py [--limit N] [--jobs J] [--heldout] [--out results.json]
-        [--classes index_put_mismatch,qkv_mismatch]
+        [--classes index_put_mismatch,qkv_mismatch] [--compiled]
 
 ``--classes`` keeps, of the fault indices ``--start`` .. ``--start + --limit``, those of the named
 classes: the same cases (model, situation, seed) an unfiltered run scores for them.
+``--compiled`` audits ``torch.compile(model)`` instead: the same cases and the same scoring (the
+real runs stay eager), plus how many audits compiled a graph and how many named `_orig_mod`.
 """
 
 from __future__ import annotations
@@ -45,14 +47,14 @@ from benchmarks.zoo.faults import FAULTS  # noqa: E402
 from benchmarks.zoo.summary import print_summary  # noqa: E402
 
 
-def _one(job: tuple[int, bool, int]) -> dict[str, Any]:
-    index, heldout, timeout = job
+def _one(job: tuple[int, bool, int, bool]) -> dict[str, Any]:
+    index, heldout, timeout, compiled = job
     quiet()
     try:
         case = fault_case(index, heldout)
         if case is None:
             return {"index": index, "skipped": "no model has a place for this fault"}
-        record = evaluate(case, timeout=timeout)
+        record = evaluate(case, timeout=timeout, compiled=compiled)
     except Exception as exc:  # a harness failure is reported, never hidden in a score
         return {
             "index": index,
@@ -69,8 +71,9 @@ def run(
     jobs: int,
     timeout: int,
     progress: bool = True,
+    compiled: bool = False,
 ) -> list[dict[str, Any]]:
-    work = [(i, heldout, timeout) for i in indices]
+    work = [(i, heldout, timeout, compiled) for i in indices]
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
     if jobs <= 1:
@@ -91,6 +94,21 @@ def run(
     return sorted(results, key=lambda r: int(r["index"]))
 
 
+def compiled_summary(results: list[dict[str, Any]]) -> dict[str, int]:
+    """Of the compiled audits that ran: how many compiled >= 1 graph, how many named `_orig_mod`."""
+    audits = [r["audit"] for r in results if r.get("audit", {}).get("status") == "done"]
+    out = {
+        "audits": len(audits),
+        "compiled_a_graph": sum(1 for a in audits if (a.get("compiled_graphs") or 0) >= 1),
+        "orig_mod_named": sum(1 for a in audits if a.get("orig_mod_named")),
+    }
+    print(
+        f"compiled audits: {out['audits']}; Dynamo compiled >= 1 graph in {out['compiled_a_graph']}; "
+        f"`_orig_mod` in a name in {out['orig_mod_named']}"
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--limit", type=int, default=1000, help="number of faults (default 1000)")
@@ -100,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--classes",
         help=f"comma-separated fault classes to keep (of the indices in range), from: {', '.join(sorted(FAULTS))}",
+    )
+    parser.add_argument(
+        "--compiled", action="store_true", help="audit torch.compile(model) (Dynamo runs during each audit)"
     )
     parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
     parser.add_argument("--out", type=Path, help="write the per-fault results as JSON here")
@@ -128,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown fault class(es) {', '.join(unknown)}; valid: {', '.join(sorted(FAULTS))}")
         indices = [i for i in indices if fault_class(i) in wanted]
     start = time.perf_counter()
-    results = run(indices, opts.heldout, opts.jobs, opts.timeout)
+    results = run(indices, opts.heldout, opts.jobs, opts.timeout, compiled=opts.compiled)
     elapsed = time.perf_counter() - start
     print(
         f"fault injection: {len(results)} faults ({'held-out' if opts.heldout else 'tuning'} models and seeds), "
         f"{elapsed:.0f} s with {opts.jobs} job(s)"
     )
     summary = print_summary(results, group_by="fault", examples=opts.examples)
+    if opts.compiled:
+        summary["compiled"] = compiled_summary(results)
     if opts.out is not None:
         opts.out.write_text(json.dumps({"summary": summary, "results": results}, indent=1, default=str))
         print(f"per-fault results: {opts.out}")

@@ -107,13 +107,15 @@ def _finding_summary(audit: AuditOutcome) -> list[dict[str, Any]]:
     ][:6]
 
 
-def evaluate(case: Case, *, fix: bool = True, timeout: int = 120) -> dict[str, Any]:
-    """Audit the case, run it for real in both modes, score; verify the suggested fix."""
+def evaluate(case: Case, *, fix: bool = True, timeout: int = 120, compiled: bool = False) -> dict[str, Any]:
+    """Audit the case, run it for real in both modes, score; verify the suggested fix.
+    ``compiled``: audit ``torch.compile(model)`` (the real runs stay eager: the truth is the same
+    dtype error, which Dynamo traces through on fake values)."""
     quiet()
     start = time.perf_counter()
     situation = SITUATIONS[case.situation]
     model, inputs, planted = build_case(case)
-    audit = audit_outcome(model, inputs, situation.policy, timeout)
+    audit = audit_outcome(model, inputs, situation.policy, timeout, compiled=compiled)
     real: dict[str, RealOutcome] = {}
     for mode in MODES:
         m, x, _ = build_case(case)
@@ -131,6 +133,8 @@ def evaluate(case: Case, *, fix: bool = True, timeout: int = 120) -> dict[str, A
             "suggested_policy": audit.suggested_policy,
             "message": audit.message,
             "findings": _finding_summary(audit),
+            "compiled_graphs": audit.compiled_graphs,
+            "orig_mod_named": audit.orig_mod_named,
         },
         "score": asdict(s),
         "fix": None,

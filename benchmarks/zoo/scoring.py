@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -78,6 +79,10 @@ class AuditOutcome:
     suggested_policy: str | None = None
     message: str = ""
     seconds: float = 0.0
+    # a torch.compile'd model's audit: graphs Dynamo compiled during it (None: not compiled), and
+    # whether any name in the report still says `_orig_mod` (the compile wrapper, never the user's)
+    compiled_graphs: int | None = None
+    orig_mod_named: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,11 +185,19 @@ def view(finding: Any) -> FindingView:
 
 
 def audit_outcome(
-    model: nn.Module, inputs: Any, policy: str | None, timeout: int = 120, device: str | None = None
+    model: nn.Module,
+    inputs: Any,
+    policy: str | None,
+    timeout: int = 120,
+    device: str | None = None,
+    compiled: bool = False,
 ) -> AuditOutcome:
-    """The audit of ``model`` (both modes); ``device``: the target device to simulate ("cuda")."""
+    """The audit of ``model`` (both modes); ``device``: the target device to simulate ("cuda");
+    ``compiled``: of ``torch.compile(model)``."""
     import castwise
 
+    if compiled:
+        model = torch.compile(model)  # type: ignore[assignment]
     start = time.perf_counter()
     try:
         with time_limit(timeout):
@@ -203,6 +216,8 @@ def audit_outcome(
         findings=tuple(view(f) for f in report.sorted_findings()),
         suggested_policy=None if report.suggested_policy is None else str(report.suggested_policy),
         seconds=time.perf_counter() - start,
+        compiled_graphs=sum(int(c.get("graphs", 0)) for c in report.summary["compiled"].values()) if compiled else None,
+        orig_mod_named="_orig_mod" in json.dumps(report.to_dict(), default=str),
     )
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from castwise import _autocast, _dtypes
+from castwise._compiled import uncompiled
 from castwise._dtypes import short_of
 from castwise.applied import float8
 from castwise.applied.float8 import Float8Conversion, Float8Plan
@@ -501,6 +502,9 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     policy = Policy.parse(policy)
     if not isinstance(model, nn.Module):
         raise ApplyError(f"apply needs a torch.nn.Module, got {type(model).__name__}")
+    # a torch.compile'd model: the module it compiled, whose names the policy's selectors use
+    # (Dynamo traces the forwards installed on it, before or after the compile)
+    model = uncompiled(model)
     decisions = resolve(policy, model)  # raises on ambiguous rules, before anything changes
     casts = not policy.is_mixed or policy.buffer_dtype is not None or any(d.island for d in decisions.values())
     _check_manageable(model, casts)
@@ -521,8 +525,8 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
 
 
 def applied_to(model: nn.Module) -> Applied | None:
-    """The ``Applied`` currently on ``model``, if any."""
-    return _applied_on(model)
+    """The ``Applied`` currently on ``model`` (or on what its torch.compile wraps), if any."""
+    return _applied_on(uncompiled(model))
 
 
 def iter_casts(applied: Applied) -> Iterator[tuple[str, str, torch.dtype]]:

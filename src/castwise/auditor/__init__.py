@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from castwise._compiled import compiled_parts
 from castwise._state import preserved_state
 from castwise.auditor.offered import check_offered
 from castwise.auditor.session import MODES, check_args, run_audit
@@ -42,7 +43,9 @@ def audit(
     the model is). ``mode``: "train" (forward + backward), "eval" (eval() under no_grad) or
     "both". ``fake``: fake tensors (no weight memory, any size); False: real tensors on this
     machine. The user's model and every global setting are left as they were, also when the
-    model raises.
+    model raises. A ``torch.compile``'d model is audited as its user wrote it (module names
+    without ``_orig_mod``) and as compiled: Dynamo and AOTAutograd compile a copy on the same
+    fake tensors, and every op of their graphs is checked too (the report's ``compiled``).
     """
     from castwise.distributed.audit import is_sharded
 
@@ -50,8 +53,11 @@ def audit(
         from castwise.distributed.audit import audit_sharded
 
         return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)
+    parts = compiled_parts(model)
+    if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
+        model = parts[0]
     pol, dev = check_args(model, policy, device, mode, fake)
-    report, runs = run_audit(model, inputs, pol, dev, mode, fake)
+    report, runs = run_audit(model, inputs, pol, dev, mode, fake, compiled=parts[1] if parts is not None else None)
     if report.errors:  # an incomplete run alone has nothing for a policy to fix
         report.suggested_policy = suggest_policy(model, inputs, pol, dev, mode, fake, report, runs)
         report = verify_code_fixes(model, inputs, pol, dev, mode, fake, report)

@@ -16,13 +16,12 @@ from castwise._dtypes import short_of
 from castwise.devices import Device
 from castwise.rules.audit._base import Diag
 from castwise.rules.audit._text import is_ancestor, where
-from castwise.trace.events import Mode, Origin, Prov
+from castwise.trace.events import Mode, Origin, Producer, Prov
 
 if TYPE_CHECKING:
     from castwise.policy import ModuleRule, Policy
     from castwise.report import Finding
     from castwise.trace.events import Trace
-    from castwise.trace.tracer import Tracer
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -247,7 +246,8 @@ def make_ctx(
 
 @dataclass
 class RunRecord:
-    """One run of the model (a mode) and what the audit knows about the copy it ran."""
+    """One run of the model (a mode, eager or compiled: ``trace.kind``) and what the audit knows
+    about the copy it ran."""
 
     mode: Mode
     trace: Trace
@@ -255,7 +255,9 @@ class RunRecord:
     param_dtypes: dict[str, int] = field(default_factory=dict)
     casts: list[tuple[str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
     module_params: dict[str, dict[str, torch.dtype]] = field(default_factory=dict)
-    tracer: Tracer | None = None
+    # what made the record (the dispatch-mode tracer, or the compiled-graph producer); rules read
+    # the trace, and only the raise triage asks the producer about tensors around a raise
+    producer: Producer | None = None
     copy: Any = None  # the model copy the run used (fake tensors hold no memory)
     fake: bool = True
     device: Device | None = None

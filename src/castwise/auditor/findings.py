@@ -152,12 +152,12 @@ def _forward_echo(ev: Event, forward: list[Event]) -> bool:
 def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
     """The last tensors made in ``module`` before the raise, when their dtypes are mixed: the
     operands of a call that checks dtypes before it dispatches (sdpa's q/k/v check)."""
-    if r.tracer is None:
+    if r.producer is None:
         return []
-    refused = r.tracer.refused
+    refused = r.producer.refused
     if refused is not None and refused[0] == module and len({t.dtype for t in refused[1]}) > 1:
         return refused[1]  # the very operands sdpa refused (q, k, v and a floating mask)
-    recent = [t for m, t in r.tracer.recent if m == module][-3:]
+    recent = [t for m, t in r.producer.recent if m == module][-3:]
     return recent if len({t.dtype for t in recent}) > 1 else []
 
 
@@ -181,11 +181,11 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
     check): the last operands made in the module if they mix dtypes, else its inputs and weights."""
     trace = r.trace
     frame = trace.stack[-1] if trace.stack else None
-    prov_of = r.tracer.prov_of if r.tracer is not None else (lambda t: None)
+    prov_of = r.producer.prov_of if r.producer is not None else (lambda t: None)
     recent = _recent_operands(r, module)
     own = {} if recent else r.module_params.get(module, {})
     tensors = recent or ([t for t in frame.inputs if t.is_floating_point()] if frame else [])
-    made = [t for m, t in r.tracer.recent if m == module][-1:] if r.tracer is not None and not recent else []
+    made = [t for m, t in r.producer.recent if m == module][-1:] if r.producer is not None and not recent else []
     cast = made and (p := prov_of(made[0])) is not None and p.kind == "cast" and p.module == module
     if cast and own and made[0].dtype not in own.values():
         # the module's forward changed its input's dtype itself (`x.float()`) before the layer's
@@ -310,7 +310,9 @@ def diags_of_run(r: RunRecord) -> list[Diag]:
     """The error findings of one run: contract violations, then what the model raised."""
     forward = [ev for ev in r.trace.events if ev.phase == "forward"]
     out = [_with_hook(_from_event(ev, r), r) for ev in r.trace.events if not _forward_echo(ev, forward)]
-    if r.trace.error is not None:
+    # a compiled run's raise is torch.compile's or one the eager run of its mode triages too (the
+    # same code runs between graphs): its text is in the report's compiled summary
+    if r.trace.error is not None and r.trace.kind == "eager":
         raised = _raised(r, r.trace.error)
         if raised is not None:
             out.append(_with_hook(raised, r))

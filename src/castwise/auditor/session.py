@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise import _autocast, devices
+from castwise._compiled import CompileOptions
 from castwise._dtypes import name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
@@ -23,6 +24,7 @@ from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.trace import fake as fake_mod
 from castwise.trace import simcuda
+from castwise.trace.compiled import CompiledProducer, run_compiled, warm_up
 from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
 from castwise.trace.observers import default_observers
@@ -115,7 +117,10 @@ def _run_once(
     record_ops: bool,
     observers: list[Any] | None = None,
     forced: frozenset[tuple[str, int]] = frozenset(),
+    compiled: CompileOptions | None = None,
 ) -> RunRecord:
+    """One run of ``mode`` on a copy of ``model``: the eager program under the dispatch-mode
+    tracer, or (``compiled``) the graphs torch.compile makes of it, walked by the compiled producer."""
     from castwise.applied import apply, iter_casts
 
     dev = devices.get(device)
@@ -155,6 +160,15 @@ def _run_once(
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
+        named_tensors = [x for n, v in named for x in _named_tensors(n, v)]
+        _describe_copy(result, copy)
+        if compiled is not None:  # the graphs torch.compile runs, not the eager program
+            autocast = policy.compute_dtype if policy is not None and policy.is_mixed else None
+            producer = CompiledProducer(copy, dev, autocast, record_ops)
+            producer.seed_inputs(named_tensors)
+            result.producer = producer
+            result.trace = run_compiled(producer, copy, args, kwargs, mode, compiled)
+            return result
         chosen = observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)]
         # repeated blocks traced once (fake runs): its finish splices before the others read the trace
         reuse = BlockReuse(copy) if fake and reuse_enabled() else None
@@ -162,21 +176,25 @@ def _run_once(
         if reuse is not None:
             reuse.attach(tracer)
         tracer.forced = forced  # branch sites answered True (the second run of a mode, trace/values.py)
-        tracer.seed_inputs([x for n, v in named for x in _named_tensors(n, v)])
+        tracer.seed_inputs(named_tensors)
         if fmode is not None:
             originals = _split_inputs(inputs)
             real = [t for _n, t in _named_tensors("", originals)]
             tracer.seed_values([(memo[id(t)], t) for t in real if id(t) in memo])
-        for p in copy.parameters():
-            key = name_of(p.dtype)
-            result.param_dtypes[key] = result.param_dtypes.get(key, 0) + p.numel()
-        result.dominant = dominant_dtype(copy)
-        for mname, module in copy.named_modules():
-            result.module_params[mname] = {n: p.dtype for n, p in module.named_parameters(recurse=False)}
-        result.tracer = tracer
-        result.copy = copy
+        result.producer = tracer
         result.trace = run(tracer, copy, args, kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result
+
+
+def _describe_copy(result: RunRecord, copy: nn.Module) -> None:
+    """What the record says of the copy it ran: its parameters' dtypes, per module too."""
+    for p in copy.parameters():
+        key = name_of(p.dtype)
+        result.param_dtypes[key] = result.param_dtypes.get(key, 0) + p.numel()
+    result.dominant = dominant_dtype(copy)
+    for mname, module in copy.named_modules():
+        result.module_params[mname] = {n: p.dtype for n, p in module.named_parameters(recurse=False)}
+    result.copy = copy
 
 
 def _unexpected_dtypes(
@@ -299,19 +317,33 @@ def _status(mode: str, findings: list[Finding]) -> RunStatus:
 
 
 def findings_of(
-    runs: list[RunRecord], policy: Policy | None, alternates: list[RunRecord] | None = None
+    runs: list[RunRecord],
+    policy: Policy | None,
+    alternates: list[RunRecord] | None = None,
+    compiled: list[RunRecord] | None = None,
 ) -> list[Finding]:
-    """Event checks per run (and per alternate run: the other side of its branches), merged; then
-    every rule's run-level scan."""
+    """Event checks per run (and per alternate run: the other side of its branches; per compiled
+    run: the graphs torch.compile runs), merged; then every rule's run-level scan (of the eager
+    runs: the scans compare modes and read what only the tracer observes)."""
     per_mode: dict[str, list[Any]] = {}
     for r in [*runs, *(alternates or [])]:
         per_mode.setdefault(r.mode, []).extend(diags_of_run(r))
+    for r in compiled or []:
+        per_mode.setdefault(r.mode, []).extend(_compiled_only(diags_of_run(r), per_mode[r.mode]))
     findings = merge(per_mode)
     session = Session(runs, policy, list(findings))
     for rule in audit_rules.rules().values():
         if rule.scan is not None:
             findings += rule.scan(session)
     return findings
+
+
+def _compiled_only(diags: list[Any], eager: list[Any]) -> list[Any]:
+    """A compiled run's diagnoses of what the eager run of its mode did not diagnose: one bug is
+    reported once, with the eager diagnosis (the tracer knows more of how a dtype was made: a
+    forward hook's result, a custom Function), and what only the compiled graphs refuse is added."""
+    seen = {m for d in eager for m in (d.module, d.origin.module if d.origin else None, *d.culprit_modules) if m}
+    return [d for d in diags if not ({d.module, d.origin.module if d.origin else None, *d.culprit_modules} & seen)]
 
 
 def run_audit(
@@ -324,10 +356,14 @@ def run_audit(
     *,
     record_ops: bool = True,
     observers: list[Any] | None = None,
+    compiled: CompileOptions | None = None,
 ) -> tuple[Report, list[RunRecord]]:
-    """Run every mode of the audit and build the report (no suggested policy yet)."""
+    """Run every mode of the audit and build the report (no suggested policy yet). ``compiled``:
+    the model is torch.compile'd with these options; each mode runs eagerly and compiled."""
     compute = policy.compute_dtype if policy is not None else dominant_dtype(model)
     modes: list[Mode] = ["train", "eval"] if mode == "both" else [mode]  # type: ignore[list-item]
+    if compiled is not None:
+        warm_up()  # Dynamo's tables, built before the runs patch anything they key on
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
         alternates = [
@@ -335,22 +371,43 @@ def run_audit(
             for r in runs
             if r.trace.observed.get("branches")
         ]
-    findings = findings_of(runs, policy, alternates)
+        graphs = [
+            _run_once(model, inputs, policy, device, m, fake, compute, record_ops, compiled=compiled)
+            for m in (modes if compiled is not None else [])
+        ]
+    findings = findings_of(runs, policy, alternates, graphs)
     if policy is not None:
         findings += unmatched_rule_findings(policy, model, tuple(r.mode for r in runs))
+    pol = None if policy is None else str(policy)
     report = Report(
         findings=findings,
-        runs=[Run(r.mode, device, None if policy is None else str(policy), _status(r.mode, findings)) for r in runs],
+        runs=[Run(r.mode, device, pol, _status(r.mode, findings), r.trace.kind) for r in [*runs, *graphs]],
         summary={
             "params_by_dtype": dict(runs[0].param_dtypes) if runs else {},
             "activation_bytes_by_dtype": dict(runs[0].trace.activation_bytes) if runs else {},
             "ops_traced": {r.mode: len(r.trace.ops) for r in runs},
             "modules": runs[0].trace.observed.get("modules", []) if runs else [],
+            **({"compiled": {r.mode: compiled_summary(r.trace) for r in graphs}} if graphs else {}),
         },
-        title=f"castwise audit ({'fake' if fake else 'real'} tensors, device {device}, policy "
-        f"{policy if policy is not None else 'none'})",
+        title=f"castwise audit ({'torch.compile, ' if graphs else ''}{'fake' if fake else 'real'} tensors, "
+        f"device {device}, policy {policy if policy is not None else 'none'})",
     )
     return report, runs
+
+
+def compiled_summary(trace: Trace) -> dict[str, Any]:
+    """What torch.compile did in a compiled run, for the report."""
+    c = trace.compiled
+    if c is None:
+        return {}
+    return {
+        "graphs": c.graphs,
+        "backward_graphs": c.backward_graphs,
+        "graph_breaks": [{"reason": b.reason, "count": b.count, "source": b.source} for b in c.breaks],
+        "fullgraph": c.fullgraph,
+        "ops_checked": c.ops,
+        "error": c.error,
+    }
 
 
 def _alternate(

@@ -12,7 +12,7 @@ from typing import Any
 
 from castwise import rules as _rules
 from castwise.rules._rule import Severity
-from castwise.trace.events import Mode, Origin, RunStatus
+from castwise.trace.events import Mode, Origin, RunKind, RunStatus
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -105,9 +105,13 @@ class Run:
     device: str
     policy: str | None
     status: RunStatus  # "incomplete": the run stopped before the end (CW902)
+    kind: RunKind = "eager"  # "compiled": the graphs torch.compile runs
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "device": self.device, "policy": self.policy, "status": self.status}
+        out: dict[str, Any] = {"mode": self.mode, "device": self.device, "policy": self.policy, "status": self.status}
+        if self.kind != "eager":
+            out["kind"] = self.kind
+        return out
 
 
 @dataclass

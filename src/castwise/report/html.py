@@ -52,7 +52,11 @@ def _header(data: dict[str, Any], title: str) -> str:
     parts = [f"<h1>{escape(title)}</h1>", f'<div class="cw-tally">{tally}</div>']
     runs = data.get("runs")
     if isinstance(runs, list) and runs:  # tune's dict counts its runs (an int): nothing to list
-        text = ", ".join(f"{r.get('mode')} on {r.get('device')}: {r.get('status')}" for r in runs)
+        text = ", ".join(
+            f"{r.get('mode')}{' compiled' if r.get('kind') == 'compiled' else ''} on {r.get('device')}: "
+            f"{r.get('status')}"
+            for r in runs
+        )
         parts.append(f'<div class="cw-meta">runs: {escape(text)}</div>')
     if data.get("suggested_policy"):
         parts.append(

@@ -3,7 +3,7 @@ terminal's); 80 columns read well."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from castwise._wrap import wrap
 
@@ -51,7 +51,9 @@ def render_report(report: Report, width: int = WIDTH) -> str:
     else:
         lines.append(f"  {tally}")
     if report.runs:
-        runs = ", ".join(f"{r.mode} on {r.device}: {r.status}" for r in report.runs)
+        runs = ", ".join(
+            f"{r.mode}{' compiled' if r.kind == 'compiled' else ''} on {r.device}: {r.status}" for r in report.runs
+        )
         lines += wrap(f"runs: {runs}", width, subsequent_indent="      ")
     for f in report.sorted_findings():
         lines.append("")
@@ -82,4 +84,24 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         share = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(act.items(), key=lambda kv: -kv[1]))
         lines.append("")
         lines += wrap(f"activations by dtype: {share}", width, subsequent_indent="  ")
+    lines += _compiled_lines(report.summary.get("compiled") or {}, width)
     return "\n".join(lines)
+
+
+def _compiled_lines(compiled: dict[str, Any], width: int) -> list[str]:
+    """What torch.compile did in each compiled run: graphs, graph breaks, its own error."""
+    lines: list[str] = []
+    for mode, c in compiled.items():
+        breaks = c.get("graph_breaks") or []
+        head = (
+            f"compiled ({mode}): {c.get('graphs', 0)} graph(s), {c.get('backward_graphs', 0)} backward, "
+            f"{c.get('ops_checked', 0)} aten ops checked, {sum(b['count'] for b in breaks)} graph break(s)"
+            + (" under fullgraph=True" if c.get("fullgraph") else "")
+        )
+        lines += ["", *wrap(head, width, subsequent_indent="  ")]
+        for b in breaks:
+            at = f" at {b['source']}" if b.get("source") else ""
+            lines += wrap(f"- break{at}: {b['reason']}", width, subsequent_indent="  ")
+        if c.get("error"):
+            lines += wrap(f"- torch.compile stopped: {c['error']}", width, subsequent_indent="  ")
+    return lines

@@ -1,14 +1,18 @@
 """What a traced run records: frozen values, torch-free at import.
 
-The tracer (``castwise.trace.tracer``) produces these; the audit's rules read them and the
-report shows them. They hold torch objects (dtypes, exceptions) but never import torch, so the
-torch-free layers (``report``, ``lint``) can name them.
+A producer makes them: the dispatch-mode tracer (``castwise.trace.tracer``, the eager program)
+or the compiled-graph walker (``castwise.trace.compiled``, the graphs torch.compile runs). The
+audit's rules read only these records (and a :class:`Producer` for the tensors around a raise),
+never a producer's own state, so each producer feeds the same rules; the report shows them.
+They hold torch objects (dtypes, exceptions) but never import torch, so the torch-free layers
+(``report``, ``lint``) can name them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from castwise._dtypes import fmt_tensor, name_of
 
@@ -32,6 +36,8 @@ def as_mode(mode: str) -> Mode:
 
 
 RunStatus = Literal["ok", "error", "incomplete"]
+# which program a run records: the eager forward/backward, or the graphs torch.compile runs
+RunKind = Literal["eager", "compiled"]
 
 ProvKind = Literal["param", "buffer", "attribute", "input", "created", "cast", "autocast", "op", "backward"]
 
@@ -150,6 +156,27 @@ class HookChange:
     code_fix: tuple[str, int, str, str | None] | None = None
 
 
+@dataclass(frozen=True)
+class GraphBreak:
+    """Where Dynamo split a compiled program (the code between graphs runs eagerly)."""
+
+    reason: str
+    count: int = 1  # how often Dynamo met it during the run
+    source: str | None = None  # the user's line ("model.py:42")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What torch.compile did during a compiled run."""
+
+    graphs: int  # graphs Dynamo compiled (forward or inference graphs, one per region between breaks)
+    backward_graphs: int
+    breaks: tuple[GraphBreak, ...]
+    fullgraph: bool  # the user compiled with fullgraph=True: a break is an error there
+    ops: int  # aten ops checked in the graphs
+    error: str | None = None  # torch.compile itself failed (the run recorded what it captured before)
+
+
 @dataclass
 class Trace:
     """What one run recorded."""
@@ -168,6 +195,8 @@ class Trace:
     hook_changes: list[HookChange] = field(default_factory=list)
     # what observers beyond the built-in ones recorded, by observer name (numerics, module tree...)
     observed: dict[str, Any] = field(default_factory=dict)
+    kind: RunKind = "eager"
+    compiled: Compiled | None = None  # set by the compiled producer
 
     def rows(self) -> list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]]:
         """The recorded ops with tensors printed as ``bf16[2, 4]``."""
@@ -181,6 +210,22 @@ class Trace:
             )
             for m, op, phase, ins, outs in self.ops
         ]
+
+
+class Producer(Protocol):
+    """What a run's producer answers after the run, beyond its :class:`Trace`: the operands of a
+    call that raised before any op dispatched (sdpa's own q/k/v check, a layer's Python dtype
+    check), and any tensor's provenance. The dispatch-mode tracer answers all three; the compiled
+    producer has no such call (Dynamo traces on fake values before anything runs) and answers
+    ``refused=None``, ``recent=()``."""
+
+    @property
+    def refused(self) -> tuple[str, list[torch.Tensor]] | None: ...
+
+    @property
+    def recent(self) -> Sequence[tuple[str, torch.Tensor]]: ...
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None: ...
 
 
 def shape_of(t: torch.Tensor) -> tuple[int, ...]:

@@ -27,6 +27,11 @@ _PLUMBING = (
 )
 
 
+def is_plumbing(path: str) -> bool:
+    """A file that is never the user's line (torch, castwise, library plumbing)."""
+    return any(p in path for p in _PLUMBING)
+
+
 def user_frame(skip: int = 1) -> tuple[str, int] | None:
     """(file, line) of the innermost frame that is the user's code (or a model library's
     modeling code), or None."""
@@ -54,4 +59,4 @@ def line_text(path: str, line: int) -> str | None:
     return text.rstrip("\n") if text else None
 
 
-__all__ = ["line_text", "short_path", "user_frame", "where"]
+__all__ = ["is_plumbing", "line_text", "short_path", "user_frame", "where"]

@@ -1,0 +1,42 @@
+"""``torch.compile``'d modules: the module the user wrote inside the compile wrapper.
+
+``torch.compile(model)`` returns an ``OptimizedModule`` that holds ``model`` as ``_orig_mod``
+and shares its parameters. castwise works on the module the user wrote: a policy's selectors
+name its modules (``keep[head]=f32``, not ``_orig_mod.head``), and so do findings. Read without
+importing ``torch._dynamo`` (seconds to import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How the user compiled the model (what an audit compiles its copy with)."""
+
+    fullgraph: bool = False
+    dynamic: bool | None = None
+
+
+def compiled_parts(model: nn.Module) -> tuple[nn.Module, CompileOptions] | None:
+    """``(the module it compiled, its options)`` for a ``torch.compile``'d module, else None."""
+    if type(model).__name__ != "OptimizedModule":
+        return None
+    orig = getattr(model, "_orig_mod", None)
+    if not isinstance(orig, nn.Module):
+        return None
+    ctx = getattr(model, "dynamo_ctx", None)
+    dynamic = getattr(ctx, "_dynamic", None)
+    return orig, CompileOptions(bool(getattr(ctx, "fullgraph", False)), dynamic if isinstance(dynamic, bool) else None)
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module the user wrote: ``model`` itself, or what its ``torch.compile`` wraps."""
+    parts = compiled_parts(model)
+    return uncompiled(parts[0]) if parts is not None else model
+
+
+__all__ = ["CompileOptions", "compiled_parts", "uncompiled"]

@@ -1,0 +1,319 @@
+"""The compiled-graph producer: torch.compile run for real on the audit's fake copy.
+
+``castwise.audit(torch.compile(model))`` must check what the compiled program runs, and the
+dispatch-mode tracer cannot see it: Dynamo does not compile a frame while a dispatch mode is on.
+So the compiled run has no tracer. Its copy is compiled with the user's options (``fullgraph``,
+``dynamic``) and a backend of castwise's own: AOTAutograd, as ``aot_eager`` does, with compilers
+that walk each forward (or inference) and backward ATen graph (``trace.graph``) into the same
+:class:`Trace` the tracer makes, and return the graph to run as it is, on the fake tensors.
+Between graphs (after a graph break) Dynamo runs the code eagerly, on the same fake tensors.
+
+Nothing of the run outlives it: the compile is isolated where torch can (``isolate_recompiles``: it
+counts against no limit of the user's), and its cache entries are dropped after the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import re
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from castwise._compiled import CompileOptions, compiled_parts
+from castwise._paths import short_path
+from castwise.devices import Device
+from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
+from castwise.trace.graph import GraphWalk
+from castwise.trace.tracer import pick_loss
+
+
+class CompiledProducer:
+    """Makes a compiled run's record (a :class:`castwise.trace.events.Producer`): provenance by
+    tensor identity (Dynamo hands its backend the very fake tensors the copy holds), per graph
+    by node name. No call raises before dispatch here, so ``refused``/``recent`` are empty."""
+
+    refused: tuple[str, list[torch.Tensor]] | None = None
+    recent: Sequence[tuple[str, torch.Tensor]] = ()
+
+    def __init__(self, model: nn.Module, device: Device, autocast: torch.dtype | None, record_ops: bool) -> None:
+        self.trace = Trace(kind="compiled")
+        known = frozenset(n for n, _m in model.named_modules())
+        self.walk = GraphWalk(self.trace, device, known, autocast, record_ops)
+        self._provs: dict[int, Prov] = {}
+        self._kept: list[torch.Tensor] = []  # the tensors whose ids key _provs stay alive
+        self.graphs = 0
+        self.backward_graphs = 0
+        self.breaks: list[tuple[str, str | None]] = []  # (reason, user's line) Dynamo gave the backend
+        for mname, module in model.named_modules():
+            dot = f"{mname}." if mname else ""
+            for kind, store in (("param", module._parameters), ("buffer", module._buffers)):
+                for tname, t in store.items():
+                    if t is not None and id(t) not in self._provs:
+                        self._note(t, Prov(kind, mname, None, f"{kind} {dot}{tname}", t.dtype))  # type: ignore[arg-type]
+            for aname, value in vars(module).items():
+                if isinstance(value, torch.Tensor) and not aname.startswith("_") and id(value) not in self._provs:
+                    self._note(value, Prov("attribute", mname, None, f"tensor attribute {dot}{aname}", value.dtype))
+
+    def _note(self, t: torch.Tensor, prov: Prov) -> None:
+        self._provs[id(t)] = prov
+        self._kept.append(t)
+
+    def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        for name, t in named:
+            self._note(t, Prov("input", "", None, f"model input `{name}`", t.dtype))
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None:
+        return self._provs.get(id(t))
+
+    def backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        """The Dynamo backend: AOTAutograd with walking compilers (``aot_eager`` that records)."""
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.graphs += 1
+        why = getattr(gm, "compile_subgraph_reason", None)
+        if why is not None and getattr(why, "graph_break", False):
+            stack = list(getattr(why, "user_stack", None) or [])
+            at = f"{short_path(stack[-1].filename)}:{stack[-1].lineno}" if stack else None
+            self.breaks.append((_reason(str(why.reason)), at))
+        seeds = [self.prov_of(t) if isinstance(t, torch.Tensor) else None for t in example_inputs]
+        forward: dict[str, Prov | None] = {}
+
+        def fw(fgm: fx.GraphModule, _inputs: list[Any]) -> Callable[..., Any]:
+            names = [n.name for n in fgm.graph.nodes if n.op == "placeholder"]
+            forward.update(self.walk.walk(fgm, "forward", dict(zip(names, seeds, strict=False))))
+            return self._runner(fgm, forward)
+
+        def bw(bgm: fx.GraphModule, _inputs: list[Any]) -> Callable[..., Any]:
+            self.backward_graphs += 1
+            # saved values keep their forward names; the rest are gradients flowing in
+            seeded = {n.name: forward.get(n.name) for n in bgm.graph.nodes if n.op == "placeholder"}
+            self.walk.walk(bgm, "backward", seeded)
+            return self._runner(bgm, {})
+
+        compiled: Callable[..., Any] = aot_autograd(fw_compiler=fw, bw_compiler=bw)(gm, example_inputs)
+        return compiled
+
+    def _runner(self, gm: fx.GraphModule, provs: dict[str, Prov | None]) -> Callable[..., Any]:
+        """The graph run as it is (boxed: AOTAutograd's calling convention), its outputs' origins
+        noted: the code after a graph break receives them as the next graph's inputs."""
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        names = [a.name if isinstance(a, fx.Node) else None for a in output.args[0]]
+
+        def run(args: list[Any]) -> Any:
+            outs = gm(*args)
+            args.clear()
+            for o, name in zip(outs, names, strict=False):
+                p = provs.get(name) if name is not None else None
+                if isinstance(o, torch.Tensor) and p is not None and id(o) not in self._provs:
+                    self._note(o, p)
+            return outs
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+
+_BREAK_LOG = "torch._dynamo.symbolic_convert.__graph_breaks"
+_BREAK_AT = re.compile(r"in user code at (.+?):(\d+)")
+_BREAK_REASON = re.compile(r"Graph Break Reason: (.*)")
+
+
+def _reason(text: str) -> str:
+    """A break's reason in a line: Dynamo's first line, and the next where the first only says
+    that a break was met ("... Graph break encountered:")."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "(Dynamo recorded no reason)"
+    return " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
+class _BreakLog(logging.Handler):
+    """Dynamo's graph-break log, read while the compiled run runs: each break's reason and the
+    user's line, also for a break Dynamo met before in this process (its own counters and
+    warnings count a break once per process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.breaks: dict[tuple[str, str | None], int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        reason = _BREAK_REASON.search(text)
+        at = _BREAK_AT.search(text)
+        where = f"{short_path(at.group(1))}:{at.group(2)}" if at else None
+        key = (_reason(text[reason.start(1) :] if reason else text), where)
+        self.breaks[key] = self.breaks.get(key, 0) + 1
+
+    def found(self, producer: CompiledProducer) -> tuple[GraphBreak, ...]:
+        """The breaks logged, and those Dynamo named to the backend that it did not log."""
+        found = dict(self.breaks)
+        for key in producer.breaks:
+            if not any(where == key[1] for _r, where in found):
+                found[key] = found.get(key, 0) + 1
+        if not found and producer.graphs > 1:  # graphs split where Dynamo gave no reason
+            found[("(Dynamo recorded no reason)", None)] = producer.graphs - 1
+        return tuple(GraphBreak(reason, n, where) for (reason, where), n in found.items())
+
+
+@contextlib.contextmanager
+def _reading_breaks() -> Iterator[_BreakLog]:
+    """The graph-break log routed to a :class:`_BreakLog` alone (nothing printed), restored after."""
+    log = logging.getLogger(_BREAK_LOG)
+    saved = (log.level, list(log.handlers), log.propagate, log.disabled)
+    handler = _BreakLog()
+    log.handlers = [handler]
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    log.disabled = False
+    try:
+        yield handler
+    finally:
+        log.setLevel(saved[0])
+        log.handlers = saved[1]
+        log.propagate = saved[2]
+        log.disabled = saved[3]
+
+
+class _Entries:
+    """The cache entries a run's compile adds, dropped after it: the user's code objects (their
+    ``forward``) hold Dynamo's entries of every compile, the user's own included. Where the
+    compile is isolated (``isolate_recompiles``, torch >= 2.13) every entry of its region is the
+    run's; else those a code object did not have when Dynamo first compiled it in this run.
+    Best effort through Dynamo's internals: where they differ, the entries stay, and fail their
+    guards on anything but the run's fake tensors."""
+
+    def __init__(self, region: int) -> None:
+        self.region = region
+        self.before: dict[Any, set[int]] = {}
+
+    def _of(self, code: Any) -> list[Any]:
+        from torch._C._dynamo import eval_frame
+
+        if self.region >= 0:
+            return list(eval_frame._get_cache_entries_for_region(code, self.region))
+        return list(eval_frame._debug_get_cache_entry_list(code))
+
+    def hook(self, code: types.CodeType, new_code: types.CodeType) -> types.CodeType | None:
+        """Dynamo's bytecode hook: called before each new entry of ``code`` is stored."""
+        if code not in self.before:
+            self.before[code] = set() if self.region >= 0 else {id(e) for e in self._of(code)}
+        return None  # the compiled code as Dynamo made it
+
+    def drop(self) -> None:
+        try:
+            from torch._dynamo.guards import DeletedGuardManagerWrapper
+        except ImportError:
+            return
+        for code, before in self.before.items():
+            try:
+                for entry in self._of(code):
+                    extra = getattr(entry.guard_manager, "extra_state", None)
+                    if id(entry) not in before and extra is not None:
+                        extra.invalidate(entry, DeletedGuardManagerWrapper("castwise audit run ended"))
+            except (AttributeError, RuntimeError, TypeError):
+                continue
+
+
+_WARM: list[bool] = []
+
+
+def warm_up() -> None:
+    """Build Dynamo's per-process tables (which torch function is handled how, keyed by the
+    function objects) before an audit patches any of them: built first under the simulated CUDA
+    device, they would be keyed by its stand-ins (and refuse two names for one of them), and
+    every later compile in the process would miss ``torch.cuda``'s real functions. Done once, on
+    a function of its own, whose cache entry dies with it."""
+    if _WARM:
+        return
+    import torch._dynamo
+
+    def warm(x: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, 1)
+
+    torch.compile(warm, backend="eager")(torch.zeros(1))
+    _WARM.append(True)
+
+
+def run_compiled(
+    producer: CompiledProducer,
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    mode: Mode,
+    options: CompileOptions,
+) -> Trace:
+    """Compile ``model`` (the audit's copy) with ``producer``'s backend and run it once in
+    ``mode`` ("train": forward + backward; "eval": no_grad). What the model or torch.compile
+    raises is recorded (``trace.error``, and its text in ``trace.compiled.error``)."""
+    import torch._dynamo
+    from torch._dynamo.convert_frame import register_bytecode_hook
+
+    trace = producer.trace
+    # isolated where torch can (>= 2.13): neither counted against the user's recompile limit
+    # nor stored beside the user's entries
+    isolate: dict[str, Any] = (
+        {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+    )
+    compiled = torch.compile(
+        model, backend=producer.backend, fullgraph=options.fullgraph, dynamic=options.dynamic, **isolate
+    )
+    entries = _Entries(getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1))
+    handle = register_bytecode_hook(entries.hook)
+    model.train(mode == "train")
+    simulated = producer.walk.device.kernels == "cuda" and not torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    try:
+        with _reading_breaks() as breaks, _no_stream_tracking() if simulated else contextlib.nullcontext():
+            error = _call(compiled, args, kwargs, mode, trace)
+    finally:
+        handle.remove()
+        entries.drop()
+    if trace.events:
+        trace.status = "error"
+    trace.compiled = Compiled(
+        producer.graphs, producer.backward_graphs, breaks.found(producer), options.fullgraph, producer.walk.ops, error
+    )
+    return trace
+
+
+@contextlib.contextmanager
+def _no_stream_tracking() -> Iterator[None]:
+    """On the simulated CUDA device: Dynamo asks the accelerator for its current stream when it
+    starts tracing a frame (to track stream use), which reaches the CUDA runtime this machine
+    lacks. It is told there is no accelerator then; the simulated device answers the model's own
+    questions (``torch.cuda.*``) as before."""
+    saved = torch.accelerator.is_available
+    torch.accelerator.is_available = lambda: False
+    try:
+        yield
+    finally:
+        torch.accelerator.is_available = saved
+
+
+def _call(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, trace: Trace) -> str | None:
+    """One call (and backward in train mode); what it raised is recorded on ``trace``."""
+    try:
+        if mode == "eval":
+            with torch.no_grad():
+                compiled(*args, **kwargs)
+        else:
+            with torch.enable_grad():
+                out = compiled(*args, **kwargs)
+                loss = pick_loss(out)
+                if loss is not None:
+                    trace.error_phase = "backward"
+                    loss.backward()  # type: ignore[no-untyped-call]
+    except Exception as exc:  # the model's error, or torch.compile's
+        trace.error = exc
+        trace.status = "error"
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    trace.error_phase = "forward"
+    return None
+
+
+__all__ = ["CompileOptions", "CompiledProducer", "compiled_parts", "run_compiled", "warm_up"]

@@ -1,0 +1,210 @@
+"""``castwise.audit(torch.compile(model))``: Dynamo and AOTAutograd compile a copy on fake tensors
+during the audit, and the compiled graphs' ops go through the same contract table and rules as
+the eager run; names are the user's (never ``_orig_mod``); the user's compiled module and
+Dynamo's caches are left as they were."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+import torch
+from benchmarks.zoo.faults import FAULTS
+from torch import nn
+from torch._dynamo.utils import counters
+
+import castwise
+from castwise._compiled import CompileOptions
+from castwise.auditor.findings import diags_of_run
+from castwise.auditor.session import _run_once
+from castwise.report import Report
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(torch.relu(self.proj(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class Scaled(nn.Module):
+    """A bf16 model whose first block scales by a buffer left in f32 (the issue's example)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Net()
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x * self.scale)
+
+
+def _bf16_with_f32_buffer() -> nn.Module:
+    torch.manual_seed(0)
+    model = Scaled().to(torch.bfloat16)
+    model.scale = model.scale.float()
+    return model
+
+
+def _errors(report: Report) -> set[tuple[str, str | None]]:
+    return {(f.code, f.origin.module if f.origin else None) for f in report.findings if f.level == "error"}
+
+
+def _graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+def test_compiled_audit_runs_dynamo_and_names_the_users_modules() -> None:
+    model = _bf16_with_f32_buffer()
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    eager = castwise.audit(model, x)
+    before = _graphs()
+    compiled = castwise.audit(torch.compile(model), x)
+    assert _graphs() - before >= 2  # a graph per mode, compiled during the audit
+    summary = compiled.summary["compiled"]
+    assert summary["train"]["graphs"] >= 1 and summary["train"]["backward_graphs"] >= 1
+    assert summary["eval"]["graphs"] >= 1
+    assert _errors(eager) and _errors(compiled) == _errors(eager)
+    assert "_orig_mod" not in json.dumps(compiled.to_dict(), default=str)
+    assert [r.kind for r in compiled.runs] == ["eager", "eager", "compiled", "compiled"]
+
+
+def test_the_compiled_graphs_alone_find_what_the_eager_run_finds() -> None:
+    model = _bf16_with_f32_buffer()
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    runs = {
+        kind: _run_once(model, x, None, "cpu", "train", True, torch.bfloat16, True, compiled=opts)
+        for kind, opts in (("eager", None), ("compiled", CompileOptions()))
+    }
+    assert runs["compiled"].trace.kind == "compiled" and runs["compiled"].trace.compiled is not None
+    assert runs["compiled"].trace.compiled.graphs >= 1
+    found = {k: [(d.code, d.origin.module if d.origin else None) for d in diags_of_run(r)] for k, r in runs.items()}
+    # the same first refused op (the real program raises there); the eager fake run may go on
+    assert found["compiled"] and found["compiled"][0] == found["eager"][0]
+    assert set(found["compiled"]) <= set(found["eager"])
+    # provenance through the graphs: the culprit is the buffer, made at no user line (it is a buffer)
+    first = next(ev for ev in runs["compiled"].trace.events if ev.phase == "forward")
+    assert any(p is not None and p.kind == "buffer" and p.tensor == "buffer scale" for p in first.provs)
+
+
+_FAULTS = [
+    "buffer_left_fp32",
+    "stray_fp32_module",
+    "plain_tensor_attribute",
+    "factory_in_forward",
+    "float64_module",
+    "output_hook_dtype",  # the eager run names the hook (CW115); the graphs see only its cast
+]
+
+
+@pytest.mark.parametrize("fault", _FAULTS)
+def test_planted_faults_are_found_on_the_compiled_model_as_on_the_eager_one(fault: str) -> None:
+    torch.manual_seed(1)
+    model = Net().to(torch.bfloat16)
+    planted = FAULTS[fault].plant(model, random.Random(3))
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    eager = castwise.audit(model, x)
+    before = _graphs()
+    compiled = castwise.audit(torch.compile(model), x)
+    assert _graphs() > before
+    assert _errors(eager), f"{fault}: the eager audit finds nothing to compare"
+    assert _errors(compiled) == _errors(eager)
+    origins = {m for _c, m in _errors(compiled)}
+    assert any(m is not None and (m + ".").startswith(planted.expected_origin + ".") for m in origins) or any(
+        planted.expected_origin in (f.details and dict(f.details).get("culprit_modules", [])) for f in compiled.findings
+    )
+    assert "_orig_mod" not in json.dumps(compiled.to_dict(), default=str)
+
+
+def _entries(code: Any) -> int:
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
+
+
+def test_the_users_compiled_model_and_dynamos_caches_are_left_as_they_were() -> None:
+    torch.manual_seed(0)
+    model = Net()
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(2, 8)
+    y0 = compiled(x)
+    entries = _entries(Net.forward.__code__)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    before = _graphs()
+    castwise.audit(compiled, x, policy="bf16-mixed")
+    assert _graphs() > before  # the audit compiled its own copy
+    before = _graphs()
+    y1 = compiled(x)
+    assert _graphs() == before  # the user's entry still serves the call: nothing recompiled
+    assert _entries(Net.forward.__code__) == entries  # the audit's entries are gone
+    torch.testing.assert_close(y0, y1)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert model.training and all(p.dtype == torch.float32 for p in model.parameters())
+
+
+class Breaks(Net):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        torch._dynamo.graph_break()  # the line the report names
+        return self.head(self.blocks[1](self.blocks[0](x)))
+
+
+def test_graph_breaks_are_listed_with_the_users_line() -> None:
+    report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
+    compiled = report.summary["compiled"]["eval"]
+    assert compiled["graphs"] == 2
+    assert any("test_compiled.py:" in (b["source"] or "") for b in compiled["graph_breaks"])
+
+
+def test_fullgraph_is_compiled_as_the_user_asked() -> None:
+    report = castwise.audit(torch.compile(Net(), fullgraph=True), torch.randn(2, 8), policy="bf16-mixed", mode="eval")
+    compiled = report.summary["compiled"]["eval"]
+    assert compiled["fullgraph"] and compiled["graphs"] == 1 and compiled["error"] is None
+    assert report.ok
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 4)
+        self.register_buffer("scale", torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)) * self.scale)
+
+
+def test_a_compiled_audit_on_the_simulated_cuda_device() -> None:
+    model = Mlp().to(torch.bfloat16)
+    model.scale = model.scale.float()  # f32 activations reach `down`'s bf16 matmul
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    eager = castwise.audit(model, x, device="cuda")
+    report = castwise.audit(torch.compile(model), x, device="cuda")
+    assert report.summary["compiled"]["train"]["graphs"] >= 1
+    assert _errors(report) and _errors(report) == _errors(eager)
+    assert not torch.cuda.is_initialized() and not torch.accelerator.is_available()
+
+
+def test_the_text_report_says_what_torch_compile_did() -> None:
+    report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
+    text = str(report)
+    assert "compiled (eval): 2 graph(s)" in text and "test_compiled.py:" in text
