@@ -199,6 +199,21 @@ def test_cuda_batch_norm_keeps_the_mixed_dtype_path() -> None:
     assert cpu is not None and cuda is not None and cpu.culprits == cuda.culprits == (1, 2)
 
 
+def test_cuda_batch_norm_in_training_wants_running_stats_in_the_parameters_16_bit_dtype() -> None:
+    # measured on an H200 (torch 2.11): bf16 weights with f32 running stats, as DeepSpeed's and
+    # FSDP2's parameter casts leave a BatchNorm, fail in training and pass in eval
+    x, w, stat = m(2, 4, 3, dtype=BF16), m(4, dtype=BF16), m(4)
+    train = check(aten.native_batch_norm.default, (x, w, w, stat, stat, True, 0.1, 1e-5), {}, "cuda")
+    assert train is not None and train.message == "Expected running_mean to have type BFloat16 but got Float"
+    assert check(aten.native_batch_norm.default, (x, w, w, stat, stat, False, 0.1, 1e-5), {}, "cuda") is None
+    assert (
+        check(aten._native_batch_norm_legit_no_training.default, (x, w, w, stat, stat, 0.1, 1e-5), {}, "cuda") is None
+    )
+    # the mixed path (f32 weights and stats under bf16 input) stays open
+    f32 = m(4)
+    assert check(aten.native_batch_norm.default, (x, f32, f32, f32, f32, True, 0.1, 1e-5), {}, "cuda") is None
+
+
 def test_cuda_convolution_wants_input_weight_and_bias_in_one_type() -> None:
     x, w, b = m(1, 2, 5), m(3, 2, 2), m(3, dtype=BF16)
     args = (x, w, b, [1], [0], [1], False, [0], 1)

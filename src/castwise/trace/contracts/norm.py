@@ -101,13 +101,39 @@ def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if dev.kernels == "cuda":
         # CUDA (measured, H100): the running statistics are read in any float dtype; only the
         # affine parameters must be x's dtype or float32
-        return _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", params[0]), ("bias", params[1])))
+        v = _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", params[0]), ("bias", params[1])))
+        return v if isinstance(v, Violation) else (_batch_norm_cuda_stats(op, args, kwargs, x, params[0]) or v)
     for i, name in ((3, "running_mean"), (4, "running_var")):
         p = _arg(args, kwargs, i, name)
         if isinstance(p, torch.Tensor):
             params.append(p)
     v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=True)
     return v or x.dtype
+
+
+def _bn_training(op: str, args: Args, kwargs: Kwargs) -> bool:
+    name = op.split(".")[1] if "." in op else op
+    if name.startswith("_batch_norm_with_update"):
+        return True
+    if "no_training" in name or "no_update" in name:
+        return False
+    training = _arg(args, kwargs, 5, "training")
+    return training is True
+
+
+def _batch_norm_cuda_stats(op: str, args: Args, kwargs: Kwargs, x: Tensor, weight: Tensor | None) -> Violation | None:
+    """Training with parameters in x's 16-bit dtype (not the mixed f32 path): the running
+    statistics must be in that dtype too (measured, H200, torch 2.11: a bf16 BatchNorm whose
+    buffers stayed f32, as DeepSpeed's and FSDP2's casts leave them, is refused in training and
+    runs in eval)."""
+    if weight is None or weight.dtype != x.dtype or x.dtype not in _REDUCED or not _bn_training(op, args, kwargs):
+        return None
+    for i, name in ((3, "running_mean"), (4, "running_var")):
+        stat = _arg(args, kwargs, i, name)
+        if isinstance(stat, torch.Tensor) and stat.dtype != x.dtype:
+            msg = f"Expected {name} to have type {_sc(x.dtype)} but got {_sc(stat.dtype)}"
+            return _viol(op, "norm", msg, args, kwargs, [stat], x.dtype)
+    return None
 
 
 def _batch_norm_cuda_params(
