@@ -5,6 +5,7 @@ Dynamo's caches are left as they were."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 from typing import Any
@@ -180,6 +181,16 @@ def test_fullgraph_is_compiled_as_the_user_asked() -> None:
     compiled = report.summary["compiled"]["eval"]
     assert compiled["fullgraph"] and compiled["graphs"] == 1 and compiled["error"] is None
     assert report.ok
+
+
+def test_a_compiled_audit_where_lightning_has_wrapped_torch_compile() -> None:
+    # importing Lightning Fabric puts a wrapper over torch.compile that deep-copies its keyword
+    # arguments; the audit compiles with torch's own function
+    import lightning.fabric.wrappers  # noqa: F401
+
+    assert torch.compile is not inspect.unwrap(torch.compile)
+    report = castwise.audit(torch.compile(Net()), torch.randn(2, 8), policy="bf16-mixed", mode="eval")
+    assert report.summary["compiled"]["eval"]["graphs"] >= 1 and report.ok
 
 
 class Mlp(nn.Module):

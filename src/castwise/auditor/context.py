@@ -175,11 +175,17 @@ def _blame(
         ]
         # under autocast its dtype is what the policy makes: a bf16 activation meeting an f64
         # weight autocast leaves alone (it casts f32 only) is the run's, the weight the user's
-        usual = {compute} if autocast is None else {compute, autocast}
+        usual = _usual(compute, autocast)
         if others and not (wrong not in usual and all(p.dtype in usual for p in others)):
             causes = others
             culprits = [i for i, p in enumerate(provs) if p is not None and p in causes]
     return culprits, causes or culprit_provs
+
+
+def _usual(compute: torch.dtype, autocast: torch.dtype | None) -> set[torch.dtype]:
+    """The dtypes the run itself makes: the compute dtype, and under autocast also autocast's and
+    the f32 it casts from (a mixed policy's weights are stored f32)."""
+    return {compute} if autocast is None else {compute, autocast, torch.float32}
 
 
 def make_ctx(
@@ -215,7 +221,7 @@ def make_ctx(
     # the model's own dtype is the norm, and under autocast autocast's too: where the table blames
     # an operand in them, the operand off them is the odd one (an f64 weight autocast leaves alone
     # meets its bf16 activation: the weight is what the user changed)
-    usual = {compute} if autocast is None else {compute, autocast}
+    usual = _usual(compute, autocast)
     if not stray and culprits and all(dtypes[i] in usual for i in culprits if i < len(dtypes)):
         odd = [i for i in floats if dtypes[i] not in usual]
         if odd:

@@ -256,10 +256,13 @@ def run_compiled(
     trace = producer.trace
     # isolated where torch can (>= 2.13): neither counted against the user's recompile limit
     # nor stored beside the user's entries
+    # torch.compile itself, not a wrapper another library put over it (Lightning Fabric's deep-copies
+    # the keyword arguments, which our backend, holding the producer, cannot be)
+    compile_fn = inspect.unwrap(torch.compile)
     isolate: dict[str, Any] = (
-        {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+        {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(compile_fn).parameters else {}
     )
-    compiled = torch.compile(
+    compiled = compile_fn(
         model, backend=producer.backend, fullgraph=options.fullgraph, dynamic=options.dynamic, **isolate
     )
     entries = _Entries(getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1))
