@@ -47,7 +47,7 @@ def _both(model: nn.Module, inputs: Any, policy: str | None = "bf16-mixed", devi
 
 
 def _reused(runs: list[Any]) -> dict[str, str]:
-    found = [o for o in runs[0].tracer.observers if isinstance(o, reuse.BlockReuse)]
+    found = [o for o in runs[0].producer.observers if isinstance(o, reuse.BlockReuse)]
     return found[0].reused if found else {}
 
 
