@@ -209,12 +209,19 @@ class _Entries:
             from torch._dynamo.guards import DeletedGuardManagerWrapper
         except ImportError:
             return
+        from torch._C._dynamo import eval_frame
+
         for code, before in self.before.items():
             try:
                 for entry in self._of(code):
                     extra = getattr(entry.guard_manager, "extra_state", None)
                     if id(entry) not in before and extra is not None:
                         extra.invalidate(entry, DeletedGuardManagerWrapper("castwise audit run ended"))
+                if not before and self.region < 0:
+                    # torch 2.12: invalidating one entry does not take; a code object that had none before the
+                    # run holds only the run's, so all go (else the next audit would reuse them and
+                    # compile nothing)
+                    eval_frame.reset_code(code)
             except (AttributeError, RuntimeError, TypeError):
                 continue
 
