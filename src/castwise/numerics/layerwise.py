@@ -271,7 +271,7 @@ class Runner:
         loss = pick_loss(out)
         if loss is None:
             return
-        tracer.phase = "backward"
+        tracer.begin_backward()
         loss.backward(retain_graph=True)  # type: ignore[no-untyped-call]
         for call in reversed(self.calls):
             self._block_backward(tracer, call)
@@ -288,20 +288,17 @@ class Runner:
         )
         self._load(call.name, call.block)
         try:
-            tracer.phase = "forward"
             self.pause(True)
             stand_in = call.block.forward
             call.block.forward = call.forward  # type: ignore[method-assign]
             try:
-                with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                with tracer.recomputing(), torch.enable_grad(), torch.random.fork_rng(devices=[]):
                     torch.set_rng_state(call.rng)
                     out = call.block(*args2, **kwargs2)
             finally:
                 call.block.forward = stand_in  # type: ignore[method-assign]
                 self.pause(False)
-            tracer.tag_outputs(out)
-            tracer.stack.clear()
-            tracer.phase = "backward"
+            tracer.end_forward(out)
             wanted = [
                 (o, leaf.grad)
                 for o, leaf in zip(_floats(out), call.leaves, strict=True)
@@ -329,24 +326,19 @@ def run_layerwise(
     model's error, if any, is returned (as ``tracer.run`` records it)."""
     tracer = Tracer(model, device, fake=False, record_ops=False, observers=observers)
     runner.tracer = tracer
-    tracer.phase = "forward"
     wrapper.train(mode == "train")
     out: Any = None
     error: BaseException | None = None
-    try:
-        grad = torch.enable_grad() if mode == "train" else torch.no_grad()
-        with tracer.hooks(), tracer, runner.installed(), grad:
-            out = wrapper(*args, **kwargs)
-            if mode == "train":
-                tracer.tag_outputs(out)
-                tracer.stack.clear()
-                runner.backward(tracer, out)
-    except Exception as exc:  # the model's own error: the report says the run is incomplete
-        error = exc
-    finally:
-        tracer.stack.clear()
-        tracer.phase = "forward"
-        tracer.finish()
+    with tracer.running():
+        try:
+            grad = torch.enable_grad() if mode == "train" else torch.no_grad()
+            with tracer.hooks(), tracer, runner.installed(), grad:
+                out = wrapper(*args, **kwargs)
+                if mode == "train":
+                    tracer.end_forward(out)
+                    runner.backward(tracer, out)
+        except Exception as exc:  # the model's own error: the report says the run is incomplete
+            error = exc
     return out, error
 
 

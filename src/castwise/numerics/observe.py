@@ -443,21 +443,21 @@ class RangeObserver(Observer):
         scaled_limit: tuple[float, float] | None = None,
         wide: frozenset[str] = frozenset(),
     ) -> None:
-        from castwise.trace.tracer import _AttrMap
+        from castwise.trace.attrmap import AttrMap
 
         self.fixed = fixed  # id(parameter or buffer) -> absmax, computed once before the run
-        self.amax = _AttrMap("amax")
+        self.amax = AttrMap("amax")
         # backward only: the largest magnitude in a gradient's lineage. A gradient grows and
         # shrinks linearly along the chain (no norm brings it back), so one that passed the limit
         # inflates every gradient computed from it: those are not sites of their own
-        self.reach = _AttrMap("reach")
+        self.reach = AttrMap("reach")
         self.rec = RangeRecord()
         self.scaled_limit = scaled_limit
         self.wide = wide  # modules that compute in float32 inside: their intermediates are no sites
         # a tensor a wide module made: (module, op, phase, its absmax, its inputs' absmax). When an op
         # of another module reads it, it left the module in the target dtype: its magnitude counts
         # there (an origin of that module when it passes the limit), forward and backward alike
-        self.wide_out = _AttrMap("wide_out")
+        self.wide_out = AttrMap("wide_out")
         self.paused = False  # a layerwise run's recomputed forward: its values are recorded already
 
     def _absmax_of(self, t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,6 @@ checks, up-casts, activation bytes, numerics) is an observer (``castwise.trace.o
 from __future__ import annotations
 
 import collections
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -42,6 +41,7 @@ from castwise._dtypes import fmt_tensor, name_of
 from castwise.devices import Device
 from castwise.devices import get as get_device
 from castwise.trace import fastpath, hooks, source
+from castwise.trace.attrmap import AttrMap
 from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.cuda_guard import stand_in_guard
@@ -86,7 +86,6 @@ def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
     return out
 
 
-_KEYS = itertools.count()
 _NO_SUBCLASS_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _ADD = torch.ops.aten.add.Tensor  # nn.Linear's bias add on its matmul path (see _linear_bias_add)
 # provenance preference among same-dtype inputs: autocast's casts, then weights, then the rest
@@ -99,25 +98,6 @@ _OWN_TYPES = frozenset({FakeTensor, torch.Tensor})
 def _foreign(types: Sequence[type]) -> bool:
     """Whether an op's overloaded types include a tensor subclass other than the fake run's own."""
     return not _OWN_TYPES.issuperset(types)
-
-
-class _AttrMap:
-    """tensor -> value, kept in the tensor object's own ``__dict__`` under a key unique to this
-    map. Only the audit's own tensors (its fake or real copies) are ever keys. A dict hit per
-    lookup, where a WeakIdKeyDictionary makes a weak reference per lookup (measured: the
-    difference is a sizeable part of the tracer's cost on a 7B model)."""
-
-    def __init__(self, what: str) -> None:
-        self.key = f"_castwise_{what}_{next(_KEYS)}"
-
-    def get(self, t: torch.Tensor, default: Any = None) -> Any:
-        return t.__dict__.get(self.key, default)
-
-    def __contains__(self, t: torch.Tensor) -> bool:
-        return self.key in t.__dict__
-
-    def __setitem__(self, t: torch.Tensor, value: Any) -> None:
-        t.__dict__[self.key] = value
 
 
 class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -140,8 +120,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.record_ops = record_ops
         self.quiet = False  # ops that only make a reused block's tensors pass unchecked (trace/reuse.py)
         # tensor -> Prov, tensor -> module that made it (kept on the run's own tensors)
-        self.prov: Any = _AttrMap("prov")
-        self.creator: Any = _AttrMap("creator")
+        self.prov: Any = AttrMap("prov")
+        self.creator: Any = AttrMap("creator")
         self.stack: list[Frame] = []
         self.phase: Any = "forward"
         self.root_autocast: torch.dtype | None = None
@@ -149,9 +129,9 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.use_engine_node = True
         self.trace = Trace()
         self.stand = fastpath.Stand()
-        self.shadow: Any = _AttrMap("value")  # fake tensor -> real CPU tensor with its values
+        self.shadow: Any = AttrMap("value")  # fake tensor -> real CPU tensor with its values
         self.shadow_count = 0
-        self.recipe: Any = _AttrMap("recipe")  # fake mask/count/id tensor -> the op that made it (values.py)
+        self.recipe: Any = AttrMap("recipe")  # fake mask/count/id tensor -> the op that made it (values.py)
         self.assumed_now = 0
         self.observers: list[Observer] = list(default_observers() if observers is None else observers)
         # only the hooks an observer overrides are called: the per-op cost stays what it needs
@@ -168,6 +148,38 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Tell every observer the run ended."""
         for obs in self.observers:
             obs.finish(self.trace)
+
+    # -- the phase protocol of one run (run() below and numerics' layerwise run share it) ----
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """One run: it starts in forward; on exit, also after a raise, the module stack is closed,
+        the phase is forward again and every observer is told the run ended."""
+        self.phase = "forward"
+        try:
+            yield
+        finally:
+            self.stack.clear()
+            self.phase = "forward"
+            self.finish()
+
+    def end_forward(self, out: Any) -> None:
+        """The forward returned ``out``: its tensors' autograd nodes name the modules that made
+        them (backward attributes its ops by them) and no module is running any more."""
+        self.tag_outputs(out)
+        self.stack.clear()
+
+    def begin_backward(self) -> None:
+        self.phase = "backward"
+
+    @contextmanager
+    def recomputing(self) -> Iterator[None]:
+        """A forward run again inside backward (a block recomputed for its gradients)."""
+        self.phase = "forward"
+        try:
+            yield
+        finally:
+            self.phase = "backward"
 
     # -- provenance seeds --------------------------------------------------------------------
 
@@ -545,7 +557,6 @@ def run(
     """Run ``model`` once in ``mode`` ("train": forward + backward; "eval": no_grad) under
     ``tracer``. A model error is caught and recorded (with the module stack at the raise)."""
     trace = tracer.trace
-    tracer.phase = "forward"
     enabled = torch.is_autocast_enabled(tracer.device_type)
     tracer.root_autocast = torch.get_autocast_dtype(tracer.device_type) if enabled else None
     if mode == "eval":
@@ -554,7 +565,7 @@ def run(
         model.train()
     # no engine: a simulated device, whose fake tensors need the stand-in guard to carry gradients
     # (entered outside the try: a build it cannot serve is castwise's error, not the model's)
-    with stand_in_guard() if not engine_backward else nullcontext():
+    with stand_in_guard() if not engine_backward else nullcontext(), tracer.running():
         try:
             hooks_kept = tensor_hooks_recorded() if not engine_backward else nullcontext()
             with tracer.hooks(), hooks_kept, one_thread(tracer.fake), tracer:
@@ -564,11 +575,10 @@ def run(
                 else:
                     with torch.enable_grad():
                         out = call(model, args, kwargs)
-                        tracer.tag_outputs(out)
-                        tracer.stack.clear()
+                        tracer.end_forward(out)
                         loss = pick_loss(out)
                         if loss is not None:
-                            tracer.phase = "backward"
+                            tracer.begin_backward()
                             if engine_backward:
                                 loss.backward()  # type: ignore[no-untyped-call]
                             else:
@@ -579,10 +589,6 @@ def run(
             trace.stack = list(tracer.stack)
             trace.error_phase = tracer.phase
             trace.status = "error"
-        finally:
-            tracer.stack.clear()
-            tracer.phase = "forward"
-            tracer.finish()
     if trace.events:
         trace.status = "error"
     return trace
