@@ -95,6 +95,10 @@ def test_explain_reads_the_end_of_a_huge_log(tmp_path: Path) -> None:
     assert p.stderr == f"castwise: note: {log} is {log.stat().st_size / 2**20:.0f} MiB; reading its last 4 MiB\n"
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "slow.py").write_text(
         textwrap.dedent("""
@@ -112,6 +116,9 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # as a terminal starts it: a shell that runs the tests in the background ignores SIGINT
+        # for its children, and Python then installs no KeyboardInterrupt handler at all
+        preexec_fn=_sigint_default,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "building\n"
