@@ -511,7 +511,9 @@ def test_a_candidate_that_runs_every_op_as_before_is_never_suggested() -> None:
     fixed = _safe_fixes(policy, [claim], torch.bfloat16)
     assert fixed is not None and fixed != policy  # a different spelling...
     claimed = castwise.Report(findings=[claim], runs=report.runs)
-    assert auditor.suggest_policy(model, x, policy, "cpu", "eval", True, claimed, runs) is None  # ...not a fix
+    assert (
+        auditor.suggest_policy(auditor.AuditRequest(model, x, policy, "cpu", "eval", True), claimed, runs) is None
+    )  # ...not a fix
 
 
 class _WritesF32IntoCache(nn.Module):

@@ -21,7 +21,7 @@ from castwise._compiled import compiled_parts
 from castwise._state import preserved_state
 from castwise.auditor.offered import check_offered
 from castwise.auditor.session import MODES, check_args, run_audit
-from castwise.auditor.suggest import suggest_policy, verify_code_fixes
+from castwise.auditor.suggest import AuditRequest, suggest_policy, verify_code_fixes
 from castwise.policy import Policy
 from castwise.report import Report
 
@@ -58,10 +58,11 @@ def audit(
         model = parts[0]
     pol, dev = check_args(model, policy, device, mode, fake)
     report, runs = run_audit(model, inputs, pol, dev, mode, fake, compiled=parts[1] if parts is not None else None)
+    request = AuditRequest(model, inputs, pol, dev, mode, fake)
     if report.errors:  # an incomplete run alone has nothing for a policy to fix
-        report.suggested_policy = suggest_policy(model, inputs, pol, dev, mode, fake, report, runs)
-        report = verify_code_fixes(model, inputs, pol, dev, mode, fake, report)
-    return check_offered(model, inputs, pol, dev, mode, fake, report, runs)
+        report.suggested_policy = suggest_policy(request, report, runs)
+        report = verify_code_fixes(request, report)
+    return check_offered(request, report, runs)
 
 
-__all__ = ["MODES", "audit", "preserved_state", "suggest_policy"]
+__all__ = ["MODES", "AuditRequest", "audit", "preserved_state", "suggest_policy"]

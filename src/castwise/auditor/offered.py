@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from castwise.auditor.context import RunRecord
+from castwise.auditor.suggest import AuditRequest
 from castwise.errors import CastwiseError
 from castwise.policy import Policy
 from castwise.report import Finding, Report
@@ -47,12 +48,7 @@ def _idle(rule: Any, model: nn.Module, ran: set[str]) -> str | None:
 class _Reaudit:
     """Re-audits of the user's audit with clauses added, at most ``budget`` of them."""
 
-    model: nn.Module
-    inputs: Any
-    policy: Policy | None
-    device: str
-    mode: str
-    fake: bool
+    request: AuditRequest
     budget: int = 2
     done: dict[tuple[Any, ...], Report | None] = dataclasses.field(default_factory=dict)
 
@@ -67,33 +63,24 @@ class _Reaudit:
         return not any(x.code == f.code and x.module == f.module for x in again.errors)
 
     def _audit(self, rules: tuple[Any, ...]) -> Report | None:
-        from castwise.auditor.suggest import _base_policy, _compute_dtype, run_audit
+        from castwise.auditor.suggest import _base_policy, _compute_dtype
 
-        base = _base_policy(self.policy, _compute_dtype(self.model, self.policy))
+        req = self.request
+        base = _base_policy(req.policy, _compute_dtype(req.model, req.policy))
         try:
-            again, _runs = run_audit(
-                self.model, self.inputs, base.with_rules(*rules), self.device, self.mode, self.fake
-            )
+            again, _runs = req.under(base.with_rules(*rules)).run()
         except CastwiseError:
             return None
         return again
 
 
-def check_offered(
-    model: nn.Module,
-    inputs: Any,
-    policy: Policy | None,
-    device: str,
-    mode: str,
-    fake: bool,
-    report: Report,
-    runs: list[RunRecord],
-) -> Report:
+def check_offered(request: AuditRequest, report: Report, runs: list[RunRecord]) -> Report:
     """Each finding's offered clauses checked (``fix_verified`` in its JSON, a note in its fix
     text); returns the report, updated."""
     ran = {m for r in runs for m, *_ in r.trace.ops}
     suggested = tuple(report.suggested_policy.rules) if report.suggested_policy is not None else ()
-    reaudit = _Reaudit(model, inputs, policy, device, mode, fake)
+    reaudit = _Reaudit(request)
+    model = request.model
     out: list[Finding] = []
     for f in report.findings:
         rules = [(c, r) for c in dict.fromkeys(_CLAUSE.findall(f.fix or "")) if (r := _rule(c)) is not None]

@@ -22,12 +22,25 @@ def _compute_dtype(model: nn.Module, policy: Policy | None) -> torch.dtype:
     return policy.compute_dtype if policy is not None else dominant_dtype(model)
 
 
-def run_audit(
-    model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool
-) -> tuple[Report, list[RunRecord]]:
-    from castwise.auditor.session import run_audit as _run
+@dataclasses.dataclass(frozen=True, eq=False)
+class AuditRequest:
+    """What one audit was asked (a checked policy and device name). A re-audit (a candidate
+    policy, an offered clause, a hook's code fix) asks the same with the policy changed."""
 
-    return _run(model, inputs, policy, device, mode, fake)
+    model: nn.Module
+    inputs: Any
+    policy: Policy | None
+    device: str
+    mode: str
+    fake: bool
+
+    def under(self, policy: Policy | None) -> AuditRequest:
+        return dataclasses.replace(self, policy=policy)
+
+    def run(self) -> tuple[Report, list[RunRecord]]:
+        from castwise.auditor.session import run_audit
+
+        return run_audit(self.model, self.inputs, self.policy, self.device, self.mode, self.fake)
 
 
 def _base_policy(policy: Policy | None, compute: torch.dtype) -> Policy:
@@ -70,17 +83,7 @@ def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: fr
     return p
 
 
-def suggest_policy(
-    model: nn.Module,
-    inputs: Any,
-    policy: Policy | None,
-    device: str,
-    mode: str,
-    fake: bool,
-    report: Report,
-    runs: list[RunRecord],
-    max_audits: int = 5,
-) -> Policy | None:
+def suggest_policy(request: AuditRequest, report: Report, runs: list[RunRecord], max_audits: int = 5) -> Policy | None:
     """A policy under which a re-audit finds no error, keeping the user's compute dtype.
 
     Candidates: the preset for the model's dtype (when it ran without a policy), then that with
@@ -90,7 +93,8 @@ def suggest_policy(
     user's policy (the same policy, or one under which every op runs exactly as before) is never
     returned: None when no candidate really fixes the model.
     """
-    compute = _compute_dtype(model, policy)
+    policy = request.policy
+    compute = _compute_dtype(request.model, policy)
     base = _base_policy(policy, compute)
     queue: list[tuple[Policy, list[Finding]]] = []
     if policy is None:
@@ -98,7 +102,7 @@ def suggest_policy(
     tried: set[str] = set() if policy is None else {str(policy)}
     before = _signature(runs)
     incomplete = any(f.code == "CW902" for f in report.findings)
-    f64 = float64_modules(model)
+    f64 = float64_modules(request.model)
     candidate = _safe_fixes(base, report.findings, compute, f64)
     if candidate is not None:
         queue.append((candidate, report.findings))
@@ -110,7 +114,7 @@ def suggest_policy(
         tried.add(str(candidate))
         audits += 1
         try:
-            again, again_runs = run_audit(model, inputs, candidate, device, mode, fake)
+            again, again_runs = request.under(candidate).run()
         except CastwiseError:
             continue
         # a candidate whose run stops earlier than the user's (CW902) is not verified by it
@@ -158,9 +162,7 @@ def _hooks_to_cast_back(report: Report) -> frozenset[str]:
     )
 
 
-def verify_code_fixes(
-    model: nn.Module, inputs: Any, policy: Policy | None, device: str, mode: str, fake: bool, report: Report
-) -> Report:
+def verify_code_fixes(request: AuditRequest, report: Report) -> Report:
     """The hook findings' code fix (each hook's result cast back to the dtype it was given),
     simulated in a re-audit under the suggested policy (else the user's): when it finds no error,
     each such finding's ``code_fix`` says it was verified. Returns the report, updated."""
@@ -169,10 +171,10 @@ def verify_code_fixes(
     names = _hooks_to_cast_back(report)
     if not names:
         return report
-    under = report.suggested_policy if report.suggested_policy is not None else policy
+    under = report.suggested_policy if report.suggested_policy is not None else request.policy
     try:
         with casting_back(names):
-            again, _runs = run_audit(model, inputs, under, device, mode, fake)
+            again, _runs = request.under(under).run()
     except CastwiseError:
         return report
     # a re-audit that stops earlier than the user's (CW902) does not verify it

@@ -233,4 +233,5 @@ __all__ = [
     "main",
     "terminal_width",
     "user_stdout_aside",
+    "write_json",
 ]

@@ -9,27 +9,21 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from castwise.cli import DeviceChoice, user_stdout_aside
+from castwise.cli import (
+    EXIT_FINDINGS,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    DeviceChoice,
+    user_stdout_aside,
+    write_json,
+)
 from castwise.errors import CastwiseError
-
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-def _write_json(payload: str, target: str | None) -> None:
-    if target is None:
-        return
-    if target == "-":
-        click.echo(payload)
-        return
-    try:
-        Path(target).write_text(payload + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise CastwiseError(f"--json {target}: cannot write the report ({exc.strerror or exc})") from None
 
 
 def _exit_code(report: Any) -> int:
@@ -176,7 +170,7 @@ def numerics_command(
             report, built = _run(target, which, forecast_dt, tune_budget, policy, mode, device, layerwise)
         if json_path != "-":
             click.echo(str(report))
-        _write_json(_json(report, built), json_path)
+        write_json(_json(report, built), json_path)
         if html_path is not None:
             from castwise.report.html import write_html
 
