@@ -231,10 +231,8 @@ class NonfiniteObserver(Observer):
                 rerun_absmax = max((float(w.abs().max()) for w in wides if w.numel()), default=0.0)
             except Exception:  # an op without a wider kernel: the whole-run rerun decides
                 rerun_finite = None
-        node = None
-        if call.phase == "backward":
-            n: Any = call.tracer.current_node if not call.tracer.use_engine_node else torch._C._current_autograd_node()
-            node = n.name() if n is not None else None
+        n = call.backward_node()
+        node = n.name() if n is not None else None
         made = "nan+inf" if made_nan and made_inf else "nan" if made_nan else "inf"
         return Producer(
             module=call.module,

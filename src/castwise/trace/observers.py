@@ -24,7 +24,7 @@ from castwise.trace.opinfo import OpInfo, info_of
 
 if TYPE_CHECKING:
     from castwise.trace.contracts import Violation
-    from castwise.trace.events import Frame, Trace
+    from castwise.trace.events import Frame, Prov, Trace
     from castwise.trace.tracer import Tracer
 
 _LOW_NAMES = ("bfloat16", "float16")
@@ -66,6 +66,29 @@ class OpCall:
     @property
     def trace(self) -> Trace:
         return self.tracer.trace
+
+    # what an observer may ask of the run beyond the op itself (not the tracer's own state)
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None:
+        """The origin of ``t``'s dtype."""
+        return self.tracer.prov_of(t)
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        """The autocast dtype the caller of this op ran under (forward only; None when off)."""
+        return self.tracer.autocast_here()
+
+    @property
+    def stand(self) -> fastpath.Stand:
+        """The fused fast paths' state for this run (which kernels the model's modules chose)."""
+        return self.tracer.stand
+
+    def backward_node(self) -> Any:
+        """In backward, the autograd node running this op (None in forward)."""
+        if self.phase != "backward":
+            return None
+        tracer = self.tracer
+        return tracer.current_node if not tracer.use_engine_node else torch._C._current_autograd_node()
 
 
 class Observer:
@@ -120,17 +143,17 @@ class ContractObserver(Observer):
         info = call.info
         if call.is_fast:
             if info.fused:
-                v = fastpath.check_fused(func, call.args, call.kwargs, call.tracer.stand, call.tracer.autocast_here())
+                v = fastpath.check_fused(func, call.args, call.kwargs, call.stand, call.autocast)
                 # the table has the kernel's measured exceptions (f32 norms with a 16-bit input,
                 # a qkv bias of any float dtype on CPU): the fused path fails only where it refuses too
-                if v is not None and contracts.check(func, call.args, call.kwargs, call.tracer.device) is None:
+                if v is not None and contracts.check(func, call.args, call.kwargs, call.device) is None:
                     return None
                 return v
             return None
         if info.rnn:
             return fastpath.check_rnn_cell(func, call.args, call.kwargs)
         # one lookup (cached per op and device) answers both coverage and the check
-        found = contracts.lookup(func, call.tracer.device)
+        found = contracts.lookup(func, call.device)
         if not found.covered:
             call.trace.uncovered.setdefault(call.name, set()).add(call.module)
         return found.check(call.args, call.kwargs)
