@@ -219,3 +219,25 @@ def test_the_text_report_says_what_torch_compile_did() -> None:
     report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
     text = str(report)
     assert "compiled (eval): 2 graph(s)" in text and "test_compiled.py:" in text
+
+
+def test_an_inductor_program_is_checked_after_inductors_decompositions() -> None:
+    """Inductor decomposes a one-row ``addmm`` on CPU into a mul and a sum computed in f32: eager
+    refuses f16 rows into f32 weights, the Inductor program runs and computes in f32
+    (pytorch#141865). ``aot_eager`` keeps the ``addmm``, and refuses as eager does."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    x = torch.randn(1, 8, dtype=torch.float16)
+    runs = {
+        backend: _run_once(
+            model, x, None, "cpu", "eval", True, torch.float32, True, compiled=CompileOptions(backend=backend)
+        ).trace
+        for backend in ("inductor", "aot_eager")
+    }
+    assert [ev.op for ev in runs["aot_eager"].events] == ["aten.addmm"]
+    assert runs["aot_eager"].compiled is not None and runs["aot_eager"].compiled.decompositions is None
+    inductor = runs["inductor"]
+    assert not inductor.events and inductor.error is None
+    assert inductor.compiled is not None and inductor.compiled.decompositions == "inductor"
+    ops = {op: outs[0][0] for _m, op, _p, _ins, outs in inductor.ops if outs}
+    assert "aten.addmm" not in ops and ops["aten.sum"] is torch.float32

@@ -5,7 +5,9 @@ dispatch-mode tracer cannot see it: Dynamo does not compile a frame while a disp
 So the compiled run has no tracer. Its copy is compiled with the user's options (``fullgraph``,
 ``dynamic``) and a backend of castwise's own: AOTAutograd, as ``aot_eager`` does, with compilers
 that walk each forward (or inference) and backward ATen graph (``trace.graph``) into the same
-:class:`Trace` the tracer makes, and return the graph to run as it is, on the fake tensors.
+:class:`Trace` the tracer makes, and return the graph to run as it is, on the fake tensors. For
+an Inductor program (torch.compile's default) AOTAutograd traces with Inductor's decomposition
+table, so the graphs walked are the ops Inductor lowers, in the dtypes its decompositions give.
 Between graphs (after a graph break) Dynamo runs the code eagerly, on the same fake tensors.
 
 Nothing of the run outlives it: the compile is isolated where torch can (``isolate_recompiles``: it
@@ -49,6 +51,9 @@ class CompiledProducer:
         self._kept: list[torch.Tensor] = []  # the tensors whose ids key _provs stay alive
         self.graphs = 0
         self.backward_graphs = 0
+        # the decomposition table the graphs are traced with: Inductor's for an Inductor program
+        # (its decompositions can change an op's dtypes: addmm of one row into f32 mul + sum)
+        self.decompositions: dict[Any, Any] | None = None
         self.breaks: list[tuple[str, str | None]] = []  # (reason, user's line) Dynamo gave the backend
         for mname, module in model.named_modules():
             dot = f"{mname}." if mname else ""
@@ -96,7 +101,8 @@ class CompiledProducer:
             self.walk.walk(bgm, "backward", seeded)
             return self._runner(bgm, {})
 
-        compiled: Callable[..., Any] = aot_autograd(fw_compiler=fw, bw_compiler=bw)(gm, example_inputs)
+        table = {} if self.decompositions is None else {"decompositions": self.decompositions}
+        compiled: Callable[..., Any] = aot_autograd(fw_compiler=fw, bw_compiler=bw, **table)(gm, example_inputs)
         return compiled
 
     def _runner(self, gm: fx.GraphModule, provs: dict[str, Prov | None]) -> Callable[..., Any]:
@@ -261,6 +267,10 @@ def run_compiled(
     from torch._dynamo.convert_frame import register_bytecode_hook
 
     trace = producer.trace
+    if options.inductor:
+        from torch._inductor.decomposition import select_decomp_table
+
+        producer.decompositions = select_decomp_table()
     # isolated where torch can (>= 2.13): neither counted against the user's recompile limit
     # nor stored beside the user's entries
     # torch.compile itself, not a wrapper another library put over it (Lightning Fabric's deep-copies
@@ -285,7 +295,13 @@ def run_compiled(
     if trace.events:
         trace.status = "error"
     trace.compiled = Compiled(
-        producer.graphs, producer.backward_graphs, breaks.found(producer), options.fullgraph, producer.walk.ops, error
+        producer.graphs,
+        producer.backward_graphs,
+        breaks.found(producer),
+        options.fullgraph,
+        producer.walk.ops,
+        error,
+        "inductor" if producer.decompositions is not None else None,
     )
     return trace
 
