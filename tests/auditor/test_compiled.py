@@ -5,6 +5,7 @@ Dynamo's caches are left as they were."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import random
@@ -241,3 +242,39 @@ def test_an_inductor_program_is_checked_after_inductors_decompositions() -> None
     assert inductor.compiled is not None and inductor.compiled.decompositions == "inductor"
     ops = {op: outs[0][0] for _m, op, _p, _ins, outs in inductor.ops if outs}
     assert "aten.addmm" not in ops and ops["aten.sum"] is torch.float32
+
+
+_SEEN: list[int] = []  # module state: the audit's copy of a model shares it
+
+
+@torch.compiler.disable
+def _note_freeze_count() -> None:
+    _SEEN.append(gc.get_freeze_count())
+
+
+class _FreezeProbe(nn.Module):
+    """Notes how many objects the garbage collector holds frozen while a run runs (a call
+    Dynamo leaves to eager: the value is the run's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _note_freeze_count()
+        return self.proj(x)
+
+
+def test_the_compile_runs_with_the_old_objects_frozen_and_unfreezes_them() -> None:
+    _SEEN.clear()
+    x = torch.randn(2, 4)
+    castwise.audit(torch.compile(_FreezeProbe()), x, mode="eval")
+    assert _SEEN[0] == 0 and _SEEN[-1] > 0  # the eager run as it was; the compiled run frozen
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze its own objects keeps them frozen, and no more
+    try:
+        frozen = gc.get_freeze_count()
+        castwise.audit(torch.compile(_FreezeProbe()), x, mode="eval")
+        assert gc.get_freeze_count() <= frozen  # (frozen objects the audit freed leave the count)
+    finally:
+        gc.unfreeze()
