@@ -278,3 +278,38 @@ def test_the_compile_runs_with_the_old_objects_frozen_and_unfreezes_them() -> No
         assert gc.get_freeze_count() <= frozen  # (frozen objects the audit freed leave the count)
     finally:
         gc.unfreeze()
+
+
+class _AutocastAcrossABreak(nn.Module):
+    """The model's own autocast block, with a graph break inside it and an op after the break
+    that refuses mixed dtypes (the bf16 product and an f32 buffer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("extra", torch.ones(2, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.proj(x)
+            torch._dynamo.graph_break()
+            y = y.index_add(0, torch.tensor([0, 1]), self.extra)
+        return y.float() + 1
+
+
+def test_the_autocast_of_a_graph_node_is_its_region_also_after_a_graph_break() -> None:
+    torch.manual_seed(0)
+    run = _run_once(
+        _AutocastAcrossABreak(),
+        torch.randn(4, 8),
+        None,
+        "cpu",
+        "eval",
+        True,
+        torch.float32,
+        True,
+        compiled=CompileOptions(backend="aot_eager"),
+    )
+    assert run.trace.compiled is not None and run.trace.compiled.graphs >= 2
+    refused = run.trace.events[0]
+    assert refused.op == "aten.index_add" and refused.autocast is torch.bfloat16

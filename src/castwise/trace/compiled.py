@@ -32,7 +32,7 @@ from castwise._compiled import CompileOptions, compiled_parts
 from castwise._paths import short_path
 from castwise.devices import Device
 from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
-from castwise.trace.graph import GraphWalk
+from castwise.trace.graph import GraphWalk, autocast_regions
 from castwise.trace.tracer import pick_loss
 
 
@@ -89,9 +89,11 @@ class CompiledProducer:
             self.breaks.append((_reason(str(why.reason)), at))
         seeds = [self.prov_of(t) if isinstance(t, torch.Tensor) else None for t in example_inputs]
         forward: dict[str, Prov | None] = {}
+        regions = autocast_regions(gm, self.walk.device.autocast_type)
 
         def fw(fgm: fx.GraphModule, _inputs: list[Any]) -> Callable[..., Any]:
             names = [n.name for n in fgm.graph.nodes if n.op == "placeholder"]
+            self.walk.regions = regions
             forward.update(self.walk.walk(fgm, "forward", dict(zip(names, seeds, strict=False))))
             return self._runner(fgm, forward)
 
