@@ -104,8 +104,10 @@ class CompiledProducer:
             self.walk.walk(bgm, "backward", seeded)
             return self._runner(bgm, {})
 
-        table = {} if self.decompositions is None else {"decompositions": self.decompositions}
-        compiled: Callable[..., Any] = aot_autograd(fw_compiler=fw, bw_compiler=bw, **table)(gm, example_inputs)
+        table = self.decompositions or {}  # an empty table: AOTAutograd's own (as aot_eager)
+        compiled: Callable[..., Any] = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=table)(
+            gm, example_inputs
+        )
         return compiled
 
     def _runner(self, gm: fx.GraphModule, provs: dict[str, Prov | None]) -> Callable[..., Any]:

@@ -87,7 +87,7 @@ def autocast_regions(gm: fx.GraphModule, device_type: str) -> dict[str, torch.dt
 def _entered_on(args: tuple[Any, ...], device_type: str) -> bool:
     """Whether an ``_exit_autocast`` closes a block entered on ``device_type``."""
     entered = args[0] if args else None
-    return isinstance(entered, fx.Node) and bool(entered.args) and entered.args[0] == device_type
+    return isinstance(entered, fx.Node) and bool(entered.args) and bool(entered.args[0] == device_type)
 
 
 def _source_name(node: fx.Node) -> str | None:
