@@ -244,11 +244,13 @@ def warm_up() -> None:
     """Build Dynamo's per-process tables (which torch function is handled how, keyed by the
     function objects) before an audit patches any of them: built first under the simulated CUDA
     device, they would be keyed by its stand-ins (and refuse two names for one of them), and
-    every later compile in the process would miss ``torch.cuda``'s real functions. Done once, on
-    a function of its own, whose cache entry dies with it."""
+    every later compile in the process would miss ``torch.cuda``'s real functions. Inductor's
+    decompositions are imported here too, before any patching. Done once, on a function of its
+    own, whose cache entry dies with it."""
     if _WARM:
         return
     import torch._dynamo
+    import torch._inductor.decomposition  # its import reads the device: never under the simulated one
 
     def warm(x: torch.Tensor) -> torch.Tensor:
         return torch.add(x, 1)
