@@ -220,6 +220,7 @@ def test_the_text_report_says_what_torch_compile_did() -> None:
     report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
     text = str(report)
     assert "compiled (eval): 2 graph(s)" in text and "test_compiled.py:" in text
+    assert "aten ops checked after Inductor's decompositions, 1 graph break(s)" in " ".join(text.split())
 
 
 def test_an_inductor_program_is_checked_after_inductors_decompositions() -> None:
