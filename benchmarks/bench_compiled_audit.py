@@ -1,20 +1,26 @@
 """Cost of auditing a torch.compile'd model: ``castwise.audit(torch.compile(model))`` against
-``castwise.audit(model)`` of the same zoo model, and, as the floor no compiled audit can go
-below, what Dynamo + AOTAutograd alone take to compile and run the same model (``aot_eager``,
-forward + backward, no checks).
+``castwise.audit(model)`` of the same zoo model, and the floor no compiled audit can go below:
+the eager audit plus Dynamo alone tracing the model (``backend="eager"``: no AOTAutograd, no
+checks), since a compiled audit must run Dynamo to see what the compiled program is.
 
     python benchmarks/bench_compiled_audit.py [--models deberta_v2,tv_mobilenet_v2] [--policy bf16-mixed]
-        [--mode train] [--out results.json]
+        [--mode train] [--repeats 3] [--out results.json]
 
-Each model is built from its config (no download), seeded; every audit gets a fresh build. The
-eager time is the faster of two runs (the first pays imports); a compiled audit compiles anew
-each time (its cache entries are dropped after it), so one run is its cost.
+One process, one torch thread. Each model is built from its config (no download), seeded, and
+every timed call gets a fresh build. Every path runs once untimed first (imports, Dynamo's
+per-process set-up: a cost of the process, not of an audit), then the paths run interleaved
+``--repeats`` times and each figure is the median. A compiled audit compiles anew each time (its
+cache entries are dropped after it); the Dynamo-alone run resets Dynamo after each call. Columns:
+the eager audit, the compiled audit of an Inductor program (graphs traced with Inductor's
+decompositions) and of an ``aot_eager`` one, and the floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +36,7 @@ from benchmarks.zoo.cases import quiet  # noqa: E402
 import castwise  # noqa: E402
 from castwise.trace.tracer import pick_loss  # noqa: E402
 
-DEFAULT = "deberta_v2,tv_mobilenet_v2,peft_lora_llama,nn_gru"
+DEFAULT = "deberta_v2,tv_mobilenet_v2,peft_lora_llama"
 
 
 def _seconds(fn: Any) -> float:
@@ -39,52 +45,62 @@ def _seconds(fn: Any) -> float:
     return time.perf_counter() - start
 
 
-def _bare_compile(name: str) -> float:
-    """Dynamo + AOTAutograd alone (``aot_eager``, forward and backward, real CPU tensors of a
-    model built small): the floor under any audit that compiles the model."""
-    model, inputs = models.build(name, 0)
-    compiled = torch.compile(model, backend="aot_eager")
-
-    def run() -> None:
-        if isinstance(inputs, dict):
-            out = compiled(**inputs)
-        else:
-            out = compiled(*(inputs if isinstance(inputs, tuple) else (inputs,)))
-        loss = pick_loss(out)
-        if loss is not None:
-            loss.backward()  # type: ignore[no-untyped-call]
-
-    try:
-        return _seconds(run)
-    finally:
-        torch._dynamo.reset()
+def _call(model: Any, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(*(inputs if isinstance(inputs, tuple) else (inputs,)))
 
 
-def measure(name: str, policy: str | None, mode: str) -> dict[str, Any]:
+def _paths(name: str, policy: str | None, mode: str) -> dict[str, Any]:
     def eager() -> None:
         model, inputs = models.build(name, 0)
         castwise.audit(model, inputs, policy=policy, mode=mode)
 
-    def compiled() -> None:
-        model, inputs = models.build(name, 0)
-        report = castwise.audit(torch.compile(model), inputs, policy=policy, mode=mode)
-        graphs.append(sum(int(c["graphs"]) for c in report.summary["compiled"].values()))
+    def compiled(backend: str) -> Any:
+        def run() -> None:
+            model, inputs = models.build(name, 0)
+            castwise.audit(torch.compile(model, backend=backend), inputs, policy=policy, mode=mode)
 
-    graphs: list[int] = []
-    eager_s = min(_seconds(eager), _seconds(eager))
-    compiled_s = _seconds(compiled)
-    record = {
-        "model": name,
-        "eager_s": round(eager_s, 2),
-        "compiled_s": round(compiled_s, 2),
-        "ratio": round(compiled_s / eager_s, 1),
-        "graphs": graphs[0],
+        return run
+
+    def dynamo_alone() -> None:
+        """Dynamo tracing the model once per audited mode, the graph run as it is (real tensors)."""
+        for m in ("train", "eval") if mode == "both" else (mode,):
+            model, inputs = models.build(name, 0)
+            model.train(m == "train")
+            try:
+                with torch.set_grad_enabled(m == "train"):
+                    loss = pick_loss(_call(torch.compile(model, backend="eager"), inputs))
+                    if loss is not None and m == "train":
+                        loss.backward()  # type: ignore[no-untyped-call]
+            finally:
+                torch._dynamo.reset()
+
+    return {
+        "eager_s": eager,
+        "compiled_s": compiled("inductor"),
+        "aot_eager_s": compiled("aot_eager"),
+        "dynamo_alone_s": dynamo_alone,
     }
-    try:
-        record["bare_compile_s"] = round(_bare_compile(name), 2)
-    except Exception as exc:  # the floor is a reference only; a model it cannot run still has its ratio
-        record["bare_compile_s"] = f"{type(exc).__name__}"
-    return record
+
+
+def measure(name: str, policy: str | None, mode: str, repeats: int) -> dict[str, Any]:
+    paths = _paths(name, policy, mode)
+    for fn in paths.values():
+        fn()  # untimed: the process's own first-call costs
+    times: dict[str, list[float]] = {key: [] for key in paths}
+    for _ in range(repeats):
+        for key, fn in paths.items():
+            times[key].append(_seconds(fn))
+    med = {key: statistics.median(v) for key, v in times.items()}
+    return {
+        "model": name,
+        **{key: round(v, 3) for key, v in med.items()},
+        "ratio": round(med["compiled_s"] / med["eager_s"], 1),
+        "aot_eager_ratio": round(med["aot_eager_s"] / med["eager_s"], 1),
+        "floor_ratio": round((med["eager_s"] + med["dynamo_alone_s"]) / med["eager_s"], 1),
+        "load": round(os.getloadavg()[0], 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=DEFAULT, help=f"comma-separated zoo models (default {DEFAULT})")
     parser.add_argument("--policy", default="bf16-mixed")
     parser.add_argument("--mode", default="both", choices=("both", "train", "eval"))
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
     opts = parser.parse_args(argv)
     quiet()
-    rows = [measure(name.strip(), opts.policy or None, opts.mode) for name in opts.models.split(",") if name.strip()]
-    print(f"{'model':24} {'eager s':>8} {'compiled s':>10} {'ratio':>6} {'graphs':>6} {'bare compile s':>14}")
+    torch.set_num_threads(1)
+    names = [n.strip() for n in opts.models.split(",") if n.strip()]
+    rows = [measure(name, opts.policy or None, opts.mode, opts.repeats) for name in names]
+    head = ("model", "eager s", "compiled s", "ratio", "aot_eager s", "ratio", "dynamo s", "floor", "load")
+    print("{:24} {:>8} {:>10} {:>6} {:>11} {:>6} {:>8} {:>6} {:>5}".format(*head))
     for r in rows:
         print(
-            f"{r['model']:24} {r['eager_s']:8} {r['compiled_s']:10} {r['ratio']:6} {r['graphs']:6} "
-            f"{r['bare_compile_s']!s:>14}"
+            f"{r['model']:24} {r['eager_s']:8} {r['compiled_s']:10} {r['ratio']:6} {r['aot_eager_s']:11} "
+            f"{r['aot_eager_ratio']:6} {r['dynamo_alone_s']:8} {r['floor_ratio']:6} {r['load']:5}"
         )
     if opts.out is not None:
         opts.out.write_text(json.dumps(rows, indent=1))

@@ -19,6 +19,16 @@ class CompileOptions:
 
     fullgraph: bool = False
     dynamic: bool | None = None
+    # the backend's name ("inductor", "aot_eager", a function's name); None: not known
+    backend: str | None = "inductor"
+
+    @property
+    def inductor(self) -> bool:
+        """Whether the program is Inductor's: its graphs are lowered after Inductor's decompositions."""
+        return self.backend in _INDUCTOR
+
+
+_INDUCTOR = frozenset({"inductor", "compile_fx"})  # torch.compile's default, and its function
 
 
 def compiled_parts(model: nn.Module) -> tuple[nn.Module, CompileOptions] | None:
@@ -30,7 +40,22 @@ def compiled_parts(model: nn.Module) -> tuple[nn.Module, CompileOptions] | None:
         return None
     ctx = getattr(model, "dynamo_ctx", None)
     dynamic = getattr(ctx, "_dynamic", None)
-    return orig, CompileOptions(bool(getattr(ctx, "fullgraph", False)), dynamic if isinstance(dynamic, bool) else None)
+    return orig, CompileOptions(
+        bool(getattr(ctx, "fullgraph", False)), dynamic if isinstance(dynamic, bool) else None, _backend_name(ctx)
+    )
+
+
+def _backend_name(ctx: object) -> str | None:
+    """The name of the backend the user compiled with: Dynamo wraps it (a frame converter over a
+    debug wrapper) and the innermost keeps the name it was given."""
+    backend = getattr(ctx, "callback", None)
+    for _ in range(4):
+        inner = getattr(backend, "_torchdynamo_orig_backend", None)
+        if inner is None:
+            break
+        backend = inner
+    name = getattr(backend, "compiler_name", None) or getattr(backend, "__name__", None)
+    return name if isinstance(name, str) else None
 
 
 def uncompiled(model: nn.Module) -> nn.Module:

@@ -5,6 +5,7 @@ Dynamo's caches are left as they were."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import random
@@ -219,3 +220,97 @@ def test_the_text_report_says_what_torch_compile_did() -> None:
     report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
     text = str(report)
     assert "compiled (eval): 2 graph(s)" in text and "test_compiled.py:" in text
+    assert "aten ops checked after Inductor's decompositions, 1 graph break(s)" in " ".join(text.split())
+
+
+def test_an_inductor_program_is_checked_after_inductors_decompositions() -> None:
+    """Inductor decomposes a one-row ``addmm`` on CPU into a mul and a sum computed in f32: eager
+    refuses f16 rows into f32 weights, the Inductor program runs and computes in f32
+    (pytorch#141865). ``aot_eager`` keeps the ``addmm``, and refuses as eager does."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    x = torch.randn(1, 8, dtype=torch.float16)
+    runs = {
+        backend: _run_once(
+            model, x, None, "cpu", "eval", True, torch.float32, True, compiled=CompileOptions(backend=backend)
+        ).trace
+        for backend in ("inductor", "aot_eager")
+    }
+    assert [ev.op for ev in runs["aot_eager"].events] == ["aten.addmm"]
+    assert runs["aot_eager"].compiled is not None and runs["aot_eager"].compiled.decompositions is None
+    inductor = runs["inductor"]
+    assert not inductor.events and inductor.error is None
+    assert inductor.compiled is not None and inductor.compiled.decompositions == "inductor"
+    ops = {op: outs[0][0] for _m, op, _p, _ins, outs in inductor.ops if outs}
+    assert "aten.addmm" not in ops and ops["aten.sum"] is torch.float32
+
+
+_SEEN: list[int] = []  # module state: the audit's copy of a model shares it
+
+
+@torch.compiler.disable
+def _note_freeze_count() -> None:
+    _SEEN.append(gc.get_freeze_count())
+
+
+class _FreezeProbe(nn.Module):
+    """Notes how many objects the garbage collector holds frozen while a run runs (a call
+    Dynamo leaves to eager: the value is the run's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _note_freeze_count()
+        return self.proj(x)
+
+
+def test_the_compile_runs_with_the_old_objects_frozen_and_unfreezes_them() -> None:
+    _SEEN.clear()
+    x = torch.randn(2, 4)
+    castwise.audit(torch.compile(_FreezeProbe()), x, mode="eval")
+    assert _SEEN[0] == 0 and _SEEN[-1] > 0  # the eager run as it was; the compiled run frozen
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze its own objects keeps them frozen, and no more
+    try:
+        frozen = gc.get_freeze_count()
+        castwise.audit(torch.compile(_FreezeProbe()), x, mode="eval")
+        assert gc.get_freeze_count() <= frozen  # (frozen objects the audit freed leave the count)
+    finally:
+        gc.unfreeze()
+
+
+class _AutocastAcrossABreak(nn.Module):
+    """The model's own autocast block, with a graph break inside it and an op after the break
+    that refuses mixed dtypes (the bf16 product and an f32 buffer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.register_buffer("extra", torch.ones(2, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.proj(x)
+            torch._dynamo.graph_break()
+            y = y.index_add(0, torch.tensor([0, 1]), self.extra)
+        return y.float() + 1
+
+
+def test_the_autocast_of_a_graph_node_is_its_region_also_after_a_graph_break() -> None:
+    torch.manual_seed(0)
+    run = _run_once(
+        _AutocastAcrossABreak(),
+        torch.randn(4, 8),
+        None,
+        "cpu",
+        "eval",
+        True,
+        torch.float32,
+        True,
+        compiled=CompileOptions(backend="aot_eager"),
+    )
+    assert run.trace.compiled is not None and run.trace.compiled.graphs >= 2
+    refused = run.trace.events[0]
+    assert refused.op == "aten.index_add" and refused.autocast is torch.bfloat16

@@ -407,6 +407,7 @@ def compiled_summary(trace: Trace) -> dict[str, Any]:
         "fullgraph": c.fullgraph,
         "ops_checked": c.ops,
         "error": c.error,
+        "decompositions": c.decompositions,
     }
 
 

@@ -95,7 +95,9 @@ def _compiled_lines(compiled: dict[str, Any], width: int) -> list[str]:
         breaks = c.get("graph_breaks") or []
         head = (
             f"compiled ({mode}): {c.get('graphs', 0)} graph(s), {c.get('backward_graphs', 0)} backward, "
-            f"{c.get('ops_checked', 0)} aten ops checked, {sum(b['count'] for b in breaks)} graph break(s)"
+            f"{c.get('ops_checked', 0)} aten ops checked"
+            + (" after Inductor's decompositions" if c.get("decompositions") == "inductor" else "")
+            + f", {sum(b['count'] for b in breaks)} graph break(s)"
             + (" under fullgraph=True" if c.get("fullgraph") else "")
         )
         lines += ["", *wrap(head, width, subsequent_indent="  ")]

@@ -175,6 +175,7 @@ class Compiled:
     fullgraph: bool  # the user compiled with fullgraph=True: a break is an error there
     ops: int  # aten ops checked in the graphs
     error: str | None = None  # torch.compile itself failed (the run recorded what it captured before)
+    decompositions: str | None = None  # "inductor": the graphs were traced with Inductor's decompositions
 
 
 @dataclass

@@ -54,6 +54,49 @@ def user_line(stack_trace: str | None) -> str | None:
     return f"{short_path(found[-1][0])}:{found[-1][1]}" if found else None
 
 
+def autocast_regions(gm: fx.GraphModule, device_type: str) -> dict[str, torch.dtype | None]:
+    """The autocast dtype (None: off) each node of a Dynamo graph runs under, on ``device_type``.
+
+    Dynamo leaves the program's autocast changes in the graph as nodes: ``torch.autocast``
+    blocks as ``_enter_autocast``/``_exit_autocast`` (a graph resumed after a break inside one
+    enters it again at its start), and direct state changes (``set_autocast_enabled`` /
+    ``set_autocast_dtype``, as castwise's mixed policies make them) as themselves. The state at
+    the graph's entry is the one around the compile."""
+    enabled = torch.is_autocast_enabled(device_type)
+    dtype = torch.get_autocast_dtype(device_type)
+    saved: list[tuple[bool, torch.dtype]] = []
+    regions: dict[str, torch.dtype | None] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        what = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        args = node.args
+        if what == "_enter_autocast" and len(args) >= 3 and args[0] == device_type:
+            saved.append((enabled, dtype))
+            enabled, dtype = bool(args[2]), args[1] if isinstance(args[1], torch.dtype) else dtype
+        elif what == "_exit_autocast" and saved and _entered_on(args, device_type):
+            enabled, dtype = saved.pop()
+        elif what == "set_autocast_enabled" and len(args) == 2 and args[0] == device_type:
+            enabled = bool(args[1])
+        elif what == "set_autocast_dtype" and len(args) == 2 and args[0] == device_type:
+            dtype = args[1]
+        regions[node.name] = dtype if enabled else None
+    return regions
+
+
+def _entered_on(args: tuple[Any, ...], device_type: str) -> bool:
+    """Whether an ``_exit_autocast`` closes a block entered on ``device_type``."""
+    entered = args[0] if args else None
+    return isinstance(entered, fx.Node) and bool(entered.args) and bool(entered.args[0] == device_type)
+
+
+def _source_name(node: fx.Node) -> str | None:
+    """The Dynamo graph node an AOTAutograd node was traced from (``from_node``)."""
+    sources = node.meta.get("from_node")
+    name = getattr(sources[0], "name", None) if sources else None
+    return name if isinstance(name, str) else None
+
+
 def _module_of(node: fx.Node, known: Container[str]) -> str:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
@@ -86,6 +129,16 @@ class GraphWalk:
     record_ops: bool = True
     ops: int = 0
     on_op: list[Callable[[str, Phase, fx.Node], None]] = field(default_factory=list)
+    # per Dynamo node, the autocast it ran under (``autocast_regions`` of the graph being compiled)
+    regions: dict[str, torch.dtype | None] | None = None
+
+    def autocast_of(self, node: fx.Node) -> torch.dtype | None:
+        """The autocast a forward node ran under: its Dynamo node's region where the graph says,
+        else the run's."""
+        name = _source_name(node) if self.regions is not None else None
+        if self.regions is None or name is None or name not in self.regions:
+            return self.autocast
+        return self.regions[name]
 
     def walk(self, gm: fx.GraphModule, phase: Phase, seeds: dict[str, Prov | None]) -> dict[str, Prov | None]:
         """Check every aten op of ``gm``; ``seeds``: the placeholders' provenance, by name."""
@@ -146,7 +199,7 @@ class GraphWalk:
             tuple(t.dtype for t in vals),
             tuple(shape_of(t) for t in vals),
             tuple(provs.get(a.name) for a in operands),
-            self.autocast if phase == "forward" else None,
+            self.autocast_of(node) if phase == "forward" else None,
             False,
         )
 
@@ -180,7 +233,7 @@ class GraphWalk:
         line = user_line(node.meta.get("stack_trace")) if outs[0].is_floating_point() else None
         if name in _CASTS and ins:
             # inside autocast a cast is autocast's (the tracer says the same of a cast it sees there)
-            if self.autocast is not None:
+            if self.autocast_of(node) is not None:
                 return Prov("autocast", module, name, desc, dtype)
             return Prov("cast", module, name, desc, dtype, line)
         if not ins:
@@ -203,4 +256,4 @@ def _flat_nodes(obj: Any) -> list[fx.Node]:
     return []
 
 
-__all__ = ["GraphWalk", "module_name", "user_line"]
+__all__ = ["GraphWalk", "autocast_regions", "module_name", "user_line"]
