@@ -34,7 +34,6 @@ import copy
 import dataclasses
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ COLUMN_SHARE = 0.01
 SWEEP = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
 
 
-def llama() -> tuple[nn.Module, Callable[[], tuple[Any, ...]], Callable[[Any], torch.Tensor]]:
+def llama() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -66,10 +65,10 @@ def llama() -> tuple[nn.Module, Callable[[], tuple[Any, ...]], Callable[[Any], t
     )
     model = LlamaForCausalLM(cfg)
     ids = torch.randint(0, 256, (2, 16))
-    return model, lambda: (ids,), lambda out: out.logits.float().logsumexp(-1).mean()
+    return model, {"input_ids": ids, "labels": ids}
 
 
-def vit() -> tuple[nn.Module, Callable[[], tuple[Any, ...]], Callable[[Any], torch.Tensor]]:
+def vit() -> tuple[nn.Module, dict[str, torch.Tensor]]:
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(
@@ -83,11 +82,22 @@ def vit() -> tuple[nn.Module, Callable[[], tuple[Any, ...]], Callable[[Any], tor
     )
     model = ViTForImageClassification(cfg)
     x = torch.randn(32, 3, 32, 32)  # 32 x 17 tokens: a multiple of 32
-    return model, lambda: (x,), lambda out: out.logits.float().logsumexp(-1).mean()
+    return model, {"pixel_values": x, "labels": torch.randint(0, 32, (32,))}
 
 
-def convnet() -> tuple[nn.Module, Callable[[], tuple[Any, ...]], Callable[[Any], torch.Tensor]]:
-    model = nn.Sequential(
+class _Classifier(nn.Module):
+    """A model that returns its loss, as the transformers models do: forecast backpropagates it."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": nn.functional.cross_entropy(self.body(x).float(), labels)}
+
+
+def convnet() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    body = nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1),
         nn.ReLU(),
         nn.AdaptiveAvgPool2d(1),
@@ -97,7 +107,7 @@ def convnet() -> tuple[nn.Module, Callable[[], tuple[Any, ...]], Callable[[Any],
         nn.Linear(64, 32),
     )
     x = torch.randn(32, 3, 8, 8)
-    return model, lambda: (x,), lambda out: out.float().logsumexp(-1).mean()
+    return _Classifier(body), {"x": x, "labels": torch.randint(0, 32, (32,))}
 
 
 MODELS = {"llama": llama, "vit": vit, "convnet": convnet}
@@ -138,8 +148,8 @@ def plant(model: nn.Module, gen: torch.Generator, n: int) -> list[str]:
     return done
 
 
-def capture(model: nn.Module, inputs: tuple[Any, ...], loss_of: Callable[[Any], torch.Tensor]) -> dict[str, Any]:
-    """Each Linear's input and grad_output from one float32 forward and backward."""
+def capture(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Each Linear's input and grad_output from one float32 forward and backward of the model's loss."""
     got: dict[str, dict[str, torch.Tensor]] = {}
     handles = []
     for name, m in model.named_modules():
@@ -153,7 +163,8 @@ def capture(model: nn.Module, inputs: tuple[Any, ...], loss_of: Callable[[Any], 
 
         handles.append(m.register_forward_hook(fwd))
     try:
-        loss_of(model(*inputs)).backward()
+        out = model(**inputs)
+        (out["loss"] if isinstance(out, dict) else out.loss).backward()
     finally:
         for h in handles:
             h.remove()
@@ -247,11 +258,10 @@ class Case:
 
 def run_case(model_name: str, seed: int, plants: int) -> Case:
     torch.manual_seed(seed)
-    model, make_inputs, loss_of = MODELS[model_name]()
+    model, inputs = MODELS[model_name]()
     gen = torch.Generator().manual_seed(1000 + seed)
     planted = plant(model, gen, plants)
-    inputs = make_inputs()
-    ops = capture(model, inputs, loss_of)
+    ops = capture(model, inputs)
     layers = sorted(ops)
     bad: dict[str, set[str]] = {}
     shares: dict[str, dict[str, dict[str, float]]] = {}

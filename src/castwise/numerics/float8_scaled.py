@@ -26,6 +26,10 @@ MX_BLOCK = 32
 # below 2^3 x the flush line a float8 value keeps at most two significant bits (e4m3's subnormals
 # are m * 2^-9, e5m2's m * 2^-16): rounding there errs by 12% to 50%, as good as lost for a GEMM
 DEGRADED = 3
+# torchao's per-tensor and per-row scales are format max / max(amax, 1e-12)
+# (torchao.float8.float8_utils.EPS): an operand whose amax is under it (a tiny grad_output) is
+# scaled short of the format's range and its small values flush
+AMAX_FLOOR = 1e-12
 
 
 def scores(t: torch.Tensor, top: float, bottom: float) -> dict[str, torch.Tensor]:
@@ -50,9 +54,9 @@ def _flushed(a: torch.Tensor, recipe: str, top: float, bottom: float) -> torch.T
     """Which values of ``a`` flush when ``recipe`` scales it along its rows."""
     line = 2.0 ** (bottom - top)  # scaled x = x * 2**top / amax flushes below 2**bottom
     if recipe == "tensorwise":
-        return a < a.amax() * line
+        return a < a.amax().clamp(min=AMAX_FLOOR) * line
     if recipe == "rowwise":
-        return a < a.amax(dim=-1, keepdim=True) * line
+        return a < a.amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) * line
     n = a.shape[-1]
     padded = torch.nn.functional.pad(a, (0, (-n) % MX_BLOCK))
     blocks = padded.reshape(padded.shape[0], -1, MX_BLOCK)
