@@ -267,7 +267,11 @@ def run_case(model_name: str, seed: int, plants: int) -> Case:
     shares: dict[str, dict[str, dict[str, float]]] = {}
     leave: dict[str, set[str]] = {}
     for recipe, target in RECIPES.items():
-        bad[recipe] = {n for n in layers if truth(model.get_submodule(n), ops[n]["input"], ops[n].get("grad_output"), recipe) > COLUMN_SHARE}
+        bad[recipe] = {
+            n
+            for n in layers
+            if truth(model.get_submodule(n), ops[n]["input"], ops[n].get("grad_output"), recipe) > COLUMN_SHARE
+        }
         report = castwise.forecast(model, inputs, target=target)
         f8 = report.summary["float8"]
         leave[recipe] = set(f8["leave_out"])
@@ -306,7 +310,10 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     models = args.models.split(",")
-    groups = {"tune": [int(s) for s in args.seeds.split(",") if s], "held-out": [int(s) for s in args.held_out.split(",") if s]}
+    groups = {
+        "tune": [int(s) for s in args.seeds.split(",") if s],
+        "held-out": [int(s) for s in args.held_out.split(",") if s],
+    }
     for group, seeds in groups.items():
         cases = [run_case(m, s, args.plants) for s in seeds for m in models]
         for c in cases:

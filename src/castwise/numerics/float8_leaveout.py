@@ -26,7 +26,9 @@ from castwise.applied.float8 import multiple
 from castwise.policy.float8 import Float8Recipe
 from castwise.trace.contracts.float8 import _scaled_mm
 
-THRESHOLD = 0.05  # (tuned on bench_float8_leaveout seeds 0-2) the share of an operand's lines (rows and columns) lost to the flush that leaves a layer out
+# the share of an operand's lines (rows, columns) lost to the flush that leaves a layer out
+# (tuned on bench_float8_leaveout's seeds 0-2)
+THRESHOLD = 0.05
 # the per-operand score that stands for a recipe: delayed scaling is per tensor (from an amax
 # history); a 1x128 block lies inside a row, so rowwise's share bounds blockwise's from above
 SCORE: dict[str, str] = {

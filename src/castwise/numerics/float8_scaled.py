@@ -54,15 +54,18 @@ def _flushed(a: torch.Tensor, recipe: str, top: float, bottom: float) -> torch.T
     """Which values of ``a`` flush when ``recipe`` scales it along its rows."""
     line = 2.0 ** (bottom - top)  # scaled x = x * 2**top / amax flushes below 2**bottom
     if recipe == "tensorwise":
-        return a < a.amax().clamp(min=AMAX_FLOOR) * line
+        flushed: torch.Tensor = a < a.amax().clamp(min=AMAX_FLOOR) * line
+        return flushed
     if recipe == "rowwise":
-        return a < a.amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) * line
+        flushed = a < a.amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) * line
+        return flushed
     n = a.shape[-1]
     padded = torch.nn.functional.pad(a, (0, (-n) % MX_BLOCK))
     blocks = padded.reshape(padded.shape[0], -1, MX_BLOCK)
     bmax = blocks.amax(dim=-1, keepdim=True).clamp(min=1e-38)
     scale = torch.exp2(torch.floor(top - torch.log2(bmax)))  # e8m0: a power of two
-    return (blocks * scale < 2.0**bottom).reshape(padded.shape)[:, :n]
+    flushed = (blocks * scale < 2.0**bottom).reshape(padded.shape)[:, :n]
+    return flushed
 
 
 def _lost(a: torch.Tensor, recipe: str, top: float, bottom: float) -> torch.Tensor:
@@ -70,7 +73,8 @@ def _lost(a: torch.Tensor, recipe: str, top: float, bottom: float) -> torch.Tens
     most two significant bits (under 2^DEGRADED x the flush line)."""
     energy = a.double().square()
     gone = (energy * _flushed(a, recipe, top, bottom + DEGRADED)).sum(-1)
-    return (gone > 0.5 * energy.sum(-1)).sum()
+    lost: torch.Tensor = (gone > 0.5 * energy.sum(-1)).sum()
+    return lost
 
 
 def shares(parts: dict[str, torch.Tensor]) -> dict[str, float]:

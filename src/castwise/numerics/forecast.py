@@ -328,7 +328,11 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
         ops = rec.operands.get(name, {})
         operands = {k: (f8s.shares(v) if isinstance(v, dict) else v) for k, v in ops.items()}
         verdict = f8l.judge(
-            recipe, layer.in_features, layer.out_features, operands, math.log2(t.max) - t.flush_log2,
+            recipe,
+            layer.in_features,
+            layer.out_features,
+            operands,
+            math.log2(t.max) - t.flush_log2,
             mode == "train",
             bias=layer.bias is not None,
         )
