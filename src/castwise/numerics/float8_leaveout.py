@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from castwise import devices
 from castwise.applied.float8 import multiple
 from castwise.policy.float8 import Float8Recipe
 from castwise.trace.contracts.float8 import _scaled_mm
@@ -71,8 +72,6 @@ def gemms(recipe: Float8Recipe, in_f: int, out_f: int, tokens: int, train: bool 
 
 def shape_problem(recipe: Float8Recipe, g: Gemm) -> str | None:
     """Why the float8 kernel refuses this GEMM (``_scaled_mm``'s own message), or None."""
-    from castwise import devices
-
     a = torch.empty(g.mat1, dtype=getattr(torch, g.dtypes[0]), device="meta")
     b = torch.empty(g.mat2, dtype=getattr(torch, g.dtypes[1]), device="meta")
     got = _scaled_mm("aten._scaled_mm", (a, b), {}, devices.get("cuda:b200"))

@@ -9,9 +9,9 @@ largest magnitude and a histogram of powers of two, per module and phase. From t
   with the margin in powers of two (CW310);
 - the share of non-zero values below half the target's smallest subnormal, which the target
   rounds to zero: activations (CW311) and gradients (CW312, with the loss scale that lifts them);
-- for float8 targets, each Linear's input and weight scored as per-tensor scaling sees them
-  (scaled by their own absmax), and layers to leave out of float8 (CW313), as a castwise policy
-  and a torchao ``module_filter_fn``.
+- for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, and
+  layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
+  castwise policy and a torchao ``module_filter_fn``.
 """
 
 from __future__ import annotations
@@ -387,8 +387,10 @@ def forecast(
     float8 forward format; a bare dtype name, "f16", "bfloat16", "float8_e4m3fn", names it) (the margin
     in powers of two) and the share of values it would flush to zero, per module, forward and
     backward. ``summary["numerics"]`` holds every module's ranges; for float8 targets
-    ``summary["float8"]`` names the layers to leave out, as a castwise policy and as a torchao
-    ``module_filter_fn``. The model, its gradients and the random state are left as they were.
+    ``summary["float8"]`` names the layers to leave out, judged by the target's recipe (its
+    scaling and its GEMMs' shape rules: "fp8" tensorwise, "bf16-mixed,fp8=rowwise", "mxfp8"), as
+    a castwise policy and as a torchao ``module_filter_fn``. The model, its gradients and the
+    random state are left as they were.
 
     ``layerwise``: run the model's repeated blocks one at a time (``castwise.numerics.layerwise``),
     each materialised only while it runs when it is on the meta device, from ``weights`` (a
