@@ -71,7 +71,8 @@ def _flushed(a: torch.Tensor, recipe: str, top: float, bottom: float) -> torch.T
 def _lost(a: torch.Tensor, recipe: str, top: float, bottom: float) -> torch.Tensor:
     """How many rows of ``a`` hold more than half their energy in values flushed or kept with at
     most two significant bits (under 2^DEGRADED x the flush line)."""
-    energy = a.double().square()
+    # each row over its own largest before squaring: float32 holds it (1e-21 squared would not)
+    energy = (a / a.amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)).square()
     gone = (energy * _flushed(a, recipe, top, bottom + DEGRADED)).sum(-1)
     lost: torch.Tensor = (gone > 0.5 * energy.sum(-1)).sum()
     return lost
