@@ -9,9 +9,9 @@ largest magnitude and a histogram of powers of two, per module and phase. From t
   with the margin in powers of two (CW310);
 - the share of non-zero values below half the target's smallest subnormal, which the target
   rounds to zero: activations (CW311) and gradients (CW312, with the loss scale that lifts them);
-- for float8 targets, each Linear's input and weight scored as per-tensor scaling sees them
-  (scaled by their own absmax), and layers to leave out of float8 (CW313), as a castwise policy
-  and a torchao ``module_filter_fn``.
+- for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, and
+  layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
+  castwise policy and a torchao ``module_filter_fn``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch import nn
 from castwise._dtypes import canonical, name_of, short_of
 from castwise.errors import AuditError, PolicyError
 from castwise.numerics import _run
+from castwise.numerics import float8_leaveout as f8l
 from castwise.numerics import float8_scaled as f8s
 from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
@@ -48,6 +49,7 @@ class Target:
     dtype: torch.dtype
     max: float
     flush_log2: float  # log2 of half the smallest subnormal: magnitudes below it round to zero
+    recipe: Float8Recipe | None = None  # float8 targets: the recipe whose scaling and kernels judge CW313
 
     @property
     def name(self) -> str:
@@ -81,11 +83,24 @@ def target_format(target: Any) -> str:
     return low
 
 
+def target_recipe(target: Any) -> Float8Recipe | None:
+    """The float8 recipe a target trains with ("fp8", "mxfp8", "bf16-mixed,fp8=rowwise", a bare
+    float8 dtype: tensorwise in it); None for a 16-bit target."""
+    key = str(target).strip() if isinstance(target, str) else target
+    if isinstance(key, str) and canonical(key) in FORMATS:
+        return None
+    try:
+        return Policy.parse(key).float8
+    except PolicyError:
+        return None
+
+
 def parse_target(target: Any) -> Target:
     dtype = getattr(torch, target_format(target))
     fi = torch.finfo(dtype)
     sub = float(fi.smallest_normal) * float(fi.eps)
-    return Target(dtype, float(fi.max), math.log2(sub) - 1)
+    recipe = target_recipe(target) if "float8" in str(dtype) else None
+    return Target(dtype, float(fi.max), math.log2(sub) - 1, recipe)
 
 
 def _flush_share(hist: list[float], flush_log2: float) -> tuple[float, float]:
@@ -303,28 +318,31 @@ def _module_stats(
 
 
 def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[dict[str, Any], list[Finding]]:
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    recipe = t.recipe or Float8Recipe()
     leave: list[str] = []
     findings: list[Finding] = []
     per: dict[str, Any] = {}
-    for name, layer in linears.items():
-        reasons = []
-        shares: dict[str, float] = {}
-        for what, flush, nonzero in rec.scaled.get(name, []):
-            n = float(nonzero)
-            shares[what] = max(shares.get(what, 0.0), float(flush) / n if n else 0.0)
-        for what, share in shares.items():
-            if share > THRESHOLD:
-                reasons.append(f"{100 * share:.1f}% of its {what} flushes to zero after per-tensor scaling")
-        if layer.in_features % 16 or layer.out_features % 16:
-            reasons.append(f"its dimensions ({layer.in_features}, {layer.out_features}) are not multiples of 16")
+    for name, layer in model.named_modules():
+        if not isinstance(layer, nn.Linear):
+            continue
         ops = rec.operands.get(name, {})
-        tokens = ops.get("tokens")
-        if isinstance(tokens, int) and tokens % 16:
-            # the backward's weight-gradient GEMM reduces over the tokens: float8 kernels want 16s
-            reasons.append(f"its {tokens} tokens (the weight gradient's reduction dim) are not a multiple of 16")
-        operands = {k: f8s.shares(v) for k, v in ops.items() if isinstance(v, dict)}
-        per[name] = {"flush_share": shares, "operands": operands, "tokens": tokens, "leave_out": bool(reasons)}
+        operands = {k: (f8s.shares(v) if isinstance(v, dict) else v) for k, v in ops.items()}
+        verdict = f8l.judge(
+            recipe,
+            layer.in_features,
+            layer.out_features,
+            operands,
+            math.log2(t.max) - t.flush_log2,
+            mode == "train",
+            bias=layer.bias is not None,
+        )
+        reasons = verdict["reasons"]
+        per[name] = {
+            **verdict,
+            "operands": {k: v for k, v in operands.items() if isinstance(v, dict)},
+            "tokens": ops.get("tokens"),
+            "leave_out": bool(reasons),
+        }
         if reasons:
             leave.append(name)
             findings.append(
@@ -332,16 +350,24 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
                     code="CW313",
                     module=name,
                     modes=(as_mode(mode),),
-                    details=(("target", t.name), ("flush_share", shares), ("reasons", reasons)),
-                    message=f"Leave {_where(name)} out of {t.name}: " + "; ".join(reasons) + ".",
+                    details=(
+                        ("target", t.name),
+                        ("recipe", str(recipe)),
+                        ("flush_share", verdict["flush_share"]),
+                        ("reasons", reasons),
+                    ),
+                    message=f"Leave {_where(name)} out of {t.name} ({recipe} scaling): " + "; ".join(reasons) + ".",
                 )
             )
     policy = ",".join(f"keep[{n}]=bf16" for n in leave)
-    filter_src = (
-        "def module_filter_fn(mod, fqn):\n"
-        f"    return isinstance(mod, torch.nn.Linear) and fqn not in {sorted(leave)!r}\n"
-    )
-    return {"layers": per, "leave_out": leave, "policy": policy, "module_filter_fn": filter_src}, findings
+    summary = {
+        "recipe": str(recipe),
+        "layers": per,
+        "leave_out": leave,
+        "policy": policy,
+        "module_filter_fn": f8l.filter_source(leave),
+    }
+    return summary, findings
 
 
 def forecast(
@@ -361,8 +387,10 @@ def forecast(
     float8 forward format; a bare dtype name, "f16", "bfloat16", "float8_e4m3fn", names it) (the margin
     in powers of two) and the share of values it would flush to zero, per module, forward and
     backward. ``summary["numerics"]`` holds every module's ranges; for float8 targets
-    ``summary["float8"]`` names the layers to leave out, as a castwise policy and as a torchao
-    ``module_filter_fn``. The model, its gradients and the random state are left as they were.
+    ``summary["float8"]`` names the layers to leave out, judged by the target's recipe (its
+    scaling and its GEMMs' shape rules: "fp8" tensorwise, "bf16-mixed,fp8=rowwise", "mxfp8"), as
+    a castwise policy and as a torchao ``module_filter_fn``. The model, its gradients and the
+    random state are left as they were.
 
     ``layerwise``: run the model's repeated blocks one at a time (``castwise.numerics.layerwise``),
     each materialised only while it runs when it is on the meta device, from ``weights`` (a

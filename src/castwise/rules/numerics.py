@@ -199,10 +199,12 @@ RULES: tuple[Rule, ...] = (
         severity="warning",
         summary="A Linear layer to leave out of float8 training.",
         detects=(
-            "For a float8 target (e4m3fn, e5m2), forecast scores each Linear's input and weight as "
-            "per-tensor float8 scaling does (scaled by their own absmax): a layer where more than "
-            "the threshold share of non-zero values would flush to zero, or whose dimensions are "
-            "not multiples of 16 (float8 matmul kernels need them), is named to leave out."
+            "For a float8 target, forecast judges each Linear by the target's recipe ('fp8': "
+            "tensorwise, 'bf16-mixed,fp8=rowwise', 'mxfp8'): an operand (input, weight, "
+            "grad_output) whose rows or columns lose most of their magnitude to zero after that "
+            "recipe's scaling in more than 5% of them, a GEMM (forward, grad_input, grad_weight "
+            "over the tokens) that torch._scaled_mm's shape rules refuse (multiples of 16; 32 "
+            "for MX blocks), or a bias under mxfp8 (torchao's MX linear drops it)."
         ),
         why=(
             "Layers with outliers (a large absmax next to many small values) lose most of their "
