@@ -11,7 +11,7 @@ from torch import nn
 from torchao.float8.float8_linear import Float8Linear
 
 import castwise
-from castwise.applied.float8 import leave_out, plan
+from castwise.applied.float8 import leave_out, mx_drops_bias, plan
 from castwise.errors import ApplyError
 from castwise.policy.float8 import Float8Recipe
 
@@ -112,6 +112,26 @@ def test_mxfp8_trains_emulated_and_restores_parameter_objects() -> None:
     applied.remove()
     assert all(params[n] is p and type(p.data) is torch.Tensor for n, p in model.named_parameters())
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_mxfp8_never_loses_a_linears_bias() -> None:
+    # torchao 0.18's MX training linear computes x @ w alone: castwise measures what the installed
+    # torchao does and keeps a biased Linear out of MX where it drops the bias
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64, bias=False))
+    with torch.no_grad():
+        model[0].bias.fill_(100.0)
+    x = torch.randn(32, 64)
+    before = model(x).detach()
+    applied = castwise.apply(model, "mxfp8")
+    assert applied.float8 is not None and "2" in applied.float8.converted  # no bias: MX as before
+    after = model(x).detach()
+    applied.remove()
+    # float8 rounding (a few percent), not a lost bias of 100 (about 100% of the output)
+    assert float((after - before).norm() / before.norm()) < 0.1
+    biased = dict(applied.float8.left_out).get("0")
+    assert (biased is not None) == mx_drops_bias()
+    assert biased is None or "drops" in biased
 
 
 def test_recipes_torchao_does_not_train_are_refused_before_any_change() -> None:

@@ -14,7 +14,10 @@ Castwise's filter (``leave_out``) leaves a Linear out, with its reason, where
   / ``classifier``: torchtitan's default ``filter_fqns``), or its weight is shared with another
   module (tied embeddings): the logits' rounding goes straight into the loss;
 - it is tiny (a weight under 1024 elements): scaling costs more than the GEMM saves;
-- it is not a plain ``nn.Linear`` (a subclass with its own forward, transformers' ``Conv1D``).
+- it is not a plain ``nn.Linear`` (a subclass with its own forward, transformers' ``Conv1D``);
+- mxfp8 only: it has a bias and the installed torchao's MX training layer drops it (torchao 0.18
+  runs ``F.linear(x, w, b)`` as a scaled mm of x and w alone). Measured once per process on a
+  tiny layer (``mx_drops_bias``), so a torchao that keeps the bias converts these layers again.
 
 Undo is exact: the original ``nn.Linear`` objects go back into their parents. Float8Linear
 holds the very ``Parameter`` objects of the layer it replaced, so a step trained meanwhile
@@ -41,6 +44,34 @@ __all__ = ["Float8Conversion", "Float8Plan", "convert", "leave_out", "plan"]
 TINY = 1024  # weight elements under which a Linear is left out
 HEAD_NAMES = ("lm_head", "output", "head", "classifier")
 SUPPORTED = ("tensorwise", "rowwise", "mxfp8")
+
+
+_MX_BIAS: list[bool] = []
+
+
+def mx_drops_bias() -> bool:
+    """Whether the installed torchao's MXFP8 training linear leaves the bias out of its output,
+    measured on a tiny emulated layer (zero weight, bias 1: the output must be the bias)."""
+    if not _MX_BIAS:
+        try:
+            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+            from torchao.quantization import quantize_
+            from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+        except ImportError:
+            return False  # no MX training to convert with: apply refuses the recipe itself
+        probe = nn.Linear(32, 32)
+        with torch.no_grad():
+            probe.weight.zero_()
+            probe.bias.fill_(1.0)
+        holder = nn.Sequential(probe)
+        quantize_(holder, MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED))
+        with torch.no_grad():
+            out = holder(torch.zeros(32, 32))
+        _MX_BIAS.append(not bool(torch.allclose(out, torch.ones_like(out))))
+    return _MX_BIAS[0]
+
+
+MX_BIAS = "it has a bias, which the installed torchao's MXFP8 training linear drops from its output (measured)"
 
 
 def multiple(recipe: Float8Recipe) -> int:
@@ -128,6 +159,8 @@ def leave_out(
         return f"its weight is tied to {holder}'s (tied embeddings)"
     if module.weight.numel() < TINY:
         return f"tiny ({in_f}x{out_f}, under {TINY} weights): scaling costs more than the GEMM saves"
+    if recipe.scaling == "mxfp8" and module.bias is not None and mx_drops_bias():
+        return MX_BIAS
     return None
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from castwise import devices
-from castwise.applied.float8 import multiple
+from castwise.applied.float8 import MX_BIAS, multiple, mx_drops_bias
 from castwise.policy.float8 import Float8Recipe
 from castwise.trace.contracts.float8 import _scaled_mm
 
@@ -45,9 +45,6 @@ OPERANDS = ("input", "weight", "grad_output")
 # along the tokens (the weight gradient's columns and rows). A token row lost is one token's
 # signal, and the weight gradient sums over the tokens.
 LINES: dict[str, tuple[str, ...]] = {"input": ("cols",), "weight": ("rows", "cols"), "grad_output": ("cols",)}
-# torchao 0.18's MXFP8 training weight (MXFP8TrainingWeightWrapperTensor.__torch_function__) runs
-# F.linear(x, w, b) as a scaled mm of x and w alone: the bias is dropped (measured on the CPU)
-MX_BIAS = "it has a bias, which torchao's MXFP8 training linear (0.18) drops from its output"
 
 
 @dataclass(frozen=True)
@@ -135,7 +132,7 @@ def judge(
             reasons.append(f"its {tokens} tokens (the weight gradient's reduction dim, {dims}) break it: {why}")
         else:
             reasons.append(f"its {g.name} GEMM ({dims}) breaks the float8 kernel's rule: {why}")
-    if bias and recipe.scaling == "mxfp8":
+    if bias and recipe.scaling == "mxfp8" and mx_drops_bias():
         reasons.append(MX_BIAS)
     flush = {w: v[SCORE[recipe.scaling]] for w, v in scored.items() if w in OPERANDS}
     return {"recipe": str(recipe), "flush_share": flush, "lost_share": lost, "gemms": verdicts, "reasons": reasons}
