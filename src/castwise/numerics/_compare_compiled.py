@@ -35,7 +35,7 @@ from torch import nn
 from castwise._compiled import CompileOptions
 from castwise.numerics._compare_core import TOLERANCE_FACTOR, _pair_calls, _short
 from castwise.numerics._compare_iso import err, unit_roundoff
-from castwise.numerics._compare_run import Call, Inputs, Recording, map_tensors, record
+from castwise.numerics._compare_run import Call, Inputs, Recording, float_tensors, map_tensors, record
 from castwise.numerics._compare_target import Target, parse_target, prepared
 
 # one kernel each: eager and Inductor round their result once, so alone they cannot diverge
@@ -134,8 +134,9 @@ class _Session:
                 entries.drop()
             for cfg, before in zip(configs, saved, strict=True):
                 # only what changed: setting every key would warn for each deprecated one
+                after = cfg.get_config_copy()
                 for key, value in before.items():
-                    if getattr(cfg, key) != value:
+                    if after.get(key) != value:
                         setattr(cfg, key, value)
 
     def _hook(self, code: Any, new_code: Any) -> Any:
@@ -171,6 +172,15 @@ class _Session:
             before.restore()
 
 
+def divergence(a: Any, b: Any) -> float:
+    """Relative L2 of ``a`` against ``b``; inf where one holds inf/nan the other does not (an f16
+    overflow one program makes and the other avoids), whichever of the two it is."""
+    for x, y in zip(float_tensors(a), float_tensors(b), strict=False):
+        if x.shape == y.shape and not torch.equal(torch.isfinite(x), torch.isfinite(y)):
+            return math.inf
+    return err(a, b).value
+
+
 def _children(calls: list[Call], parent: Call) -> list[Call]:
     return [c for c in calls if c.parent == parent.index]
 
@@ -186,7 +196,7 @@ def _row(session: _Session, call: Call, callees: list[Call], ref: Call | None) -
         why = f"{type(exc).__name__}: {text[0] if text else ''}"
         return CompiledRow(call.name, dtype, math.nan, eager_f32, None, tol, error=why), None
     compiled_f32 = err(out, ref.out).value if ref is not None else None
-    return CompiledRow(call.name, dtype, err(out, call.out).value, eager_f32, compiled_f32, tol), out
+    return CompiledRow(call.name, dtype, divergence(out, call.out), eager_f32, compiled_f32, tol), out
 
 
 def _walk(session: _Session, low: Recording, refs: dict[int, Call]) -> tuple[list[CompiledRow], CompiledRow | None]:
@@ -229,14 +239,25 @@ def _emulated(session: _Session, low: Recording, row: CompiledRow) -> CompiledRo
         row.eager_f32_err,
         row.compiled_f32_err,
         row.tolerance,
-        err(out, call.out).value,
+        divergence(out, call.out),
     )
+
+
+def _without_cache(model: nn.Module, inputs: Inputs) -> Inputs:
+    """Keyword inputs with ``use_cache=False`` where the model takes it (transformers decoders): a
+    module run alone would otherwise be handed the cache object the whole eager run has filled."""
+    if not isinstance(inputs, dict) or "use_cache" in inputs:
+        return inputs
+    if "use_cache" not in inspect.signature(model.forward).parameters:
+        return inputs
+    return {**inputs, "use_cache": False}
 
 
 def measure_compiled(
     model: nn.Module, options: CompileOptions, inputs: Inputs, target: Target, mode: str
 ) -> CompiledMeasurement:
     """The eager and float32 runs recorded (forward), then the walk of compiled modules."""
+    inputs = _without_cache(model, inputs)
     low_model = prepared(model, target, mode)
     ref_model = prepared(model, parse_target("32-true"), mode)
     ref, dirs = record(ref_model, inputs, "eval", None, 0)
