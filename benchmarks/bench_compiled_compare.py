@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from benchmarks._numerics_models import Plant, plant, plantable  # noqa: E402
 from torch import nn  # noqa: E402
 
 import castwise  # noqa: E402
-from benchmarks._numerics_models import Plant, plant, plantable  # noqa: E402
 
 SETS = {"tuning": (0, 1), "held-out": (2, 3)}
 TOLERANCE = {"bf16-true": 4 * 2.0**-8, "16-true": 4 * 2.0**-11}

@@ -37,7 +37,9 @@ def test_fixture_triggers_its_rule(path: Path) -> None:
     if spec["call"] == "compare":
         if spec.get("compile"):  # compiled against eager (CW322): the model as torch.compile returns it
             model = torch.compile(model)
-        findings = castwise.compare(model, inputs, policy=spec["policy"], reference=spec.get("reference", "32-true")).findings
+        findings = castwise.compare(
+            model, inputs, policy=spec["policy"], reference=spec.get("reference", "32-true")
+        ).findings
     else:
         tuned = castwise.tune(model, inputs, policy=spec["policy"], budget=spec["budget"])
         findings = tuned.findings

@@ -272,4 +272,3 @@ def measure_compiled(
             rows = [emulated if r is first else r for r in rows]
             first = emulated
     return CompiledMeasurement(tuple(rows), first, session.compiles)
-

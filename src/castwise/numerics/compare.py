@@ -28,6 +28,7 @@ from castwise.numerics._compare_core import (
 from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
+from castwise.numerics.compare_compiled import CompiledComparisonReport, compare_compiled
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import Mode, RunStatus
 
@@ -177,7 +178,7 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
 
 def compare(
     model: Any, inputs: Inputs, *, policy: Any, reference: Any = "32-true", mode: str = "train"
-) -> ComparisonReport:
+) -> ComparisonReport | CompiledComparisonReport:
     """Per-module error of ``policy`` against ``reference`` on real tensors, added vs inherited.
 
     ``policy``/``reference``: a ``castwise.Policy`` or any string ``Policy.parse`` accepts; the
@@ -189,15 +190,12 @@ def compare(
     ``reference="eager"`` compares its compiled program against that eager one under ``policy``
     (``castwise.numerics.compare_compiled``).
     """
-    from castwise.auditor import preserved_state
-
     from castwise._compiled import compiled_parts, uncompiled
+    from castwise.auditor import preserved_state
 
     check_mode(mode)
     _check_model(model)
     if isinstance(reference, str) and reference.strip().lower() == "eager":
-        from castwise.numerics.compare_compiled import compare_compiled
-
         return compare_compiled(model, inputs, policy=policy, mode=mode)
     target, ref = parse_target(policy), parse_target(reference)
     # a compiled model: its policy's program is compared as the eager module it wraps (hooks on
@@ -252,4 +250,4 @@ def _check_model(model: Any) -> None:
         )
 
 
-__all__ = ["ComparisonReport", "ModuleNumerics", "compare"]
+__all__ = ["ComparisonReport", "CompiledComparisonReport", "ModuleNumerics", "compare"]

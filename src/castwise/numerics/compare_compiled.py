@@ -63,7 +63,9 @@ class CompiledComparisonReport(Report):
             cells = [_fmt(row[k]) for k in ("compiled_vs_eager", "eager_vs_f32", "compiled_vs_f32", "tolerance")]
             mark = " *" if row["past_tolerance"] else (" (not compiled alone)" if row["error"] else "")
             lines.append(f"{name:<40} {row['dtype']:>6} " + " ".join(f"{c:>9}" for c in cells) + mark)
-        lines.append("(* compiled diverges from eager past tolerance; modules compiled alone on the eager run's inputs)")
+        lines.append(
+            "(* compiled diverges from eager past tolerance; modules compiled alone on the eager run's inputs)"
+        )
         return "\n".join(lines)
 
 
