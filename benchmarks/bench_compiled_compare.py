@@ -1,7 +1,7 @@
 """Does ``compare(torch.compile(model), x, policy=..., reference="eager")`` name the module where
 the compiled (Inductor, CPU) and the eager numerics diverge?
 
-    python benchmarks/bench_compiled_compare.py [--set tuning|held-out|both] [--limit N] [--json PATH]
+    python benchmarks/bench_compiled_compare.py [--set tuning|held-out|both] [--seeds 4,5] [--limit N] [--json PATH]
 
 Each case: a real model built from its config (no weights), seeded, with one Linear/Conv wrapped
 by a planted module whose eager and Inductor numerics really differ:
@@ -16,7 +16,7 @@ by a planted module whose eager and Inductor numerics really differ:
 Truth is the planted module, CHECKED first: the whole planted model (the policy's copy) run
 eagerly and through ``torch.compile`` (Inductor) must differ past the tolerance compare uses
 (4 unit roundoffs of the policy's format), else the case is dropped and counted. Seeds 0-1 are
-the tuning set, seeds 2-3 the held-out set. Prints cases, first-named correct, the share, and in
+the tuning set, seeds 2-5 the held-out set (``--seeds`` runs others). Prints cases, first-named correct, the share, and in
 how many emulate_precision_casts=True closes the gap at the named module.
 """
 
@@ -40,7 +40,7 @@ from torch import nn  # noqa: E402
 
 import castwise  # noqa: E402
 
-SETS = {"tuning": (0, 1), "held-out": (2, 3)}
+SETS = {"tuning": (0, 1), "held-out": (2, 3, 4, 5)}
 TOLERANCE = {"bf16-true": 4 * 2.0**-8, "16-true": 4 * 2.0**-11}
 
 
@@ -197,13 +197,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=("tuning", "held-out", "both"), default="both")
     parser.add_argument("--limit", type=int, default=None, help="cases per set")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds instead of a set's")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = {}
-    for which in ("tuning", "held-out") if args.set == "both" else (args.set,):
-        print(f"{which} set (seeds {SETS[which]}):", flush=True)
-        r = run(SETS[which], args.limit)
+    sets = dict(SETS)
+    if args.seeds:
+        sets = {"seeds": tuple(int(s) for s in args.seeds.split(","))}
+    for which in sets if args.set == "both" or args.seeds else (args.set,):
+        print(f"{which} set (seeds {sets[which]}):", flush=True)
+        r = run(sets[which], args.limit)
         share = 100.0 * r["correct"] / max(r["cases"], 1)
         print(
             f"{which}: {r['cases']} cases ({r['dropped']} dropped: no real divergence), first-named correct "
