@@ -16,8 +16,9 @@ by a planted module whose eager and Inductor numerics really differ:
 Truth is the planted module, CHECKED first: the whole planted model (the policy's copy) run
 eagerly and through ``torch.compile`` (Inductor) must differ past the tolerance compare uses
 (4 unit roundoffs of the policy's format), else the case is dropped and counted. Seeds 0-1 are
-the tuning set, seeds 2-5 the held-out set (``--seeds`` runs others). Prints cases, first-named correct, the share, and in
-how many emulate_precision_casts=True closes the gap at the named module.
+the tuning set, seeds 2-5 the held-out set (``--seeds`` runs others). Prints cases, first-named
+correct, the share, and in how many emulate_precision_casts=True closes the gap at the named
+module.
 """
 
 from __future__ import annotations
