@@ -142,8 +142,8 @@ def _case(name: str, seed: int) -> tuple[nn.Module, Any, str, str, str]:
         warnings.simplefilter("ignore")
         model, inputs = MODELS[name](seed)
     model.eval()
-    policy = rng.choice(sorted(PLANTS))
-    cls = rng.choice(PLANTS[policy])
+    # the three plants equally likely (each with the policy it diverges under)
+    policy, cls = rng.choice([(p, c) for p in sorted(PLANTS) for c in PLANTS[p]])
     where = rng.choice([n for n in plantable(model) if "lm_head" not in n])
     plant(model, where, cls)
     return model, inputs, policy, where, cls.kind
