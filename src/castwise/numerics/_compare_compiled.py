@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from castwise import _autocast
 from castwise._compiled import CompileOptions
 from castwise.numerics._compare_core import TOLERANCE_FACTOR, _pair_calls, _short
 from castwise.numerics._compare_iso import err, unit_roundoff
@@ -144,6 +145,12 @@ class _Session:
             entries.hook(code, new_code)
         return None
 
+    @staticmethod
+    def isolating() -> bool:
+        """Whether each compile is its own (``isolate_recompiles``, torch >= 2.13): without it a
+        second compile of a module would reuse the first's code, whatever Inductor's config says."""
+        return "isolate_recompiles" in inspect.signature(inspect.unwrap(torch.compile)).parameters
+
     def run(self, call: Call, emulate: bool = False) -> Any:
         """``call.module`` compiled alone (a fresh compile), run on ``call``'s recorded inputs."""
         import torch._inductor.config as inductor_config
@@ -151,9 +158,7 @@ class _Session:
         from castwise.trace.compiled import _Entries
 
         compile_fn = inspect.unwrap(torch.compile)
-        isolate: dict[str, Any] = (
-            {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(compile_fn).parameters else {}
-        )
+        isolate: dict[str, Any] = {"isolate_recompiles": True} if self.isolating() else {}
         compiled = compile_fn(
             call.module, backend="inductor", fullgraph=self.options.fullgraph, dynamic=self.options.dynamic, **isolate
         )
@@ -161,8 +166,6 @@ class _Session:
         self.compiles += 1
         args = map_tensors(call.args, lambda t: t.clone())
         kwargs = map_tensors(call.kwargs, lambda t: t.clone())
-        from castwise import _autocast
-
         before = _autocast.AutocastState.capture()
         try:
             call.autocast.restore()
@@ -228,6 +231,8 @@ def _walk(session: _Session, low: Recording, refs: dict[int, Call]) -> tuple[lis
 
 def _emulated(session: _Session, low: Recording, row: CompiledRow) -> CompiledRow:
     call = next(c for c in low.calls if c.name == row.module)
+    if not session.isolating():  # the emulating compile would not happen: no answer
+        return row
     try:
         out = session.run(call, emulate=True)
     except Exception:  # the emulating compile raised: no answer
