@@ -32,6 +32,20 @@ class TinyEpsScale(nn.Module):
         return h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + 1e-12)
 
 
+class FusedCancel(nn.Module):
+    """(h * 256 + h) - h * 256 in h's dtype: eager rounds after each op and loses most of h in
+    bf16; Inductor fuses the chain into one float32 kernel and keeps it."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(x)
+        big = h * 256.0
+        return (big + h) - big
+
+
 class Mlp(nn.Module):
     def __init__(self, width: int = 32, depth: int = 4) -> None:
         super().__init__()

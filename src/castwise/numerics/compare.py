@@ -28,10 +28,12 @@ from castwise.numerics._compare_core import (
 from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
+from castwise.numerics.compare_compiled import CompiledComparisonReport, compare_compiled
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import Mode, RunStatus
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
+EAGER_OF_COMPILED = "eager (the module torch.compile wraps, run without compiling)"
 
 
 def _mode(mode: str) -> Mode:
@@ -78,6 +80,10 @@ class ComparisonReport(Report):
             lines.append(
                 f"output error {_fmt(s['output_err'])} (the model returns no loss: its outputs are compared; "
                 "gradients are of a fixed random projection of them)"
+            )
+        if s.get("program", "eager") != "eager":
+            lines.append(
+                f"program compared: {s['program']}; reference='eager' compares the compiled program against it"
             )
         first = s.get("first_past_tolerance")
         lines.append(f"first module past tolerance: {_where(first) if first is not None else 'none'}")
@@ -172,7 +178,7 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
 
 def compare(
     model: Any, inputs: Inputs, *, policy: Any, reference: Any = "32-true", mode: str = "train"
-) -> ComparisonReport:
+) -> ComparisonReport | CompiledComparisonReport:
     """Per-module error of ``policy`` against ``reference`` on real tensors, added vs inherited.
 
     ``policy``/``reference``: a ``castwise.Policy`` or any string ``Policy.parse`` accepts; the
@@ -180,19 +186,32 @@ def compare(
     ``mode``: ``"train"`` (forward and backward of the model's loss, or of a fixed random
     projection of its outputs) or
     ``"eval"`` (forward under no_grad). The model is not changed: both runs use deep copies.
+    A ``torch.compile``'d model is compared as the eager module it wraps (``summary["program"]``);
+    ``reference="eager"`` compares its compiled program against that eager one under ``policy``
+    (``castwise.numerics.compare_compiled``).
     """
+    from castwise._compiled import compiled_parts, uncompiled
     from castwise.auditor import preserved_state
 
     check_mode(mode)
-    target, ref = parse_target(policy), parse_target(reference)
     _check_model(model)
+    if isinstance(reference, str) and reference.strip().lower() == "eager":
+        return compare_compiled(model, inputs, policy=policy, mode=mode)
+    target, ref = parse_target(policy), parse_target(reference)
+    # a compiled model: its policy's program is compared as the eager module it wraps (hooks on
+    # modules inside a compiled graph would change what it fuses); the report says so
+    was_compiled = compiled_parts(model) is not None
+    model = uncompiled(model)
     device = next((t.device.type for t in (*model.parameters(), *model.buffers())), "cpu")
     try:
         with preserved_state():
             m = measure(model, inputs, target, ref, mode)
     except RunRaised as raised:
-        return raised_report(model, inputs, raised, target, ref, mode, device)
-    return report_of(m, target, ref, mode, device)
+        report = raised_report(model, inputs, raised, target, ref, mode, device)
+    else:
+        report = report_of(m, target, ref, mode, device)
+    report.summary["program"] = EAGER_OF_COMPILED if was_compiled else "eager"
+    return report
 
 
 def raised_report(
@@ -231,4 +250,4 @@ def _check_model(model: Any) -> None:
         )
 
 
-__all__ = ["ComparisonReport", "ModuleNumerics", "compare"]
+__all__ = ["ComparisonReport", "CompiledComparisonReport", "ModuleNumerics", "compare"]

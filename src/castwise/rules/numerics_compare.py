@@ -67,6 +67,41 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        code="CW322",
+        name="compiled-diverges-from-eager",
+        category=None,
+        severity="warning",
+        summary="A module's torch.compile'd (Inductor) numerics leave its eager numerics past rounding.",
+        detects=(
+            "compare(torch.compile(model), inputs, policy=..., reference='eager') runs the policy "
+            "eagerly with every module call recorded, then compiles modules alone with Inductor and "
+            "runs each on the eager run's inputs for that call: from the model itself down, "
+            "descending only where the compiled code diverges past 4 times the unit roundoff of the "
+            "module's format. The deepest diverging module, first in call order, is named, with "
+            "whether torch._inductor.config.emulate_precision_casts=True closes the gap."
+        ),
+        why=(
+            "Eager rounds every op's result to bf16/f16; Inductor fuses a chain of ops into one "
+            "kernel that keeps float32 in registers and rounds once, splits reductions differently, "
+            "or avoids an f16 overflow eager makes. The loss then differs between the compiled and "
+            "the eager model, and backend ablation or the accuracy minifier never name the user's "
+            "module."
+        ),
+        example=(
+            "castwise.compare(torch.compile(model), x, policy='bf16-true', reference='eager')\n"
+            "# warning CW322 at `blocks.1.gate`: compiled by Inductor differs from its eager run on the\n"
+            "# same inputs: relative error 3.5e-01, past the bf16 tolerance (1.56e-02); ...\n"
+            "# with emulate_precision_casts=True the gap closes (0.00e+00)"
+        ),
+        fix=(
+            "Decide which numerics you want: where emulate_precision_casts closes the gap, set it "
+            "(torch._inductor.config.emulate_precision_casts = True) to make the compiled model "
+            "round as eager does; or make both agree by computing the module in float32 "
+            "(`keep[NAME]=f32`), or by reordering the ops so no small term is added to a large one "
+            "in 16 bits."
+        ),
+    ),
+    Rule(
         code="CW330",
         name="tune-budget-not-met",
         category=None,
