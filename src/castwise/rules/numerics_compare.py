@@ -15,7 +15,7 @@ RULES: tuple[Rule, ...] = (
             "castwise compare runs the model under the policy and under the reference (float32 by "
             "default) on the same weights, inputs and random state, then runs each module alone "
             "under the policy on the reference's inputs (its callees replaying the reference's "
-            "outputs). The error that module adds by its own ops is past its tolerance: 16 times "
+            "outputs). The error that module adds by its own ops is past its tolerance: 4 times "
             "the unit roundoff of the narrowest format it computed in (bf16 2^-8, f16 2^-11, "
             "float8 e4m3 2^-4), the most that rounding inputs, weights and output explains."
         ),
