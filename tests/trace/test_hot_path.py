@@ -137,3 +137,45 @@ def test_subclass_torch_functions_still_run_in_the_models_code() -> None:
     report = castwise.audit(model, x, device="cpu", fake=False, mode="eval")
     assert _Tagged.calls > 0
     assert report.runs[0].status == "ok"
+
+
+class _Ops(Observer):
+    """Each op's (phase, module, op) and its outputs, as an observer that needs no provenance."""
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+        self.outs: list[torch.Tensor] = []
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        self.seen.append((call.phase, call.module, call.name))
+        self.outs.extend(outputs)
+
+
+class _OpsWithProvenance(_Ops):
+    needs = frozenset({"provenance"})
+
+
+def test_a_run_whose_observers_need_no_provenance_skips_it_and_keeps_module_attribution() -> None:
+    from castwise.trace.tracer import Tracer, run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    runs = {}
+    for observer in (_Ops(), _OpsWithProvenance()):
+        tracer = Tracer(model, "cpu", fake=False, record_ops=False, observers=[observer])
+        run(tracer, model, (x,), {}, "train", engine_backward=True)
+        model.zero_grad()
+        runs[type(observer).__name__] = (tracer, observer)
+    lean, lean_obs = runs["_Ops"]
+    full, full_obs = runs["_OpsWithProvenance"]
+    assert not lean.provenance and full.provenance
+    # the same ops on the same modules, forward and backward (backward through the nodes' tags)
+    assert lean_obs.seen == full_obs.seen
+    assert ("backward", "0", "aten.mm") in lean_obs.seen or ("backward", "2", "aten.mm") in lean_obs.seen
+    assert all(lean.prov_of(t) is None for t in lean_obs.outs)
+    assert all(full.prov_of(t) is not None for t in full_obs.outs if t.dtype.is_floating_point)
+    # an observer that declares nothing keeps the default: provenance on
+    assert Tracer(model, "cpu", fake=False, observers=[Observer()]).provenance

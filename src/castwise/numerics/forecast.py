@@ -144,8 +144,7 @@ def _origins(rec: RangeRecord, tmax: float) -> dict[tuple[str, str], list[tuple[
     (a module that computes in float32 inside counts by the values that leave it: see RangeObserver)."""
     if not rec.op_out:
         return {}
-    outs = torch.stack(rec.op_out).tolist()
-    ins = torch.stack(rec.op_in).tolist()
+    outs, ins = rec.op_out, rec.op_in
     found: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for (module, op, phase), o, i in zip(rec.op_keys, outs, ins, strict=True):
         # an input past the limit comes from a site upstream (or a parameter past it): that one is
@@ -452,7 +451,6 @@ def _forecast(
     else:
         error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
     rec = observer.rec
-    rec.bin_pending()
     # per-tensor float8 scaling does not overflow
     origins = {} if t.float8 else {**_origins(rec, t.max), **_state_sites(model, fixed, t.max)}
     findings = _overflow_findings(origins, t, mode)

@@ -17,6 +17,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from castwise._dtypes import short_of
+from castwise.numerics._deferred import Magnitudes, nan_max
 from castwise.trace.observers import Observer, OpCall
 
 if TYPE_CHECKING:
@@ -284,68 +285,35 @@ class OpFinder(Observer):
 class ModuleRange:
     """What one module's ops made in one phase: the largest magnitude and a power-of-two histogram.
 
-    Small tensors' magnitudes wait in ``pending`` and are binned together when the histogram is
-    read (or PENDING elements have gathered): one histogram per module instead of one per op,
-    whose handful of small kernels cost more than a toy model's op itself."""
+    A small output's magnitudes are reduced in batches (``_deferred.Magnitudes``): the module's
+    maximum is known once the observer resolves them (``absmax``, a float, then)."""
 
-    absmax: torch.Tensor
+    maxes: list[int] = field(default_factory=list)  # its ops' absmax handles
+    absmax: float = 0.0
     _hist: torch.Tensor | None = None
     ops: int = 0
-    pending: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # (magnitudes, weight)
-    pending_n: int = 0
 
-    def add(self, hist: torch.Tensor | None, magnitudes: tuple[torch.Tensor, int] | None) -> None:
+    def add(self, hist: torch.Tensor | None, magnitudes: None = None) -> None:
         if hist is not None:
             self._hist = hist if self._hist is None else self._hist + hist
-        if magnitudes is not None:
-            self.pending.append(magnitudes)
-            self.pending_n += magnitudes[0].numel()
-            if self.pending_n >= PENDING:
-                self._bin()
-
-    def _bin(self) -> None:
-        for mags, weight in self.pending:
-            h = log2_hist(mags, weight)
-            self._hist = h if self._hist is None else self._hist + h
-        self.pending, self.pending_n = [], 0
 
     @property
     def hist(self) -> torch.Tensor:
-        self._bin()
         return self._hist if self._hist is not None else torch.zeros(HIST_BINS)
 
 
 @dataclass
 class RangeRecord:
-    """Per module and phase: ranges; per op: its output's absmax and its inputs' largest absmax."""
+    """Per module and phase: ranges; per op: its output's absmax and its inputs' largest absmax
+    (floats, once the run finished)."""
 
     modules: dict[tuple[str, str], ModuleRange] = field(default_factory=dict)
     op_keys: list[tuple[str, str, str]] = field(default_factory=list)  # (module, op, phase)
-    op_out: list[torch.Tensor] = field(default_factory=list)
-    op_in: list[torch.Tensor] = field(default_factory=list)
+    op_out: list[float] = field(default_factory=list)
+    op_in: list[float] = field(default_factory=list)
     scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     # float8: per Linear, its GEMM operands (input, weight, grad_output) scored per recipe, and tokens
     operands: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def bin_pending(self) -> None:
-        """Every module's waiting magnitudes binned in one pass (one bincount over all modules,
-        each offset by its own row), not one small histogram per module."""
-        waiting = [mr for mr in self.modules.values() if mr.pending]
-        if not waiting:
-            return
-        width = HIST_BINS + 1
-        parts = [(row * width, m, w) for row, mr in enumerate(waiting) for m, w in mr.pending]
-        a = torch.cat([m for _, m, _ in parts])
-        sizes = torch.tensor([m.numel() for _, m, _ in parts], device=a.device)
-        rows = torch.repeat_interleave(torch.tensor([r for r, _, _ in parts], device=a.device), sizes)
-        weights = torch.repeat_interleave(torch.tensor([float(w) for _, _, w in parts], device=a.device), sizes)
-        _, e = torch.frexp(a)
-        idx = (e.long() - 1 - HIST_LO).clamp_(0, HIST_BINS - 1)
-        idx = torch.where((a > 0) & (a < math.inf), idx, HIST_BINS) + rows
-        counts = torch.bincount(idx, weights, minlength=len(waiting) * width).reshape(len(waiting), width)
-        for mr, h in zip(waiting, counts[:, :HIST_BINS].float(), strict=True):
-            mr.pending, mr.pending_n = [], 0
-            mr.add(h, None)
 
 
 SAMPLE = 1 << 14  # elements per tensor the histogram looks at (strided: the shares are estimates)
@@ -374,23 +342,7 @@ def absmax(t: torch.Tensor) -> torch.Tensor:
     return torch.where(raw < sentinel, raw, torch.where(sa < sentinel, sa, 0.0).amax())
 
 
-PENDING = 1 << 16  # small tensors' magnitudes binned together once this many have gathered
-
-
-HIST_SAMPLE = 1 << 10  # a small tensor's magnitudes kept for the histogram (strided, weighted)
-
-
-def reduce(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, int] | None]:
-    """``absmax(t)``, and either ``log2_hist`` of its sample (a large tensor) or a strided sample
-    of its magnitudes with the weight of each, to bin later with others (a small one: most of a
-    forecast's per-op cost on small tensors is the number of kernels)."""
-    if t.numel() > SAMPLE:
-        sa, step = _sample(t)
-        return absmax(t), log2_hist(sa, step), None
-    a = t.detach().reshape(-1).abs().float()  # float32: every floating dtype's magnitudes fit
-    sentinel = _SENTINEL.get(t.dtype, math.inf)
-    step = max(a.numel() // HIST_SAMPLE, 1)
-    return torch.where(a < sentinel, a, 0.0).amax(), None, (a[::step], step)
+HIST_SAMPLE = 1 << 10  # a small tensor's magnitudes binned for the histogram (strided, weighted)
 
 
 def log2_hist(sa: torch.Tensor, weight: int) -> torch.Tensor:
@@ -434,6 +386,7 @@ class RangeObserver(Observer):
     """
 
     name = "ranges"
+    needs: frozenset[str] = frozenset()  # no provenance: its per-op cost stays the tracer's own
 
     def __init__(
         self,
@@ -457,18 +410,27 @@ class RangeObserver(Observer):
         # there (an origin of that module when it passes the limit), forward and backward alike
         self.wide_out = AttrMap("wide_out")
         self.paused = False  # a layerwise run's recomputed forward: its values are recorded already
+        # magnitudes are handles, resolved in batches at finish: per op, (key, out, in) handles
+        self.mags = Magnitudes(HIST_SAMPLE, HIST_LO, HIST_BINS)
+        self._zero = self.mags.known(torch.zeros(()))
+        self._fixed: dict[int, int] = {}  # id(parameter or buffer) -> its absmax handle
+        self._ops: list[tuple[tuple[str, str, str], int, int]] = []
 
-    def _absmax_of(self, t: torch.Tensor) -> torch.Tensor:
-        got = self.fixed.get(id(t))
+    def _absmax_of(self, t: torch.Tensor) -> int:
+        got: int | None = self._fixed.get(id(t))
         if got is None:
             got = self.amax.get(t)
         if got is None:
-            got = absmax(t) if t.numel() else torch.zeros(())
+            fixed = self.fixed.get(id(t))
+            if fixed is not None:  # a parameter's: its handle kept here, nothing written on the user's tensor
+                got = self._fixed[id(t)] = self.mags.known(fixed)
+                return got
+            got = self.mags.known(absmax(t) if t.numel() else torch.zeros(()))
             self.amax[t] = got
         return got
 
-    def _reach_of(self, t: torch.Tensor) -> torch.Tensor:
-        got: torch.Tensor | None = self.reach.get(t)
+    def _reach_of(self, t: torch.Tensor) -> int:
+        got: int | None = self.reach.get(t)
         return self._absmax_of(t) if got is None else got
 
     def _escaped(self, call: OpCall) -> None:
@@ -480,11 +442,17 @@ class RangeObserver(Observer):
                 continue
             module, op, phase, amax, in_amax = made
             self.wide_out[t] = None
-            self.rec.op_keys.append((module, op, phase))
-            self.rec.op_out.append(amax)
-            self.rec.op_in.append(in_amax)
+            self._ops.append(((module, op, phase), amax, in_amax))
             if phase == "backward":
-                self.reach[t] = torch.maximum(self._reach_of(t), amax)
+                self.reach[t] = self.mags.max([self._reach_of(t), amax])
+
+    def _magnitude(self, o: torch.Tensor, mr: ModuleRange) -> int:
+        """``o``'s absmax handle; its histogram goes to ``mr`` (a small output's after the run)."""
+        if o.numel() <= SAMPLE:
+            return self.mags.copy(o, _SENTINEL.get(o.dtype, math.inf), mr)
+        sa, step = _sample(o)
+        mr.add(log2_hist(sa, step))
+        return self.mags.known(absmax(o))
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         if self.paused:
@@ -512,32 +480,27 @@ class RangeObserver(Observer):
         backward = call.phase == "backward"
         of = self._reach_of if backward else self._absmax_of
         ins = [of(t) for t in _floats(call.tensors)]
-        in_amax = ins[0] if len(ins) == 1 else torch.stack(ins).amax() if ins else torch.zeros(())
+        in_amax = self.mags.max(ins) if ins else self._zero
         inside_wide = call.module in self.wide
         # a square inside torch's own norm kernels (the composite rms_norm runs as pow, mean,
         # rsqrt on some devices) is computed in float32 there: not a site; a hand-written one is
         in_kernel = call.name == "aten.pow" and in_norm_kernel()
-        rec = self.rec
         key = (call.module, call.phase)
-        mr = rec.modules.get(key)
+        mr = self.rec.modules.get(key)
+        if mr is None:
+            mr = self.rec.modules[key] = ModuleRange()
         for o in outs:
-            amax, h, mags = reduce(o)
+            amax = self._magnitude(o, mr)
             self.amax[o] = amax
             if inside_wide:
                 self.wide_out[o] = (call.module, call.name, call.phase, amax, in_amax)
             if backward:
-                self.reach[o] = in_amax if inside_wide else torch.maximum(in_amax, amax)
-            if mr is None:
-                mr = rec.modules[key] = ModuleRange(amax)
-            else:
-                mr.absmax = torch.maximum(mr.absmax, amax)
-            mr.add(h, mags)
+                self.reach[o] = in_amax if inside_wide else self.mags.max([in_amax, amax])
+            mr.maxes.append(amax)
             mr.ops += 1
             if inside_wide or in_kernel:
                 continue  # its intermediates are float32 in the target run: only what leaves counts
-            rec.op_keys.append((call.module, call.name, call.phase))
-            rec.op_out.append(amax)
-            rec.op_in.append(in_amax)
+            self._ops.append(((call.module, call.name, call.phase), amax, in_amax))
 
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
         if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
@@ -579,4 +542,15 @@ class RangeObserver(Observer):
         return flush, nonzero
 
     def finish(self, trace: Trace) -> None:
+        """Resolve the run's magnitudes into the record (again after a later run: layerwise)."""
+        self.mags.resolve()
+        value, rec = self.mags.value, self.rec
+        for key, out, in_ in self._ops:
+            rec.op_keys.append(key)
+            rec.op_out.append(value(out))
+            rec.op_in.append(value(in_))
+        self._ops = []
+        for mr in rec.modules.values():
+            if mr.maxes:
+                mr.absmax = nan_max([value(h) for h in mr.maxes])
         trace.observed[self.name] = self.rec

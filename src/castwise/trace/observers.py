@@ -13,6 +13,7 @@ override a hook you do not need (the tracer only calls the hooks an observer ove
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -95,6 +96,10 @@ class Observer:
     """Base class: every hook does nothing. Override the ones you need."""
 
     name = "observer"
+    # what this observer reads of the tracer beyond the op itself. "provenance": each tensor's
+    # origin (contract checks' events, an audit's findings). A run whose observers all leave it out
+    # gets a tracer that skips it in its per-op hot path (module attribution is always kept)
+    needs: frozenset[str] = frozenset({"provenance"})
 
     def check(self, call: OpCall) -> Violation | None:
         """Before the op runs: the violation a real kernel would raise, or None."""
@@ -113,6 +118,12 @@ class Observer:
 def overrides(observer: Observer, hook: str) -> bool:
     """True when ``observer`` defines its own ``hook`` (the tracer skips the base no-ops)."""
     return getattr(type(observer), hook) is not getattr(Observer, hook)
+
+
+def needs_provenance(observers: Sequence[Observer] | None) -> bool:
+    """Whether a tracer with ``observers`` keeps provenance: the defaults and an empty list (no one
+    said otherwise) do; a list whose every observer declares it needs none does not."""
+    return not observers or any("provenance" in o.needs for o in observers)
 
 
 def flat_outputs(obj: Any, depth: int = 0) -> list[torch.Tensor]:

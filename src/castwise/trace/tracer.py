@@ -46,7 +46,14 @@ from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.cuda_guard import stand_in_guard
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
-from castwise.trace.observers import Observer, OpCall, default_observers, flat_outputs, overrides
+from castwise.trace.observers import (
+    Observer,
+    OpCall,
+    default_observers,
+    flat_outputs,
+    needs_provenance,
+    overrides,
+)
 from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
 from castwise.trace.values import NO_VALUE, ShadowValues, one_thread
 
@@ -138,6 +145,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._checkers = [o for o in self.observers if overrides(o, "check")]
         self._afters = [o for o in self.observers if overrides(o, "after")]
         self._exits = [o for o in self.observers if overrides(o, "module_exit")]
+        self.provenance = needs_provenance(observers)  # off: each op keeps only its module (creator)
         self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
         self.recent: collections.deque[tuple[str, torch.Tensor]] = collections.deque(maxlen=8)
         self.refused: tuple[str, list[torch.Tensor]] | None = None  # (module, operands) sdpa refused
@@ -454,6 +462,14 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         # the maps' dicts read inline: this loop runs for every output of every op
         pkey = self.prov.key
         ckey = self.creator.key
+        if not self.provenance:
+            if forward:  # the creator names the module of the output's autograd node (backward attribution)
+                for o in outs:
+                    odict = o.__dict__
+                    if pkey not in odict:  # in-place (or a seeded parameter): it keeps what it had
+                        odict.setdefault(ckey, module)
+            self._record(name, module, tensors, outs)
+            return outs
         for o in outs:
             odict = o.__dict__
             if pkey in odict:  # in-place: the tensor keeps its origin
@@ -492,17 +508,13 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                     # the last tensors made here: the operands of a call that raises before it
                     # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
                     self.recent.append((module, o))
-        if self.record_ops:  # raw (dtype, shape) pairs: formatting waits until someone reads them
-            self.trace.ops.append(
-                (
-                    module,
-                    name,
-                    self.phase,
-                    tuple([(t.dtype, shape_of(t)) for t in tensors]),
-                    tuple([(o.dtype, shape_of(o)) for o in outs]),
-                )
-            )
+        self._record(name, module, tensors, outs)
         return outs
+
+    def _record(self, name: str, module: str, tensors: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        if self.record_ops:  # raw (dtype, shape) pairs: formatting waits until someone reads them
+            ins = tuple([(t.dtype, shape_of(t)) for t in tensors])
+            self.trace.ops.append((module, name, self.phase, ins, tuple([(o.dtype, shape_of(o)) for o in outs])))
 
     def _new_origin(self, func: Any, name: str, module: str, tensors: list[torch.Tensor], o: torch.Tensor) -> Prov:
         desc = fmt_tensor(name_of(o.dtype), shape_of(o))
