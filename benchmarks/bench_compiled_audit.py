@@ -34,7 +34,7 @@ from benchmarks.zoo import models  # noqa: E402
 from benchmarks.zoo.cases import quiet  # noqa: E402
 
 import castwise  # noqa: E402
-from castwise.trace.tracer import pick_loss  # noqa: E402
+from castwise.trace.observers import pick_loss  # noqa: E402
 
 DEFAULT = "deberta_v2,tv_mobilenet_v2,peft_lora_llama"
 

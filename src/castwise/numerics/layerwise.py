@@ -32,8 +32,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from castwise.distributed.plan import repeated_children
 from castwise.errors import AuditError
 from castwise.trace.fake import on_meta
-from castwise.trace.observers import Observer
-from castwise.trace.tracer import Tracer, pick_loss
+from castwise.trace.observers import Observer, pick_loss
+from castwise.trace.tracer import Tracer
 
 Weights = str | Path | Mapping[str, torch.Tensor] | None
 

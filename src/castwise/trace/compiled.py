@@ -33,7 +33,7 @@ from castwise._paths import short_path
 from castwise.devices import Device
 from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
 from castwise.trace.graph import GraphWalk, autocast_regions
-from castwise.trace.tracer import pick_loss
+from castwise.trace.observers import pick_loss
 
 
 class CompiledProducer:

@@ -141,6 +141,19 @@ def flat_outputs(obj: Any, depth: int = 0) -> list[torch.Tensor]:
     return []
 
 
+def pick_loss(out: Any) -> torch.Tensor | None:
+    """The model's loss if it returns one, else a float32 reduction of its first output."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss.float().sum() if loss.dim() else loss.float()
+    for t in flat_outputs(out):
+        if t.is_floating_point() and t.requires_grad:
+            return t.float().sum()
+    return None
+
+
 # -- the built-in observers ----------------------------------------------------------------------
 
 

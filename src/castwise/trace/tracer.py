@@ -53,6 +53,7 @@ from castwise.trace.observers import (
     flat_outputs,
     needs_provenance,
     overrides,
+    pick_loss,
 )
 from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
 from castwise.trace.values import NO_VALUE, ShadowValues, one_thread
@@ -537,19 +538,6 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 # -- running a model under the tracer ---------------------------------------------------------
-
-
-def pick_loss(out: Any) -> torch.Tensor | None:
-    """The model's loss if it returns one, else a float32 reduction of its first output."""
-    loss = getattr(out, "loss", None)
-    if loss is None and isinstance(out, dict):
-        loss = out.get("loss")
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss.float().sum() if loss.dim() else loss.float()
-    for t in flat_outputs(out):
-        if t.is_floating_point() and t.requires_grad:
-            return t.float().sum()
-    return None
 
 
 def call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
