@@ -102,3 +102,15 @@ def test_cli_on_a_model_that_raises_prints_the_finding_and_exits_1(args: list[st
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit) or result.exception is None, result.exception
     assert "Traceback" not in result.output and "error CW1" in result.output, result.output
+
+
+def test_compare_against_eager_diagnoses_a_model_that_raises_in_its_float32_run() -> None:
+    # bf16-true runs it (its table meets bf16 activations); the float32 run every module is
+    # measured against does not: the audit's finding, never the traceback, and nothing compiled
+    model, x = _model(HandMadeTable)
+    report = castwise.compare(torch.compile(model), x, policy="bf16-true", reference="eager", mode="eval")
+    f = _the_audits(report.findings)
+    assert f.message.startswith("The reference run (32-true) raised here")
+    assert report.summary["compiles"] == 0 and report.summary["first_divergent"] is None
+    assert [r.status for r in report.runs] == ["incomplete", "incomplete"]
+    assert "raised here" in str(report)

@@ -34,10 +34,11 @@ from torch import nn
 
 from castwise import _autocast
 from castwise._compiled import CompileOptions
-from castwise.numerics._compare_core import TOLERANCE_FACTOR, _pair_calls, _short
+from castwise.numerics._compare_core import TOLERANCE_FACTOR, _pair_calls, _short, reference_run
 from castwise.numerics._compare_iso import err, unit_roundoff
 from castwise.numerics._compare_run import Call, Inputs, Recording, float_tensors, map_tensors, record
 from castwise.numerics._compare_target import Target, parse_target, prepared
+from castwise.numerics._failed import raised_in
 
 # one kernel each: eager and Inductor round their result once, so alone they cannot diverge
 # past rounding (a divergence needs several ops, or a reduction split differently)
@@ -258,15 +259,24 @@ def _without_cache(model: nn.Module, inputs: Inputs) -> Inputs:
     return {**inputs, "use_cache": False}
 
 
+def eager_run(target: Target) -> str:
+    """How the eager run under the policy is named where it raised."""
+    return f"the eager run under {target}"
+
+
 def measure_compiled(
     model: nn.Module, options: CompileOptions, inputs: Inputs, target: Target, mode: str
 ) -> CompiledMeasurement:
     """The eager and float32 runs recorded (forward), then the walk of compiled modules."""
     inputs = _without_cache(model, inputs)
     low_model = prepared(model, target, mode)
-    ref_model = prepared(model, parse_target("32-true"), mode)
-    ref, dirs = record(ref_model, inputs, "eval", None, 0)
-    low, _ = record(low_model, inputs, "eval", dirs, 0)
+    f32 = parse_target("32-true")
+    ref_model = prepared(model, f32, mode)
+    # the model's own error in either run: the caller reports the audit's diagnosis of it
+    with raised_in(reference_run(f32), f32.full_policy):
+        ref, dirs = record(ref_model, inputs, "eval", None, 0)
+    with raised_in(eager_run(target), target.full_policy):
+        low, _ = record(low_model, inputs, "eval", dirs, 0)
     if not low.calls:
         return CompiledMeasurement((), None, 0)
     refs = {low_call.index: ref_call for low_call, ref_call in _pair_calls(ref, low)}

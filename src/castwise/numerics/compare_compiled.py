@@ -12,6 +12,7 @@ from castwise.numerics._compare_compiled import CompiledMeasurement, CompiledRow
 from castwise.numerics._compare_core import TOLERANCE_FACTOR
 from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import parse_target
+from castwise.numerics._failed import RunRaised, diagnosed
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import Mode
 
@@ -44,6 +45,8 @@ class CompiledComparisonReport(Report):
     def __str__(self) -> str:
         s = self.summary
         lines = [super().__str__(), "", f"program compared: {s['program']}"]
+        if "raised" in s:  # no numbers: the findings above say where the model's own run raised
+            return "\n".join(lines)
         lines.append(
             f"whole model: compiled vs eager {_fmt(s['output_err'])} (tolerance {_fmt(s['output_tolerance'])}); "
             f"{s['compiles']} compiles"
@@ -143,9 +146,38 @@ def compare_compiled(model: Any, inputs: Inputs, *, policy: Any, mode: str = "tr
             "Valid: a policy without float8 (bf16-true, bf16-mixed, 16-true, 16-mixed, ...)"
         )
     module = uncompiled(parts[0])
-    with preserved_state():
-        m = measure_compiled(module, parts[1], inputs, target, mode)
+    try:
+        with preserved_state():
+            m = measure_compiled(module, parts[1], inputs, target, mode)
+    except RunRaised as raised:  # the model's own error: the audit's diagnosis, no numbers
+        return _raised(module, inputs, raised, str(target), mode)
     return report_compiled(m, str(target), mode)
+
+
+def _raised(model: Any, inputs: Inputs, raised: RunRaised, policy: str, mode: str) -> CompiledComparisonReport:
+    """The report of a comparison whose eager or float32 run raised: the audit's findings for that
+    run, the compiled program never run."""
+    run_mode: Mode = "train" if mode == "train" else "eval"
+    eager_failed = raised.run.startswith("the eager run")
+    runs = [
+        Run(run_mode, "cpu", f"{policy} (eager)", "error" if eager_failed else "incomplete"),
+        Run(run_mode, "cpu", f"{policy} (compiled)", "incomplete"),
+    ]
+    summary: dict[str, Any] = {
+        "reference": "eager",
+        "policy": policy,
+        "mode": mode,
+        "program": PROGRAM,
+        "first_divergent": None,
+        "raised": str(raised),
+        "compiles": 0,
+    }
+    return CompiledComparisonReport(
+        findings=diagnosed(model, inputs, raised, mode=mode),
+        runs=runs,
+        summary=summary,
+        title=f"castwise numerics --compare (real tensors, policy {policy}, compiled against eager)",
+    )
 
 
 __all__ = ["CompiledComparisonReport", "compare_compiled"]
