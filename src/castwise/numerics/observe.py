@@ -311,7 +311,6 @@ class RangeRecord:
     op_keys: list[tuple[str, str, str]] = field(default_factory=list)  # (module, op, phase)
     op_out: list[float] = field(default_factory=list)
     op_in: list[float] = field(default_factory=list)
-    scaled: dict[str, list[tuple[str, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
     # float8: per Linear, its GEMM operands (input, weight, grad_output) scored per recipe, and tokens
     operands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -381,8 +380,8 @@ class RangeObserver(Observer):
     output passes a limit its inputs are within).
 
     ``scaled_limit``: for float8, (log2 of the target's largest, log2 of half its smallest
-    subnormal): the inputs and weight of every Linear are scored as float8 scales them, by their
-    own absmax, and the share of non-zero values that would flush to zero is kept.
+    subnormal): every Linear's GEMM operands (input, weight, grad_output) are scored under each
+    float8 recipe's scaling (``float8_scaled.scores``), which the leave-out list judges.
     """
 
     name = "ranges"
@@ -512,8 +511,6 @@ class RangeObserver(Observer):
         top, bottom = self.scaled_limit
         operands = self.rec.operands.setdefault(frame.name, {})
         for what, t in parts:
-            flush, nonzero = self.scaled_flush(t)
-            self.rec.scaled.setdefault(frame.name, []).append((what, flush, nonzero))
             operands.setdefault(what, scores(t, top, bottom))
         if frame.inputs:
             operands.setdefault("tokens", frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1))
@@ -528,18 +525,6 @@ class RangeObserver(Observer):
                     self.paused = was
 
             out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
-
-    def scaled_flush(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(values that would flush to zero, non-zero values) once ``t`` is scaled by its absmax."""
-        assert self.scaled_limit is not None  # only called when set (not user input)
-        top, bottom = self.scaled_limit
-        a = t.detach().abs().float()  # float32 for the comparison; the values fit
-        amax = a.amax()
-        # scaled x = x * 2**top / amax: it flushes when below 2**bottom
-        threshold = amax * (2.0 ** (bottom - top))
-        nonzero = (a > 0).sum()
-        flush = nonzero - (a >= threshold).sum() if float(amax) > 0 else torch.zeros((), dtype=torch.long)
-        return flush, nonzero
 
     def finish(self, trace: Trace) -> None:
         """Resolve the run's magnitudes into the record (again after a later run: layerwise)."""
