@@ -15,9 +15,9 @@ import warnings
 from typing import Any
 
 import torch
-from benchmarks.recipes.lit import FitResult, _outcome
+from benchmarks.recipes.lit import FitResult, _outcome, callback_outcome
 from benchmarks.recipes.wrappers import loss_of
-from benchmarks.zoo.scoring import AuditOutcome, RealOutcome, first_line, view
+from benchmarks.zoo.scoring import RealOutcome
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
@@ -71,29 +71,11 @@ def fit(model: nn.Module, batch: Any, precision: str, with_callback: bool, use_c
             error = exc
     audit = None
     if callback is not None:
-        audit = _callback_outcome(callback, error, time.perf_counter() - start)
+        from castwise.integrations.transformers import CastwiseAuditError
+
+        audit = callback_outcome(callback, error, time.perf_counter() - start, CastwiseAuditError, "training")
     weights = None if error is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
     return FitResult(_outcome(error), weights, audit)
-
-
-def _callback_outcome(callback: Any, error: BaseException | None, seconds: float) -> AuditOutcome:
-    from castwise.integrations.transformers import CastwiseAuditError
-
-    report = callback.report
-    if report is None:
-        why = f"{type(error).__name__}: {first_line(error)}" if error else "the callback did not audit"
-        return AuditOutcome("crash", message=why, seconds=seconds)
-    incomplete = any(r.status == "incomplete" for r in report.runs) or any(f.code == "CW902" for f in report.findings)
-    stopped = isinstance(error, CastwiseAuditError)
-    return AuditOutcome(
-        "done",
-        ok=report.ok and not stopped,
-        incomplete=incomplete,
-        findings=tuple(view(f) for f in report.sorted_findings()),
-        suggested_policy=None if report.suggested_policy is None else str(report.suggested_policy),
-        message="the callback stopped the training" if stopped else "",
-        seconds=seconds,
-    )
 
 
 def evaluate_eval(model: nn.Module, batch: Any, precision: str, device: str = "cpu") -> RealOutcome:

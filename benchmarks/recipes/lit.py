@@ -99,25 +99,27 @@ def fit(module: LitRecipe, batch: Any, precision: str, with_callback: bool, acce
     return FitResult(_outcome(error), weights, audit)
 
 
-def callback_outcome(callback: Any, error: BaseException | None, seconds: float) -> AuditOutcome:
+def callback_outcome(
+    callback: Any, error: BaseException | None, seconds: float, stopped_by: type | None = None, run: str = "fit"
+) -> AuditOutcome:
     """The callback's audit as the zoo scores an audit: its report's findings; a fit that raised
     before the callback had a report is a crash of castwise's (its own error, or the step's that
     the callback let through without auditing)."""
-    from castwise.lightning import CastwiseAuditError
-
+    if stopped_by is None:
+        from castwise.lightning import CastwiseAuditError as stopped_by
     report = callback.report
     if report is None:
         why = f"{type(error).__name__}: {first_line(error)}" if error else "the callback did not audit"
         return AuditOutcome("crash", message=why, seconds=seconds)
     incomplete = any(r.status == "incomplete" for r in report.runs) or any(f.code == "CW902" for f in report.findings)
-    stopped = isinstance(error, CastwiseAuditError)
+    stopped = isinstance(error, stopped_by)
     return AuditOutcome(
         "done",
         ok=report.ok and not stopped,
         incomplete=incomplete,
         findings=tuple(view(f) for f in report.sorted_findings()),
         suggested_policy=None if report.suggested_policy is None else str(report.suggested_policy),
-        message="the callback stopped the fit" if stopped else "",
+        message=f"the callback stopped the {run}" if stopped else "",
         seconds=seconds,
     )
 

@@ -13,7 +13,7 @@ so a healthy model under bf16-mixed reports nothing. Errors are relative L2 norm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from castwise.errors import CastwiseError
@@ -29,7 +29,8 @@ from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
 from castwise.numerics.compare_compiled import CompiledComparisonReport, compare_compiled
-from castwise.report import Finding, Report, Run
+from castwise.numerics.rows import RowsReport, fmt_err, where
+from castwise.report import Finding, Run
 from castwise.trace.events import Mode, RunStatus
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
@@ -43,28 +44,9 @@ def _mode(mode: str) -> Mode:
     return "train" if mode == "train" else "eval"
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.2e}"
-
-
-def _where(name: str) -> str:
-    return f"`{name}`" if name else "the model itself"
-
-
 @dataclass
-class ComparisonReport(Report):
+class ComparisonReport(RowsReport):
     """A Report with the per-module numbers (``numerics``) and the loss difference."""
-
-    numerics: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["numerics"] = self.numerics
-        return out
 
     def __str__(self) -> str:
         lines = [super().__str__(), ""]
@@ -74,11 +56,11 @@ class ComparisonReport(Report):
         if s.get("metric") == "loss":
             lines.append(
                 f"loss (the model's own): reference {s['loss_reference']:.6g}, policy {s['loss_policy']:.6g} "
-                f"(relative difference {_fmt(s['loss_err'])}); output error {_fmt(s['output_err'])}"
+                f"(relative difference {fmt_err(s['loss_err'])}); output error {fmt_err(s['output_err'])}"
             )
         else:
             lines.append(
-                f"output error {_fmt(s['output_err'])} (the model returns no loss: its outputs are compared; "
+                f"output error {fmt_err(s['output_err'])} (the model returns no loss: its outputs are compared; "
                 "gradients are of a fixed random projection of them)"
             )
         if s.get("program", "eager") != "eager":
@@ -86,7 +68,7 @@ class ComparisonReport(Report):
                 f"program compared: {s['program']}; reference='eager' compares the compiled program against it"
             )
         first = s.get("first_past_tolerance")
-        lines.append(f"first module past tolerance: {_where(first) if first is not None else 'none'}")
+        lines.append(f"first module past tolerance: {where(first) if first is not None else 'none'}")
         lines.append("")
         head = f"{'module':<44} {'dtype':>8} {'added':>9} {'inherited':>9} {'output':>9} {'grad':>9} {'tol':>9}"
         lines.append(head)
@@ -126,7 +108,7 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
             out.append(
                 Finding(
                     "CW321",
-                    f"{_where(row.module)} makes inf/nan under the policy from the reference's finite "
+                    f"{where(row.module)} makes inf/nan under the policy from the reference's finite "
                     f"inputs ({row.dtype}): the non-finite values start here, they are not inherited.",
                     module=row.module,
                     modes=(_mode(mode),),
@@ -138,7 +120,7 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
         out.append(
             Finding(
                 "CW320",
-                f"{_where(row.module)} adds relative error {row.added_err:.2e} on its own, "
+                f"{where(row.module)} adds relative error {row.added_err:.2e} on its own, "
                 f"{row.added_err / row.tolerance:.0f}x what rounding to {row.dtype} explains "
                 f"({row.tolerance:.2e}){share}; ranked {rank + 1} of {len(m.modules)} by added error"
                 + (", and the first past tolerance in the run." if row is first else "."),

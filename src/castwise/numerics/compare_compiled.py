@@ -4,7 +4,7 @@ program against the eager one, per module, both against float32 (see ``_compare_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from castwise.errors import CastwiseError
@@ -13,34 +13,16 @@ from castwise.numerics._compare_core import TOLERANCE_FACTOR
 from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
-from castwise.report import Finding, Report, Run
+from castwise.numerics.rows import RowsReport, fmt_err, where
+from castwise.report import Finding, Run
 from castwise.trace.events import Mode
 
 PROGRAM = "compiled (Inductor) against eager, both under the policy"
 
 
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "-"
-    if x == "inf" or (isinstance(x, float) and math.isinf(x)):
-        return "inf"
-    return f"{float(x):.2e}"
-
-
-def _where(name: str) -> str:
-    return f"`{name}`" if name else "the model itself"
-
-
 @dataclass
-class CompiledComparisonReport(Report):
+class CompiledComparisonReport(RowsReport):
     """compare's report for ``reference="eager"``: ``numerics`` has one row per module compiled."""
-
-    numerics: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = super().to_dict()
-        out["numerics"] = self.numerics
-        return out
 
     def __str__(self) -> str:
         s = self.summary
@@ -48,7 +30,7 @@ class CompiledComparisonReport(Report):
         if "raised" in s:  # no numbers: the findings above say where the model's own run raised
             return "\n".join(lines)
         lines.append(
-            f"whole model: compiled vs eager {_fmt(s['output_err'])} (tolerance {_fmt(s['output_tolerance'])}); "
+            f"whole model: compiled vs eager {fmt_err(s['output_err'])} (tolerance {fmt_err(s['output_tolerance'])}); "
             f"{s['compiles']} compiles"
         )
         first = s["first_divergent"]
@@ -56,14 +38,14 @@ class CompiledComparisonReport(Report):
             lines.append("first module where compiled and eager diverge: none")
         else:
             closes = {True: "closes the gap", False: "does not close the gap", None: "could not be tried"}
-            lines.append(f"first module where compiled and eager diverge: {_where(first)}")
+            lines.append(f"first module where compiled and eager diverge: {where(first)}")
             lines.append(f"emulate_precision_casts=True there: {closes[s['emulate_precision_casts_closes']]}")
         lines.append("")
         lines.append(f"{'module':<40} {'dtype':>6} {'cmp~eager':>9} {'eager~f32':>9} {'cmp~f32':>9} {'tol':>9}")
         for row in self.numerics:
             name = row["module"] or "(model)"
             name = name if len(name) <= 40 else "..." + name[-37:]
-            cells = [_fmt(row[k]) for k in ("compiled_vs_eager", "eager_vs_f32", "compiled_vs_f32", "tolerance")]
+            cells = [fmt_err(row[k]) for k in ("compiled_vs_eager", "eager_vs_f32", "compiled_vs_f32", "tolerance")]
             mark = " *" if row["past_tolerance"] else (" (not compiled alone)" if row["error"] else "")
             lines.append(f"{name:<40} {row['dtype']:>6} " + " ".join(f"{c:>9}" for c in cells) + mark)
         lines.append(
@@ -82,11 +64,11 @@ def _finding(row: CompiledRow, mode: Mode) -> Finding:
             "Inductor kept intermediates in float32 where eager rounds each op to " + row.dtype
         )
     else:
-        emulate = f"emulate_precision_casts=True does not close it ({_fmt(row.emulated_err)})"
+        emulate = f"emulate_precision_casts=True does not close it ({fmt_err(row.emulated_err)})"
     size = "inf/nan in one program only" if math.isinf(row.compiled_err) else f"relative error {row.compiled_err:.2e}"
     return Finding(
         "CW322",
-        f"{_where(row.module)} compiled by Inductor differs from its eager run on the same inputs: {size}, "
+        f"{where(row.module)} compiled by Inductor differs from its eager run on the same inputs: {size}, "
         f"past the {row.dtype} tolerance ({row.tolerance:.2e}); the first module where the programs diverge; "
         f"{emulate}.",
         module=row.module,

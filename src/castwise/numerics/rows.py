@@ -4,7 +4,36 @@ run first reached it. Torch-free: built from the report's summary."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any
+
+from castwise.report import Report
+
+
+@dataclass
+class RowsReport(Report):
+    """A Report with per-module rows (``numerics``), kept in ``to_dict()["numerics"]``."""
+
+    numerics: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["numerics"] = self.numerics
+        return out
+
+
+def fmt_err(x: Any) -> str:
+    """An error in a text table: ``-`` (none), ``inf`` (a float or the JSON rows' string), else 2 digits."""
+    if x is None:
+        return "-"
+    if x == "inf" or (isinstance(x, float) and math.isinf(x)):
+        return "inf"
+    return f"{float(x):.2e}"
+
+
+def where(name: str) -> str:
+    return f"`{name}`" if name else "the model itself"
 
 
 def forecast_rows(modules: dict[str, dict[str, dict[str, Any]]], target: str) -> list[dict[str, Any]]:
