@@ -25,6 +25,12 @@ Forecast: ``castwise.forecast(model, inputs, target=T)`` with T = ``fp8`` (tenso
 ``bf16-mixed,fp8=rowwise`` and ``mxfp8``; its ``summary["float8"]["leave_out"]``. The tuning
 seeds also sweep the flushed-share threshold (the list recomputed from each layer's
 ``flush_share``); the held-out seeds score the shipped threshold only.
+
+``--truth-device cuda`` (a GPU with float8 tensor cores, sm_89+): the tensorwise and rowwise truth
+from torchao's real float8 kernels (``emulate=False``: ``torch._scaled_mm``; the layer in bf16, as
+float8 training runs, and the only output type the rowwise kernel gives), mxfp8's from real
+kernels only on sm_100+ (emulated below); the forecast is scored against that truth, and how
+often the emulated truth agrees with the real one is printed per recipe.
 """
 
 from __future__ import annotations
@@ -172,7 +178,7 @@ def capture(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, Any]
     return got
 
 
-def _float8_layer(layer: nn.Linear, recipe: str) -> nn.Module:
+def _float8_layer(layer: nn.Linear, recipe: str, emulate: bool = True) -> nn.Module:
     from castwise.applied.float8 import _float8_config
     from castwise.policy.float8 import Float8Recipe
 
@@ -183,7 +189,8 @@ def _float8_layer(layer: nn.Linear, recipe: str) -> nn.Module:
         from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
 
         holder = nn.Sequential(layer)
-        quantize_(holder, MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED), filter_fn=lambda *_: True)
+        kernel = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
+        quantize_(holder, MXFP8TrainingOpConfig(kernel_preference=kernel), filter_fn=lambda *_: True)
         if layer.bias is None:
             return holder[0]
         # torchao 0.18's MX linear override drops F.linear's bias (forecast leaves such layers out
@@ -192,7 +199,7 @@ def _float8_layer(layer: nn.Linear, recipe: str) -> nn.Module:
         return _Biased(holder[0], bias)
     from torchao.float8.float8_linear import Float8Linear
 
-    return Float8Linear.from_float(layer, config=_float8_config(Float8Recipe.parse(recipe), emulate=True))
+    return Float8Linear.from_float(layer, config=_float8_config(Float8Recipe.parse(recipe), emulate=emulate))
 
 
 class _Biased(nn.Module):
@@ -217,20 +224,39 @@ def _column_bad(got: torch.Tensor, ref: torch.Tensor, a: torch.Tensor, b: torch.
     return float(share) if live.any() else 0.0
 
 
-def truth(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor | None, recipe: str) -> float:
+def real_kernels(recipe: str) -> bool:
+    """Whether this machine runs ``recipe``'s real float8 kernels (else the truth is emulated)."""
+    if not torch.cuda.is_available():
+        return False
+    need = (10, 0) if recipe == "mxfp8" else (8, 9)
+    return torch.cuda.get_device_capability() >= need
+
+
+def truth(layer: nn.Linear, x: torch.Tensor, g: torch.Tensor | None, recipe: str, device: str = "cpu") -> float:
     """The largest share of lost features: columns of output and grad_input, rows and columns of
-    grad_weight (a token's row is one token's signal, summed over in the weight gradient)."""
+    grad_weight (a token's row is one token's signal, summed over in the weight gradient).
+    ``device="cuda"``: the float8 layer runs torchao's real kernels where the GPU has them."""
+    emulate = device == "cpu" or not real_kernels(recipe)
+    dev = "cpu" if emulate else device
+    layer = copy.deepcopy(layer).to(dev)
+    x = x.to(dev)
+    g = None if g is None else g.to(dev)
     ref_layer = copy.deepcopy(layer)
     w = layer.weight.detach()
     xr = x.clone().requires_grad_()
     yr = ref_layer(xr)
-    f8 = _float8_layer(layer, recipe)
-    x8 = x.clone().requires_grad_()
+    f8 = _float8_layer(layer, recipe, emulate=emulate)
+    # real float8 training keeps the model in bf16 (and torch._scaled_mm's rowwise kernel gives bf16
+    # out only): the real run's high precision is bf16
+    low = not emulate
+    if low:
+        f8 = f8.to(torch.bfloat16)
+    x8 = (x.to(torch.bfloat16) if low else x.clone()).requires_grad_()
     y8 = f8(x8)
     worst = _column_bad(y8.detach(), yr.detach(), x, w.t())
     if g is not None:
         yr.backward(g)
-        y8.backward(g)
+        y8.backward(g.to(y8.dtype))
         assert xr.grad is not None and x8.grad is not None and ref_layer.weight.grad is not None
         w8 = next(p for n, p in f8.named_parameters() if n.endswith("weight")).grad
         assert w8 is not None
@@ -254,9 +280,10 @@ class Case:
     shares: dict[str, dict[str, dict[str, float]]]  # recipe -> layer -> operand -> share of lines lost
     leave: dict[str, set[str]]  # recipe -> forecast's leave-out list
     layers: list[str]
+    emulated_bad: dict[str, set[str]] | None = None  # with a real-kernel truth: the emulated one
 
 
-def run_case(model_name: str, seed: int, plants: int) -> Case:
+def run_case(model_name: str, seed: int, plants: int, device: str = "cpu") -> Case:
     torch.manual_seed(seed)
     model, inputs = MODELS[model_name]()
     gen = torch.Generator().manual_seed(1000 + seed)
@@ -266,17 +293,24 @@ def run_case(model_name: str, seed: int, plants: int) -> Case:
     bad: dict[str, set[str]] = {}
     shares: dict[str, dict[str, dict[str, float]]] = {}
     leave: dict[str, set[str]] = {}
-    for recipe, target in RECIPES.items():
-        bad[recipe] = {
+    emulated: dict[str, set[str]] | None = {} if device != "cpu" else None
+
+    def judged(recipe: str, dev: str) -> set[str]:
+        return {
             n
             for n in layers
-            if truth(model.get_submodule(n), ops[n]["input"], ops[n].get("grad_output"), recipe) > COLUMN_SHARE
+            if truth(model.get_submodule(n), ops[n]["input"], ops[n].get("grad_output"), recipe, dev) > COLUMN_SHARE
         }
+
+    for recipe, target in RECIPES.items():
+        bad[recipe] = judged(recipe, device)
+        if emulated is not None:
+            emulated[recipe] = judged(recipe, "cpu")
         report = castwise.forecast(model, inputs, target=target)
         f8 = report.summary["float8"]
         leave[recipe] = set(f8["leave_out"])
         shares[recipe] = {n: f8["layers"][n]["lost_share"] for n in layers}
-    return Case(model_name, seed, planted, bad, shares, leave, layers)
+    return Case(model_name, seed, planted, bad, shares, leave, layers, emulated)
 
 
 def score(cases: list[Case], recipe: str, threshold: float | None) -> tuple[int, int, int, int]:
@@ -306,7 +340,18 @@ def main() -> None:
     ap.add_argument("--held-out", default="3,4,5", help="held-out seeds (the shipped threshold only)")
     ap.add_argument("--plants", type=int, default=3)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--truth-device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--recipes", default=",".join(RECIPES), help="a subset of " + ", ".join(RECIPES))
     args = ap.parse_args()
+    for name in [r for r in list(RECIPES) if r not in args.recipes.split(",")]:
+        del RECIPES[name]  # torchao's MX training refuses torch releases older than its own
+    if args.truth_device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--truth-device cuda: torch sees no CUDA device here")
+        cap = torch.cuda.get_device_capability()
+        real = [r for r in RECIPES if real_kernels(r)]
+        print(f"truth on {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), torch {torch.__version__}: ")
+        print(f"  real float8 kernels for {real or 'no recipe'}; emulated for the rest")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     models = args.models.split(",")
@@ -315,7 +360,7 @@ def main() -> None:
         "held-out": [int(s) for s in args.held_out.split(",") if s],
     }
     for group, seeds in groups.items():
-        cases = [run_case(m, s, args.plants) for s in seeds for m in models]
+        cases = [run_case(m, s, args.plants, args.truth_device) for s in seeds for m in models]
         for c in cases:
             print(f"[{group}] {c.model} seed {c.seed} planted {c.planted}")
             for recipe in RECIPES:
@@ -323,6 +368,15 @@ def main() -> None:
         print(f"== {group} seeds {seeds}, shipped threshold {f8l.THRESHOLD}")
         for recipe in RECIPES:
             print(f"  {recipe:<10} {_fmt(*score(cases, recipe, None))}")
+        if args.truth_device != "cpu":
+            for recipe in RECIPES:
+                pairs = [(n in c.bad[recipe], n in (c.emulated_bad or {})[recipe]) for c in cases for n in c.layers]
+                same = sum(a == b for a, b in pairs)
+                real_bad, emu_bad = sum(a for a, _ in pairs), sum(b for _, b in pairs)
+                print(
+                    f"  truth {recipe:<10} emulated agrees with {'real' if real_kernels(recipe) else 'emulated'}"
+                    f" on {same}/{len(pairs)} layers (bad: real {real_bad}, emulated {emu_bad})"
+                )
         if group == "tune":
             for t in SWEEP:
                 row = "  ".join(f"{r}: {_fmt(*score(cases, r, t))}" for r in RECIPES)

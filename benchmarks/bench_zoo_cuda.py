@@ -9,8 +9,12 @@ reason that is not a dtype error (a plain tensor attribute left on the CPU by ``
 say) is ``other_error`` and that mode is not scored.
 
     python benchmarks/bench_zoo_cuda.py [--situations bf16-mixed,16-true,...] [--models a,b]
-        [--faults 200] [--heldout] [--shard i/n] [--out cuda.json]
+        [--faults 200] [--heldout] [--compiled] [--shard i/n] [--out cuda.json]
     python benchmarks/bench_zoo_cuda.py --from a.json b.json   # summarise shards
+
+``--compiled``: both sides compiled: the simulated-CUDA audit of ``torch.compile(model)`` (Dynamo
+and AOTAutograd on fake tensors) against the policy's model compiled by ``torch.compile``
+(Inductor, Triton kernels) and run on the GPU; Dynamo is reset between cases.
 
 Needs a CUDA device (refuses to run without one).
 """
@@ -51,10 +55,21 @@ def to_cuda(model: nn.Module, inputs: Any) -> tuple[nn.Module, Any]:
     return model, tree_map(lambda x: x.to("cuda") if isinstance(x, torch.Tensor) else x, inputs)
 
 
-def real_cuda_run(case: Case, policy: str | None, mode: str) -> RealOutcome:
-    """The zoo's real run (``real_run``), on the CUDA device."""
+def real_cuda_run(case: Case, policy: str | None, mode: str, compiled: bool = False) -> RealOutcome:
+    """The zoo's real run (``real_run``), on the CUDA device; ``compiled``: the policy applied,
+    then ``torch.compile`` (Inductor) and that program run."""
+    import castwise
+
     model, inputs, _ = build_case(case)
     model, inputs = to_cuda(model, inputs)
+    if compiled:
+        torch._dynamo.reset()
+        if policy is not None:
+            try:
+                castwise.apply(model, policy)
+            except Exception as exc:
+                return RealOutcome("other_error", f"apply: {type(exc).__name__}: {first_line(exc)}")
+        model, policy = torch.compile(model), None  # type: ignore[assignment]
     outcome = real_run(model, inputs, policy, mode)
     try:
         torch.cuda.synchronize()  # an asynchronous kernel error surfaces here
@@ -63,16 +78,23 @@ def real_cuda_run(case: Case, policy: str | None, mode: str) -> RealOutcome:
     return outcome
 
 
-def evaluate(case: Case, timeout: int) -> dict[str, Any]:
+def evaluate(case: Case, timeout: int, compiled: bool = False) -> dict[str, Any]:
     from benchmarks.zoo.situations import SITUATIONS
 
     policy = SITUATIONS[case.situation].policy
     model, inputs, planted = build_case(case)
-    audit = audit_outcome(model, inputs, policy, timeout, device="cuda")  # what a user without a GPU runs
-    real = {mode: real_cuda_run(case, policy, mode) for mode in MODES}
+    # what a user without a GPU runs
+    audit = audit_outcome(model, inputs, policy, timeout, device="cuda", compiled=compiled)
+    if compiled:
+        torch._dynamo.reset()
+    real = {mode: real_cuda_run(case, policy, mode, compiled) for mode in MODES}
     s = score(real, audit, planted.expected_origin if planted else None)
     codes = sorted({f.code for f in audit.findings if f.level == "error"})
-    return {"case": asdict(case), "real": {m: asdict(r) for m, r in real.items()}, "codes": codes, "score": asdict(s)}
+    record = {"case": asdict(case), "real": {m: asdict(r) for m, r in real.items()}, "codes": codes, "score": asdict(s)}
+    if compiled:
+        record["compiled_graphs"] = audit.compiled_graphs
+        record["orig_mod_named"] = audit.orig_mod_named
+    return record
 
 
 def summarise(records: list[dict[str, Any]]) -> None:
@@ -89,6 +111,11 @@ def summarise(records: list[dict[str, Any]]) -> None:
     print(f"real CUDA failures detected {len(detected)}/{len(failed)}")
     print(f"false alarms in {len(alarms)} cases ({passed_modes} modes passed for real)")
     print(f"crashes {len(crashes)}; incomplete {len(incomplete)}; modes not scored (non-dtype real error) {other}")
+    compiled = [r for r in scored if "compiled_graphs" in r]
+    if compiled:
+        graphs = sum(1 for r in compiled if (r["compiled_graphs"] or 0) >= 1)
+        named = sum(1 for r in compiled if r["orig_mod_named"])
+        print(f"compiled audits {len(compiled)}: Dynamo compiled >= 1 graph in {graphs}; `_orig_mod` named in {named}")
     by_situation: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     for r in scored:
         row = by_situation[r["case"]["fault"] or r["case"]["situation"]]
@@ -110,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated zoo model names (default: all installed)")
     parser.add_argument("--faults", type=int, default=0, help="also score this many planted faults")
     parser.add_argument("--heldout", action="store_true", help="held-out models and fault seeds")
+    parser.add_argument("--compiled", action="store_true", help="audit and run torch.compile(model)")
     parser.add_argument("--timeout", type=int, default=120)
     parser.add_argument("--shard", default="0/1", help="i/n: run every n-th case from the i-th (parallel runs)")
     parser.add_argument("--out", type=Path)
@@ -123,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     names = opts.models.split(",") if opts.models else None
     zoo = [m.name for m in models.models(heldout=opts.heldout) if names is None or m.name in names]
-    work = [Case(name, s, None, 0) for name in zoo for s in opts.situations.split(",")]
+    work = [Case(name, s, None, 0) for name in zoo for s in opts.situations.split(",") if s]
     work += [c for i in range(opts.faults) if (c := fault_case(i, opts.heldout)) is not None]
     index, count = (int(part) for part in opts.shard.split("/"))
     work = work[index::count]
@@ -132,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for n, case in enumerate(work, 1):
         try:
-            records.append(evaluate(case, opts.timeout))
+            records.append(evaluate(case, opts.timeout, opts.compiled))
         except Exception as exc:  # a harness failure is reported, never hidden in a score
             records.append({"case": asdict(case), "harness_error": f"{type(exc).__name__}: {exc}"})
         if opts.out:  # after every case: a run stopped at its time limit keeps what it scored

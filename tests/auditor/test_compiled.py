@@ -216,6 +216,43 @@ def test_a_compiled_audit_on_the_simulated_cuda_device() -> None:
     assert not torch.cuda.is_initialized() and not torch.accelerator.is_available()
 
 
+class MadeOnTheDevice(nn.Module):
+    """Tensors made from data on the input's device (transformers' KV cache starts with an empty
+    one): under the simulation a fake tensor must not reach for a GPU this machine lacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        empty = torch.tensor([], dtype=x.dtype, device=x.device)
+        two = torch.tensor([2.0], device=x.device)
+        return torch.cat([empty, (self.lin(x) * two).flatten()])
+
+
+def test_a_compiled_audit_on_the_simulated_cuda_device_checks_every_graph_it_can() -> None:
+    """Each mode's graphs are walked (no torch.compile error, ops checked): where this machine has
+    no GPU, the train run's backward cannot be traced by AOTAutograd (the autograd engine needs a
+    CUDA context) and the report says so; on a GPU machine it is traced."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental import proxy_tensor
+
+    avoid, limit = FakeTensorMode.__dict__["avoid_device_init"], proxy_tensor.CONSTANT_NUMEL_LIMIT
+    report = castwise.audit(torch.compile(MadeOnTheDevice()), torch.randn(2, 8), device="cuda")
+    assert report.ok, str(report)
+    compiled = report.summary["compiled"]
+    for mode in ("train", "eval"):
+        assert compiled[mode]["error"] is None and compiled[mode]["graphs"] >= 1
+        assert compiled[mode]["ops_checked"] >= 3  # addmm (or mm + add), mul, cat at least
+    gpu = torch.cuda.is_available()
+    assert (compiled["train"]["backward_graphs"] >= 1) == gpu
+    assert ("backward_untraced" in compiled["train"]) == (not gpu)
+    if not gpu:
+        assert "backward graphs not traced on the simulated CUDA device" in " ".join(str(report).split())
+    assert FakeTensorMode.__dict__["avoid_device_init"] is avoid  # put back after the simulation
+    assert limit == proxy_tensor.CONSTANT_NUMEL_LIMIT
+
+
 def test_the_text_report_says_what_torch_compile_did() -> None:
     report = castwise.audit(torch.compile(Breaks()), torch.randn(2, 8), mode="eval")
     text = str(report)

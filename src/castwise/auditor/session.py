@@ -408,6 +408,7 @@ def compiled_summary(trace: Trace) -> dict[str, Any]:
         "ops_checked": c.ops,
         "error": c.error,
         "decompositions": c.decompositions,
+        **({"backward_untraced": c.backward_untraced} if c.backward_untraced else {}),
     }
 
 

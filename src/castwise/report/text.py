@@ -104,6 +104,8 @@ def _compiled_lines(compiled: dict[str, Any], width: int) -> list[str]:
         for b in breaks:
             at = f" at {b['source']}" if b.get("source") else ""
             lines += wrap(f"- break{at}: {b['reason']}", width, subsequent_indent="  ")
+        if c.get("backward_untraced"):
+            lines += wrap(f"- backward graphs not traced {c['backward_untraced']}", width, subsequent_indent="  ")
         if c.get("error"):
             lines += wrap(f"- torch.compile stopped: {c['error']}", width, subsequent_indent="  ")
     return lines

@@ -34,6 +34,7 @@ from castwise.devices import Device
 from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
 from castwise.trace.graph import GraphWalk, autocast_regions
 from castwise.trace.observers import pick_loss
+from castwise.trace.simcuda import host_has_cuda
 
 
 class CompiledProducer:
@@ -239,6 +240,11 @@ class _Entries:
 
 _WARM: list[bool] = []
 
+NO_ENGINE = (
+    "on the simulated CUDA device without a GPU on this machine: AOTAutograd traces a backward by "
+    "running the autograd engine, which needs a CUDA context (the eager run checked the backward)"
+)
+
 
 def warm_up() -> None:
     """Build Dynamo's per-process tables (which torch function is handled how, keyed by the
@@ -293,13 +299,17 @@ def run_compiled(
     handle = register_bytecode_hook(entries.hook)
     model.train(mode == "train")
     simulated = producer.walk.device.kernels == "cuda" and not torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    # AOTAutograd traces the backward by running the autograd engine on the fake tensors, and the
+    # engine asks the CUDA runtime about the device's context (this machine has no GPU): the train
+    # run's forward graphs are traced under no_grad there, the eager run checks the backward
+    untraced = NO_ENGINE if simulated and mode == "train" and not host_has_cuda() else None
     try:
         with (
             _reading_breaks() as breaks,
-            _no_stream_tracking() if simulated else contextlib.nullcontext(),
+            _off_the_host_device() if simulated else contextlib.nullcontext(),
             _old_objects_frozen(),
         ):
-            error = _call(compiled, args, kwargs, mode, trace)
+            error = _call(compiled, args, kwargs, mode, trace, backward=untraced is None)
     finally:
         handle.remove()
         entries.drop()
@@ -313,6 +323,7 @@ def run_compiled(
         producer.walk.ops,
         error,
         "inductor" if producer.decompositions is not None else None,
+        untraced,
     )
     return trace
 
@@ -335,23 +346,34 @@ def _old_objects_frozen() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_stream_tracking() -> Iterator[None]:
-    """On the simulated CUDA device: Dynamo asks the accelerator for its current stream when it
-    starts tracing a frame (to track stream use), which reaches the CUDA runtime this machine
-    lacks. It is told there is no accelerator then; the simulated device answers the model's own
-    questions (``torch.cuda.*``) as before."""
+def _off_the_host_device() -> Iterator[None]:
+    """On the simulated CUDA device, where this machine has none, two things torch.compile does
+    would reach the CUDA runtime. Dynamo asks the accelerator for its current stream when it
+    starts tracing a frame (to track stream use): it is told there is no accelerator (the
+    simulated device answers the model's own questions, ``torch.cuda.*``, as before). AOTAutograd's
+    tracer (``make_fx``) computes ops on small constant tensors for real to keep their values: a
+    ``torch.tensor(data, device="cuda")`` in the model is such a constant moved to the device, so
+    that propagation is off (no constant is small enough)."""
+    from torch.fx.experimental import proxy_tensor
+
     saved = torch.accelerator.is_available
+    limit = proxy_tensor.CONSTANT_NUMEL_LIMIT
     torch.accelerator.is_available = lambda: False
+    proxy_tensor.CONSTANT_NUMEL_LIMIT = -1
     try:
         yield
     finally:
         torch.accelerator.is_available = saved
+        proxy_tensor.CONSTANT_NUMEL_LIMIT = limit
 
 
-def _call(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, trace: Trace) -> str | None:
-    """One call (and backward in train mode); what it raised is recorded on ``trace``."""
+def _call(
+    compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, trace: Trace, backward: bool = True
+) -> str | None:
+    """One call (and backward in train mode, unless not ``backward``: the train-mode forward under
+    no_grad); what it raised is recorded on ``trace``."""
     try:
-        if mode == "eval":
+        if mode == "eval" or not backward:
             with torch.no_grad():
                 compiled(*args, **kwargs)
         else:

@@ -176,6 +176,8 @@ class Compiled:
     ops: int  # aten ops checked in the graphs
     error: str | None = None  # torch.compile itself failed (the run recorded what it captured before)
     decompositions: str | None = None  # "inductor": the graphs were traced with Inductor's decompositions
+    # why the backward graphs were not traced in a train run (None: they were, where there are any)
+    backward_untraced: str | None = None
 
 
 @dataclass

@@ -12,7 +12,11 @@ real CUDA runtime, and every attribute patched is put back on exit, also on exce
 
 ``torch.cuda.is_initialized`` and ``torch.accelerator`` keep answering for this machine: torch's
 own FakeTensor asks them whether it may initialise the real device (and checkpoint then saves
-only the CPU random state, as on a GPU machine whose CUDA context is not yet made).
+only the CPU random state, as on a GPU machine whose CUDA context is not yet made). So does
+``FakeTensorMode.avoid_device_init``, which torch computes from ``torch.cuda.is_available()``: told
+"a GPU is there", a fake ``torch.tensor(data, device="cuda")`` would copy its data to the real
+device (on this machine: "Found no NVIDIA driver", which Dynamo's fake propagation raises), or
+come out on the meta device under the stand-in guard.
 """
 
 from __future__ import annotations
@@ -263,6 +267,22 @@ def _host_default_type() -> str:
 
 
 @contextlib.contextmanager
+def _host_device_init(has_cuda: bool) -> Iterator[None]:
+    """``FakeTensorMode.avoid_device_init`` answering for this machine (``has_cuda``), not the
+    simulated one: fake tensors made from data stay off a device this machine lacks. For the
+    modes torch makes itself (Dynamo's, AOTAutograd's); the audit's own is fake.py's, which
+    answers so always."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    saved = FakeTensorMode.__dict__["avoid_device_init"]
+    FakeTensorMode.avoid_device_init = property(lambda self: not has_cuda)  # type: ignore[assignment, method-assign]
+    try:
+        yield
+    finally:
+        FakeTensorMode.avoid_device_init = saved  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def simulated_cuda(device: Device) -> Iterator[None]:
     """While a fake audit simulates ``device`` (a CUDA one), code that asks torch about the GPU
     gets the simulated GPU's answers (a device of other kernels, or without a capability:
@@ -281,7 +301,7 @@ def simulated_cuda(device: Device) -> Iterator[None]:
             torch.utils.checkpoint.DefaultDeviceType._default_device_type = None
         # the guard first, while torch still gives this machine's answer (cuda_guard.py: fake CUDA
         # tensors carry gradients on CPU-only builds too)
-        with stand_in_guard(), _patched(torch.cuda, _answers(device.capability)):
+        with stand_in_guard(), _host_device_init(_host_answer), _patched(torch.cuda, _answers(device.capability)):
             yield
     finally:
         _host_answer = outer_host
