@@ -105,8 +105,17 @@ class Score:
 
 
 def is_dtype_error(exc: BaseException) -> bool:
-    return isinstance(exc, (RuntimeError, TypeError, ValueError, NotImplementedError)) and bool(
-        _DTYPE_TEXT.search(str(exc))
+    # torch.compile's own exceptions wrap the error it met (Dynamo's "RuntimeError when making
+    # fake tensor call" quotes the node's fake tensors, dtypes and all): the wrapped one is judged
+    root, seen = exc, {id(exc)}
+    while type(root).__module__.startswith("torch._dynamo"):
+        nxt = root.__cause__ or root.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        root = nxt
+        seen.add(id(nxt))
+    return isinstance(root, (RuntimeError, TypeError, ValueError, NotImplementedError)) and bool(
+        _DTYPE_TEXT.search(str(root))
     )
 
 

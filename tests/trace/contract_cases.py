@@ -437,6 +437,26 @@ def _norms() -> Iterator[Case]:
             f"native_batch_norm_backward[{tag(go, x, w)}]", "backward", aten.native_batch_norm_backward.default, make_bn
         )
 
+    # training's backward with running statistics (what nn.BatchNorm's backward gets), on a
+    # spatial and a (N, C) input: CUDA refuses stats outside 16-bit parameters' dtype on the first
+    for x, w, s, dims in itertools.product((BF16, F16), FLOATS, FLOATS, (2, 3)):
+
+        def make_bns(x: torch.dtype = x, w: torch.dtype = w, s: torch.dtype = s, dims: int = dims) -> tuple[Any, ...]:
+            shape = (2, 4, 3)[:dims]
+            xs = t(shape, x)
+            sm, si = _saved(
+                lambda p: aten.native_batch_norm.default(xs, t((4,), p), t((4,), p), None, None, True, 0.1, 1e-5), w, x
+            )
+            stats = (t((4,), s), t((4,), s).abs() + 0.5)
+            return (t(shape, x), xs, t((4,), w), *stats, sm, si, True, 1e-5, [True, True, True]), {}
+
+        yield Case(
+            f"native_batch_norm_backward_stats[{tag(x, w, s)}-{dims}d]",
+            "backward",
+            aten.native_batch_norm_backward.default,
+            make_bns,
+        )
+
 
 def _attention() -> Iterator[Case]:
     shape = (1, 2, 3, 4)

@@ -199,19 +199,25 @@ def test_cuda_batch_norm_keeps_the_mixed_dtype_path() -> None:
     assert cpu is not None and cuda is not None and cpu.culprits == cuda.culprits == (1, 2)
 
 
-def test_cuda_batch_norm_in_training_wants_running_stats_in_the_parameters_16_bit_dtype() -> None:
-    # measured on an H200 (torch 2.11): bf16 weights with f32 running stats, as DeepSpeed's and
-    # FSDP2's parameter casts leave a BatchNorm, fail in training and pass in eval
+def test_cuda_batch_norm_backward_wants_running_stats_in_the_parameters_16_bit_dtype() -> None:
+    # measured on an H100 and an H200 (torch 2.11): a bf16 BatchNorm2d whose running stats stayed
+    # f32 (as DeepSpeed's and FSDP2's parameter casts leave it) runs forward, and its training
+    # backward is refused; BatchNorm1d on (N, C) runs both
     x, w, stat = m(2, 4, 3, dtype=BF16), m(4, dtype=BF16), m(4)
-    train = check(aten.native_batch_norm.default, (x, w, w, stat, stat, True, 0.1, 1e-5), {}, "cuda")
-    assert train is not None and train.message == "Expected running_mean to have type BFloat16 but got Float"
-    assert check(aten.native_batch_norm.default, (x, w, w, stat, stat, False, 0.1, 1e-5), {}, "cuda") is None
-    assert (
-        check(aten._native_batch_norm_legit_no_training.default, (x, w, w, stat, stat, 0.1, 1e-5), {}, "cuda") is None
-    )
-    # the mixed path (f32 weights and stats under bf16 input) stays open
-    f32 = m(4)
-    assert check(aten.native_batch_norm.default, (x, f32, f32, f32, f32, True, 0.1, 1e-5), {}, "cuda") is None
+    assert check(aten.native_batch_norm.default, (x, w, w, stat, stat, True, 0.1, 1e-5), {}, "cuda") is None
+    saved = (m(4), m(4))
+
+    def backward(x: torch.Tensor, w: torch.Tensor, stat: torch.Tensor, train: bool = True) -> Any:
+        args = (x, x, w, stat, stat, *saved, train, 1e-5, [True, True, True])
+        return check(aten.native_batch_norm_backward.default, args, {}, "cuda")
+
+    refused = backward(x, w, stat)
+    assert refused is not None and refused.message == "Expected running_mean to have type BFloat16 but got Float"
+    assert backward(m(2, 4, dtype=BF16), w, stat) is None  # (N, C)
+    assert backward(x, m(4), stat) is None  # the mixed path: f32 parameters and stats
+    assert backward(x, w, m(4, dtype=BF16)) is None
+    mixed = backward(x, m(4), m(4, dtype=BF16))  # the mixed path's f32 parameters, 16-bit stats
+    assert mixed is not None and mixed.message == "Expected running_mean to have type Float but got BFloat16"
 
 
 def test_cuda_convolution_wants_input_weight_and_bias_in_one_type() -> None:

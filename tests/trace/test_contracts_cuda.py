@@ -56,3 +56,22 @@ def test_cases_ran_on_a_real_cuda_device() -> None:
     args, kwargs = on_device(CASES[0].make(), "cuda")
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     assert tensors and all(t.is_cuda for t in tensors)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_a_16_bit_batch_norm_with_f32_stats_is_refused_in_its_spatial_training_backward(low: torch.dtype) -> None:
+    """nn.BatchNorm with its parameters in the input's 16-bit dtype and running statistics left
+    in f32 (as DeepSpeed's and FSDP2's parameter casts leave it): forward runs, the training
+    backward of a spatial input is refused, a (N, C) input runs both (the table's rule on
+    native_batch_norm_backward)."""
+    for shape, refused in (((2, 4, 3, 3), True), ((2, 4), False)):
+        bn = (torch.nn.BatchNorm2d(4) if len(shape) == 4 else torch.nn.BatchNorm1d(4)).cuda()
+        bn.weight.data, bn.bias.data = bn.weight.data.to(low), bn.bias.data.to(low)
+        x = torch.randn(*shape, device="cuda", dtype=low, requires_grad=True)
+        y = bn(x)
+        assert y.dtype == low
+        if refused:
+            with pytest.raises(RuntimeError, match="Expected running_mean to have type"):
+                y.float().sum().backward()
+        else:
+            y.float().sum().backward()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,8 +102,7 @@ def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if dev.kernels == "cuda":
         # CUDA (measured, H100): the running statistics are read in any float dtype; only the
         # affine parameters must be x's dtype or float32
-        v = _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", params[0]), ("bias", params[1])))
-        return v if isinstance(v, Violation) else (_batch_norm_cuda_stats(op, args, kwargs, x, params[0]) or v)
+        return _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", params[0]), ("bias", params[1])))
     for i, name in ((3, "running_mean"), (4, "running_var")):
         p = _arg(args, kwargs, i, name)
         if isinstance(p, torch.Tensor):
@@ -111,28 +111,19 @@ def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return v or x.dtype
 
 
-def _bn_training(op: str, args: Args, kwargs: Kwargs) -> bool:
-    name = op.split(".")[1] if "." in op else op
-    if name.startswith("_batch_norm_with_update"):
-        return True
-    if "no_training" in name or "no_update" in name:
-        return False
-    training = _arg(args, kwargs, 5, "training")
-    return training is True
-
-
-def _batch_norm_cuda_stats(op: str, args: Args, kwargs: Kwargs, x: Tensor, weight: Tensor | None) -> Violation | None:
-    """Training with parameters in x's 16-bit dtype (not the mixed f32 path): the running
-    statistics must be in that dtype too (measured, H200, torch 2.11: a bf16 BatchNorm whose
-    buffers stayed f32, as DeepSpeed's and FSDP2's casts leave them, is refused in training and
-    runs in eval)."""
-    if weight is None or weight.dtype != x.dtype or x.dtype not in _REDUCED or not _bn_training(op, args, kwargs):
+def _batch_norm_cuda_stats(args: Args, kwargs: Kwargs, x: Tensor, weight: Tensor | None) -> tuple[str, Tensor] | None:
+    """The training backward of a spatial 16-bit input: the running statistics must be in the
+    parameters' dtype, x's or f32 (measured, H100 and H200, torch 2.11: a bf16 BatchNorm2d whose
+    buffers stayed f32, as DeepSpeed's and FSDP2's casts leave them, runs forward and is refused
+    in backward; so are 16-bit stats under the mixed path's f32 parameters; an (N, C) input runs)."""
+    if weight is None or weight.dtype not in (x.dtype, F32) or x.dtype not in _REDUCED or x.dim() < 3:
+        return None
+    if _arg(args, kwargs, 7, "train") is not True:
         return None
     for i, name in ((3, "running_mean"), (4, "running_var")):
         stat = _arg(args, kwargs, i, name)
-        if isinstance(stat, torch.Tensor) and stat.dtype != x.dtype:
-            msg = f"Expected {name} to have type {_sc(x.dtype)} but got {_sc(stat.dtype)}"
-            return _viol(op, "norm", msg, args, kwargs, [stat], x.dtype)
+        if isinstance(stat, torch.Tensor) and stat.dtype != weight.dtype:
+            return f"Expected {name} to have type {_sc(weight.dtype)} but got {_sc(stat.dtype)}", stat
     return None
 
 
@@ -182,7 +173,15 @@ def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> An
         if go.dtype != x.dtype:
             msg = f"Expected grad_output to have type {_sc(x.dtype)} but got {_sc(go.dtype)}"
             return _viol(op, "mismatch", msg, args, kwargs, [go], x.dtype)
-        return _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", _arg(args, kwargs, 2, "weight")),))
+        w = _arg(args, kwargs, 2, "weight")
+        v = _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", w),))
+        if isinstance(v, Violation):
+            if x.dim() < 3 and isinstance(_arg(args, kwargs, 3, "running_mean"), torch.Tensor) and w is not None:
+                # the (N, C) kernel with running stats words it so (measured, H200)
+                v = dataclasses.replace(v, message=f"expected scalar type Float but found {_sc(w.dtype)}")
+            return v
+        stats = _batch_norm_cuda_stats(args, kwargs, x, w)
+        return v if stats is None else _viol(op, "norm", stats[0], args, kwargs, [stats[1]], x.dtype)
     params = [_arg(args, kwargs, 2, "weight")]
     for i, name in ((3, "running_mean"), (4, "running_var")):
         p = _arg(args, kwargs, i, name)
