@@ -20,12 +20,14 @@ Scoring rule (benchmarks/zoo/scoring.py has the details):
 Nothing is special-cased per model or fault: the same rule scores every case.
 
     python benchmarks/bench_fault_injection.py [--limit N] [--jobs J] [--heldout] [--out results.json]
-        [--classes index_put_mismatch,qkv_mismatch] [--compiled]
+        [--classes index_put_mismatch,qkv_mismatch] [--compiled [--real-compiled]]
 
 ``--classes`` keeps, of the fault indices ``--start`` .. ``--start + --limit``, those of the named
 classes: the same cases (model, situation, seed) an unfiltered run scores for them.
 ``--compiled`` audits ``torch.compile(model)`` instead: the same cases and the same scoring (the
 real runs stay eager), plus how many audits compiled a graph and how many named `_orig_mod`.
+``--real-compiled`` takes the truth from the compiled program instead: the policy applied, then
+``torch.compile`` (Inductor, this CPU) run in each mode, what a user of the compiled model meets.
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ from benchmarks.zoo.faults import FAULTS  # noqa: E402
 from benchmarks.zoo.summary import print_summary  # noqa: E402
 
 
-def _one(job: tuple[int, bool, int, bool]) -> dict[str, Any]:
-    index, heldout, timeout, compiled = job
+def _one(job: tuple[int, bool, int, bool, bool]) -> dict[str, Any]:
+    index, heldout, timeout, compiled, real_compiled = job
     quiet()
     try:
         case = fault_case(index, heldout)
         if case is None:
             return {"index": index, "skipped": "no model has a place for this fault"}
-        record = evaluate(case, timeout=timeout, compiled=compiled)
+        record = evaluate(case, timeout=timeout, compiled=compiled, real_compiled=real_compiled)
     except Exception as exc:  # a harness failure is reported, never hidden in a score
         return {
             "index": index,
@@ -72,8 +74,9 @@ def run(
     timeout: int,
     progress: bool = True,
     compiled: bool = False,
+    real_compiled: bool = False,
 ) -> list[dict[str, Any]]:
-    work = [(i, heldout, timeout, compiled) for i in indices]
+    work = [(i, heldout, timeout, compiled, real_compiled) for i in indices]
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
     if jobs <= 1:
@@ -122,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compiled", action="store_true", help="audit torch.compile(model) (Dynamo runs during each audit)"
     )
+    parser.add_argument(
+        "--real-compiled",
+        action="store_true",
+        help="with --compiled: the truth is the compiled program run for real (Inductor), not the eager one",
+    )
     parser.add_argument("--timeout", type=int, default=120, help="seconds per audit before it counts as a crash")
     parser.add_argument("--out", type=Path, help="write the per-fault results as JSON here")
     parser.add_argument(
@@ -149,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown fault class(es) {', '.join(unknown)}; valid: {', '.join(sorted(FAULTS))}")
         indices = [i for i in indices if fault_class(i) in wanted]
     start = time.perf_counter()
-    results = run(indices, opts.heldout, opts.jobs, opts.timeout, compiled=opts.compiled)
+    if opts.real_compiled and not opts.compiled:
+        parser.error("--real-compiled scores compiled audits: add --compiled")
+    results = run(
+        indices, opts.heldout, opts.jobs, opts.timeout, compiled=opts.compiled, real_compiled=opts.real_compiled
+    )
     elapsed = time.perf_counter() - start
     print(
         f"fault injection: {len(results)} faults ({'held-out' if opts.heldout else 'tuning'} models and seeds), "

@@ -41,6 +41,7 @@ from benchmarks.zoo.scoring import (  # noqa: E402
     RealOutcome,
     audit_outcome,
     first_line,
+    real_compiled_run,
     real_run,
     score,
 )
@@ -58,19 +59,9 @@ def to_cuda(model: nn.Module, inputs: Any) -> tuple[nn.Module, Any]:
 def real_cuda_run(case: Case, policy: str | None, mode: str, compiled: bool = False) -> RealOutcome:
     """The zoo's real run (``real_run``), on the CUDA device; ``compiled``: the policy applied,
     then ``torch.compile`` (Inductor) and that program run."""
-    import castwise
-
     model, inputs, _ = build_case(case)
     model, inputs = to_cuda(model, inputs)
-    if compiled:
-        torch._dynamo.reset()
-        if policy is not None:
-            try:
-                castwise.apply(model, policy)
-            except Exception as exc:
-                return RealOutcome("other_error", f"apply: {type(exc).__name__}: {first_line(exc)}")
-        model, policy = torch.compile(model), None  # type: ignore[assignment]
-    outcome = real_run(model, inputs, policy, mode)
+    outcome = (real_compiled_run if compiled else real_run)(model, inputs, policy, mode)
     try:
         torch.cuda.synchronize()  # an asynchronous kernel error surfaces here
     except RuntimeError as exc:

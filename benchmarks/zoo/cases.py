@@ -27,6 +27,7 @@ from benchmarks.zoo.scoring import (
     errors_in,
     hooks_cast_back,
     low_share,
+    real_compiled_run,
     real_run,
     run_mode,
     score,
@@ -107,10 +108,13 @@ def _finding_summary(audit: AuditOutcome) -> list[dict[str, Any]]:
     ][:6]
 
 
-def evaluate(case: Case, *, fix: bool = True, timeout: int = 120, compiled: bool = False) -> dict[str, Any]:
+def evaluate(
+    case: Case, *, fix: bool = True, timeout: int = 120, compiled: bool = False, real_compiled: bool = False
+) -> dict[str, Any]:
     """Audit the case, run it for real in both modes, score; verify the suggested fix.
-    ``compiled``: audit ``torch.compile(model)`` (the real runs stay eager: the truth is the same
-    dtype error, which Dynamo traces through on fake values)."""
+    ``compiled``: audit ``torch.compile(model)``; the real runs stay eager unless
+    ``real_compiled``: then they run the compiled program (Inductor), what a user of the compiled
+    model meets."""
     quiet()
     start = time.perf_counter()
     situation = SITUATIONS[case.situation]
@@ -119,7 +123,7 @@ def evaluate(case: Case, *, fix: bool = True, timeout: int = 120, compiled: bool
     real: dict[str, RealOutcome] = {}
     for mode in MODES:
         m, x, _ = build_case(case)
-        real[mode] = real_run(m, x, situation.policy, mode)
+        real[mode] = (real_compiled_run if real_compiled else real_run)(m, x, situation.policy, mode)
     s: Score = score(real, audit, planted.expected_origin if planted else None)
     record: dict[str, Any] = {
         "case": asdict(case),

@@ -146,6 +146,20 @@ def real_run(model: nn.Module, inputs: Any, policy: str | None, mode: str) -> Re
     return RealOutcome("ok")
 
 
+def real_compiled_run(model: nn.Module, inputs: Any, policy: str | None, mode: str) -> RealOutcome:
+    """The policy applied to ``model``, then ``torch.compile`` (Inductor), and that program run as
+    ``real_run`` runs it (Dynamo's caches reset first: each case compiles anew)."""
+    import castwise
+
+    torch._dynamo.reset()
+    if policy is not None:
+        try:
+            castwise.apply(model, policy)
+        except Exception as exc:
+            return RealOutcome("other_error", f"apply: {type(exc).__name__}: {first_line(exc)}")
+    return real_run(torch.compile(model), inputs, None, mode)  # type: ignore[arg-type]
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else ""

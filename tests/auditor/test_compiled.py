@@ -353,3 +353,43 @@ def test_the_autocast_of_a_graph_node_is_its_region_also_after_a_graph_break() -
     assert run.trace.compiled is not None and run.trace.compiled.graphs >= 2
     refused = run.trace.events[0]
     assert refused.op == "aten.index_add" and refused.autocast is torch.bfloat16
+
+
+class F64Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x)).to(x.dtype)
+
+
+def _bf16_with_f64_norm() -> nn.Module:
+    torch.manual_seed(0)
+    model = F64Norm().to(torch.bfloat16)
+    model.norm.double()
+    return model
+
+
+def test_what_only_eager_refuses_is_a_warning_on_the_compiled_model() -> None:
+    """A bf16 model with a LayerNorm left in f64: eager refuses the norm, the Inductor program
+    (its decompositions promote) runs it, checked for real here. The compiled model's audit says
+    so as a warning (CW125, with the eager refusal in it); the eager model's audit, and an
+    aot_eager program (no decompositions: the same refusal in its graph), keep the error."""
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="mixed dtype"):
+        _bf16_with_f64_norm()(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(_bf16_with_f64_norm())
+    compiled(x).float().sum().backward()  # the compiled program trains
+    torch._dynamo.reset()
+
+    report = castwise.audit(torch.compile(_bf16_with_f64_norm()), x, device="cpu")
+    assert report.ok and [(f.code, f.module, f.modes) for f in report.findings] == [
+        ("CW125", "norm", ("train", "eval"))
+    ], str(report)
+    assert "eager refuses (CW113)" in report.findings[0].message
+    assert not castwise.audit(_bf16_with_f64_norm(), x, device="cpu").ok
+    aot = castwise.audit(torch.compile(_bf16_with_f64_norm(), backend="aot_eager"), x, device="cpu")
+    assert {f.code for f in aot.errors} == {"CW113"}, str(aot)

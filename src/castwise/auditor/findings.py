@@ -13,7 +13,8 @@ from torch import nn
 from castwise import devices
 from castwise.auditor.context import RunRecord, culprits_of, make_ctx
 from castwise.report import CodeFix, Finding
-from castwise.rules.audit import cw115, cw130, cw902, ordered_checks
+from castwise.rules import audit as audit_rules
+from castwise.rules.audit import cw115, cw125, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
 from castwise.rules.audit._text import where
 from castwise.trace.events import Event, Mode, Origin, Prov
@@ -308,14 +309,41 @@ def _with_hook(d: Diag, r: RunRecord) -> Diag:
 
 def diags_of_run(r: RunRecord) -> list[Diag]:
     """The error findings of one run: contract violations, then what the model raised."""
+    return [d for d, _phase in phased_diags(r)]
+
+
+def phased_diags(r: RunRecord) -> list[tuple[Diag, str | None]]:
+    """:func:`diags_of_run`'s findings with the phase of the op each stands on (None: a raise)."""
     forward = [ev for ev in r.trace.events if ev.phase == "forward"]
-    out = [_with_hook(_from_event(ev, r), r) for ev in r.trace.events if not _forward_echo(ev, forward)]
+    out: list[tuple[Diag, str | None]] = [
+        (_with_hook(_from_event(ev, r), r), ev.phase) for ev in r.trace.events if not _forward_echo(ev, forward)
+    ]
     # a compiled run's raise is torch.compile's or one the eager run of its mode triages too (the
     # same code runs between graphs): its text is in the report's compiled summary
     if r.trace.error is not None and r.trace.kind == "eager":
         raised = _raised(r, r.trace.error)
         if raised is not None:
-            out.append(_with_hook(raised, r))
+            out.append((_with_hook(raised, r), None))
+    return out
+
+
+def eager_only(diags: list[tuple[Diag, str | None]], compiled: RunRecord) -> list[Diag]:
+    """An eager run's findings, those the compiled run of its mode shows the compiled program
+    runs made CW125 warnings: an op refusal in a (module, phase) whose ops the compiled run
+    walked, where that run completed without any refusal. A compiled run that refused anything,
+    or stopped, decides nothing (the real program stops at its first refusal, and nothing after
+    it was checked); a raise, a hook's dtype (the graphs do not show hooks) and what the compiled
+    run did not walk stay as they are."""
+    c = compiled.trace.compiled
+    if c is None or c.error is not None or compiled.trace.error is not None or compiled.trace.events:
+        return [d for d, _phase in diags]
+    walked = {(op[0], op[2]) for op in compiled.trace.ops}
+    catalog = audit_rules.rules()
+    out = []
+    for d, phase in diags:
+        rule = catalog.get(d.code)
+        refused = d.op is not None and rule is not None and rule.meta.severity == "error" and d.code != "CW115"
+        out.append(cw125.diagnose(d, c.decompositions) if refused and (d.module, phase) in walked else d)
     return out
 
 

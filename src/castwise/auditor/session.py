@@ -17,7 +17,7 @@ from castwise._compiled import CompileOptions
 from castwise._dtypes import name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
-from castwise.auditor.findings import diags_of_run, merge
+from castwise.auditor.findings import diags_of_run, eager_only, merge, phased_diags
 from castwise.errors import AuditError, CastwiseError, PolicyError
 from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
@@ -326,7 +326,12 @@ def findings_of(
     run: the graphs torch.compile runs), merged; then every rule's run-level scan (of the eager
     runs: the scans compare modes and read what only the tracer observes)."""
     per_mode: dict[str, list[Any]] = {}
-    for r in [*runs, *(alternates or [])]:
+    graphs = {r.mode: r for r in compiled or []}
+    for r in runs:
+        # what the compiled program of this mode runs, eager refusing it, is a warning (CW125)
+        seen = graphs.get(r.mode)
+        per_mode.setdefault(r.mode, []).extend(diags_of_run(r) if seen is None else eager_only(phased_diags(r), seen))
+    for r in alternates or []:  # the other side of a branch: the compiled run took neither
         per_mode.setdefault(r.mode, []).extend(diags_of_run(r))
     for r in compiled or []:
         per_mode.setdefault(r.mode, []).extend(_compiled_only(diags_of_run(r), per_mode[r.mode]))
