@@ -382,6 +382,9 @@ class RangeObserver(Observer):
     ``scaled_limit``: for float8, (log2 of the target's largest, log2 of half its smallest
     subnormal): every Linear's GEMM operands (input, weight, grad_output) are scored under each
     float8 recipe's scaling (``float8_scaled.scores``), which the leave-out list judges.
+    ``gemm``: (the target recipe's scaling, its forward and gradient float8 dtypes): each GEMM
+    of every Linear (forward, and in backward grad_input and grad_weight) scored by the error its
+    result features get (``float8_gemm.lost``), under that recipe only.
     """
 
     name = "ranges"
@@ -392,9 +395,11 @@ class RangeObserver(Observer):
         fixed: dict[int, torch.Tensor],
         scaled_limit: tuple[float, float] | None = None,
         wide: frozenset[str] = frozenset(),
+        gemm: tuple[str, str, str] | None = None,
     ) -> None:
         from castwise.trace.attrmap import AttrMap
 
+        self.gemm = gemm
         self.fixed = fixed  # id(parameter or buffer) -> absmax, computed once before the run
         self.amax = AttrMap("amax")
         # backward only: the largest magnitude in a gradient's lineage. A gradient grows and
@@ -505,26 +510,54 @@ class RangeObserver(Observer):
         if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
         parts = [("input", frame.inputs[0])] if frame.inputs else []
-        parts.append(("weight", frame.module.weight))
+        weight = frame.module.weight
+        parts.append(("weight", weight))
         from castwise.numerics.float8_scaled import scores
 
         top, bottom = self.scaled_limit
         operands = self.rec.operands.setdefault(frame.name, {})
         for what, t in parts:
             operands.setdefault(what, scores(t, top, bottom))
+        x = None
         if frame.inputs:
-            operands.setdefault("tokens", frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1))
+            tokens = frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1)
+            operands.setdefault("tokens", tokens)
+            if self.gemm is not None and frame.inputs[0].numel():
+                x = frame.inputs[0].detach().reshape(tokens, -1)
+                if "gemm_forward" not in operands:
+                    operands["gemm_forward"] = self._gemm(x, weight.t(), self.gemm[1])
         out = output if isinstance(output, torch.Tensor) else None
         if out is not None and out.requires_grad and "grad_output" not in operands:
+            # the weight gradient's GEMM reads the input in backward: kept (autograd keeps it too)
+            # unless something wrote to it since
+            version = None if x is None else x._version
 
             def grad_hook(g: torch.Tensor) -> None:
                 was, self.paused = self.paused, True  # the scoring's own ops are not the model's
                 try:
                     operands.setdefault("grad_output", scores(g, top, bottom))
+                    if self.gemm is not None and g.numel() and "gemm_grad_input" not in operands:
+                        g2 = g.detach().reshape(-1, g.shape[-1])
+                        operands["gemm_grad_input"] = self._gemm(g2, weight, self.gemm[2])
+                        if x is not None and x._version == version and x.shape[0] == g2.shape[0]:
+                            operands["gemm_grad_weight"] = self._gemm(g2.t(), x, self.gemm[2])
                 finally:
                     self.paused = was
 
             out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
+
+    def _gemm(self, a: torch.Tensor, b: torch.Tensor, first: str) -> dict[str, torch.Tensor]:
+        """``float8_gemm.lost`` of ``a @ b`` under the target recipe (``first``: a's float8 dtype;
+        b, the input or the weight, is in the forward dtype)."""
+        from castwise.numerics.float8_gemm import lost
+
+        assert self.gemm is not None
+        was, self.paused = self.paused, True  # the scoring's own ops are not the model's
+        try:
+            with torch.no_grad():
+                return lost(a, b.detach(), self.gemm[0], (first, self.gemm[1]))
+        finally:
+            self.paused = was
 
     def finish(self, trace: Trace) -> None:
         """Resolve the run's magnitudes into the record (again after a later run: layerwise)."""
