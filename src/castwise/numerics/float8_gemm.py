@@ -75,14 +75,17 @@ def lost(
     over ``ERROR`` of their signal, their counts and the worst error; 0-d tensors (no host sync)."""
     a = a.detach().abs().float()
     b = b.detach().abs().float()
-    # each over its largest before squaring: the ratios are scale-free, and float32 holds the squares
-    a2 = (a / a.amax().clamp(min=torch.finfo(torch.float32).tiny)).square()
-    b2 = (b / b.amax().clamp(min=torch.finfo(torch.float32).tiny)).square()
     ka, qa = _moments(a, scaling, dtypes[0])
     kb, qb = _moments(b.t(), scaling, dtypes[1])
     kb, qb = kb.t(), qb.t()
-    # a term's expected squared error over its square: E[(qa qb - ab)^2] / (ab)^2
+    # a term's squared error over its square is (q_a q_b)^2 - 2 q_a q_b + 1 (q: cast over value):
+    # three sums of products, each a vector (one operand reduced over its other dim) times the
+    # other's matrix. A column's ratio does not change when b's column or all of a is scaled, a
+    # row's likewise: each over its largest before squaring, so float32 holds the squares
+    a2 = _squares(a, None)
+    b2 = _squares(b, 0)
     cols = _ratio(a2.sum(0), (a2 * ka).sum(0), (a2 * qa).sum(0), b2, b2 * kb, b2 * qb, left=True)
+    a2, b2 = _squares(a, 1), _squares(b, None)
     rows = _ratio(b2.sum(1), (b2 * kb).sum(1), (b2 * qb).sum(1), a2, a2 * ka, a2 * qa, left=False)
     return {
         "lost_cols": (cols > error**2).sum(),
@@ -92,6 +95,12 @@ def lost(
         "rows": torch.tensor(a.shape[0]),
         "worst_rows": rows.amax().sqrt() if rows.numel() else torch.zeros(()),
     }
+
+
+def _squares(m: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """``m`` over its largest (along ``dim``; None: all of it), squared."""
+    top = m.amax() if dim is None else m.amax(dim=dim, keepdim=True)
+    return (m / top.clamp(min=torch.finfo(torch.float32).tiny)).square()
 
 
 def _ratio(
@@ -106,8 +115,10 @@ def _ratio(
     """Per result feature, its squared error over its terms' sum of squares: one operand reduced
     (``tot``, ``first``, ``second``: a k-vector) against the other's matrices along k."""
 
+    # float32 holds it: every term is a square over the operand's largest (at most 1), and a lost
+    # feature's error is a tenth of its total or more
     def dot(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return v.double() @ m.double() if left else m.double() @ v.double()
+        return v @ m if left else m @ v
 
     total = dot(tot, m2)
     err = (dot(second, m2q) - 2 * dot(first, m2k) + total).clamp(min=0)
