@@ -61,20 +61,29 @@ def _moments(a: torch.Tensor, scaling: str, dtype: str) -> tuple[torch.Tensor, t
     s = _scaled(a, scaling, fmax).clamp(max=fmax)  # torchao saturates before the cast
     # the cast, in float32 arithmetic (no float8 tensor: every device and tracer takes it): round
     # to nearest even on the value's binade's grid, the subnormals' grid below the smallest normal
-    ulp = torch.exp2(torch.floor(torch.log2(s.clamp(min=torch.finfo(torch.float32).tiny))).clamp(min=emin) - mant)
+    # 2^floor(log2 s) is s's float32 exponent bits alone
+    binade = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
+    ulp = binade.clamp(min=2.0**emin) * 2.0**-mant
     cast = torch.round(s / ulp) * ulp
     ratio = torch.where(s > 0, cast / torch.where(s > 0, s, torch.ones_like(s)), torch.ones_like(s))
     return ratio, ratio.square()
 
 
 def lost(
-    a: torch.Tensor, b: torch.Tensor, scaling: str, dtypes: tuple[str, str], error: float = ERROR
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scaling: str,
+    dtypes: tuple[str, str],
+    error: float = ERROR,
+    rows: bool = True,
 ) -> dict[str, torch.Tensor]:
     """For the float8 GEMM ``a @ b`` (a: m x k, b: k x n; ``scaling`` one of tensorwise, rowwise,
-    mxfp8; ``dtypes`` the two operands' float8 formats): how many result columns and rows lose
-    over ``ERROR`` of their signal, their counts and the worst error; 0-d tensors (no host sync)."""
-    a = a.detach().abs().float()
-    b = b.detach().abs().float()
+    mxfp8; ``dtypes`` the two operands' float8 formats): how many result columns and (with
+    ``rows``) rows lose over ``error`` of their signal, their counts and the worst error; 0-d
+    tensors (no host sync)."""
+    # a non-finite value is an overflow, reported as one; here it would make every ratio NaN
+    a = a.detach().float().abs().nan_to_num(0.0, 0.0, 0.0)
+    b = b.detach().float().abs().nan_to_num(0.0, 0.0, 0.0)
     ka, qa = _moments(a, scaling, dtypes[0])
     kb, qb = _moments(b.t(), scaling, dtypes[1])
     kb, qb = kb.t(), qb.t()
@@ -85,15 +94,21 @@ def lost(
     a2 = _squares(a, None)
     b2 = _squares(b, 0)
     cols = _ratio(a2.sum(0), (a2 * ka).sum(0), (a2 * qa).sum(0), b2, b2 * kb, b2 * qb, left=True)
-    a2, b2 = _squares(a, 1), _squares(b, None)
-    rows = _ratio(b2.sum(1), (b2 * kb).sum(1), (b2 * qb).sum(1), a2, a2 * ka, a2 * qa, left=False)
+    got = _counts(cols, error, "cols")
+    if rows:
+        a2, b2 = _squares(a, 1), _squares(b, None)
+        got.update(
+            _counts(_ratio(b2.sum(1), (b2 * kb).sum(1), (b2 * qb).sum(1), a2, a2 * ka, a2 * qa, False), error, "rows")
+        )
+    return got
+
+
+def _counts(ratios: torch.Tensor, error: float, line: str) -> dict[str, torch.Tensor]:
+    """How many of the result's lines err by over ``error``, of how many, and the worst."""
     return {
-        "lost_cols": (cols > error**2).sum(),
-        "cols": torch.tensor(b.shape[1]),
-        "worst_cols": cols.amax().sqrt() if cols.numel() else torch.zeros(()),
-        "lost_rows": (rows > error**2).sum(),
-        "rows": torch.tensor(a.shape[0]),
-        "worst_rows": rows.amax().sqrt() if rows.numel() else torch.zeros(()),
+        f"lost_{line}": (ratios > error**2).sum(),
+        line: torch.tensor(ratios.numel()),
+        f"worst_{line}": ratios.amax().sqrt() if ratios.numel() else torch.zeros(()),
     }
 
 
@@ -127,11 +142,10 @@ def _ratio(
 
 
 def shares(parts: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``lost`` as shares of the result's columns and rows (and the worst errors), on the host."""
-    cols, rows = int(parts["cols"]), int(parts["rows"])
-    return {
-        "lost_cols": float(parts["lost_cols"]) / max(cols, 1),
-        "lost_rows": float(parts["lost_rows"]) / max(rows, 1),
-        "worst_cols": float(parts["worst_cols"]),
-        "worst_rows": float(parts["worst_rows"]),
-    }
+    """``lost`` as shares of the result's columns (and rows) and the worst errors, on the host."""
+    got: dict[str, float] = {}
+    for line in ("cols", "rows"):
+        if line in parts:
+            got[f"lost_{line}"] = float(parts[f"lost_{line}"]) / max(int(parts[line]), 1)
+            got[f"worst_{line}"] = float(parts[f"worst_{line}"])
+    return got

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from castwise._dtypes import short_of
@@ -509,55 +512,62 @@ class RangeObserver(Observer):
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
         if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
-        parts = [("input", frame.inputs[0])] if frame.inputs else []
-        weight = frame.module.weight
-        parts.append(("weight", weight))
-        from castwise.numerics.float8_scaled import scores
-
-        top, bottom = self.scaled_limit
         operands = self.rec.operands.setdefault(frame.name, {})
-        for what, t in parts:
-            operands.setdefault(what, scores(t, top, bottom))
-        x = None
-        if frame.inputs:
-            tokens = frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1)
-            operands.setdefault("tokens", tokens)
-            if self.gemm is not None and frame.inputs[0].numel():
-                x = frame.inputs[0].detach().reshape(tokens, -1)
-                if "gemm_forward" not in operands:
-                    operands["gemm_forward"] = self._gemm(x, weight.t(), self.gemm[1])
+        x = frame.inputs[0].detach() if frame.inputs else None
+        weight = frame.module.weight.detach()
+        with self._untraced():
+            for what, t in (("input", x), ("weight", weight)):
+                if t is not None and what not in operands:
+                    operands[what] = self._scores(t)
+            if x is not None:
+                tokens = x.numel() // max(x.shape[-1], 1)
+                operands.setdefault("tokens", tokens)
+                # the weight gradient's GEMM reads the input in backward: kept (autograd keeps it too)
+                x = x.reshape(tokens, -1) if self.gemm is not None and x.numel() else None
+            if x is not None and "gemm_forward" not in operands:
+                operands["gemm_forward"] = self._gemm(x, weight.t(), 1, rows=False)
         out = output if isinstance(output, torch.Tensor) else None
         if out is not None and out.requires_grad and "grad_output" not in operands:
-            # the weight gradient's GEMM reads the input in backward: kept (autograd keeps it too)
-            # unless something wrote to it since
-            version = None if x is None else x._version
+            version = None if x is None else x._version  # unless something wrote to it since
 
             def grad_hook(g: torch.Tensor) -> None:
-                was, self.paused = self.paused, True  # the scoring's own ops are not the model's
-                try:
-                    operands.setdefault("grad_output", scores(g, top, bottom))
-                    if self.gemm is not None and g.numel() and "gemm_grad_input" not in operands:
-                        g2 = g.detach().reshape(-1, g.shape[-1])
-                        operands["gemm_grad_input"] = self._gemm(g2, weight, self.gemm[2])
-                        if x is not None and x._version == version and x.shape[0] == g2.shape[0]:
-                            operands["gemm_grad_weight"] = self._gemm(g2.t(), x, self.gemm[2])
-                finally:
-                    self.paused = was
+                with self._untraced():
+                    g = g.detach()
+                    operands.setdefault("grad_output", self._scores(g))
+                    if self.gemm is None or not g.numel() or "gemm_grad_input" in operands:
+                        return
+                    g2 = g.reshape(-1, g.shape[-1])
+                    operands["gemm_grad_input"] = self._gemm(g2, weight, 2, rows=False)
+                    if x is not None and x._version == version and x.shape[0] == g2.shape[0]:
+                        operands["gemm_grad_weight"] = self._gemm(g2.t(), x, 2)
 
             out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
 
-    def _gemm(self, a: torch.Tensor, b: torch.Tensor, first: str) -> dict[str, torch.Tensor]:
-        """``float8_gemm.lost`` of ``a @ b`` under the target recipe (``first``: a's float8 dtype;
-        b, the input or the weight, is in the forward dtype)."""
+    @contextmanager
+    def _untraced(self) -> Iterator[None]:
+        """The scoring's own ops: not the model's (paused), and run on the real tensors outside
+        the tracer (forecast's run is never fake), so they cost what they compute."""
+        was, self.paused = self.paused, True
+        try:
+            with torch.no_grad(), _disable_current_modes():
+                yield
+        finally:
+            self.paused = was
+
+    def _scores(self, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        from castwise.numerics.float8_scaled import scores
+
+        assert self.scaled_limit is not None
+        return scores(t, *self.scaled_limit)
+
+    def _gemm(self, a: torch.Tensor, b: torch.Tensor, first: int, rows: bool = True) -> dict[str, torch.Tensor]:
+        """``float8_gemm.lost`` of ``a @ b`` under the target recipe (``first``: which of its
+        dtypes a takes, 1 forward, 2 gradient; b, the input or the weight, takes the forward's;
+        ``rows``: the result's rows are features, only the weight gradient's)."""
         from castwise.numerics.float8_gemm import lost
 
         assert self.gemm is not None
-        was, self.paused = self.paused, True  # the scoring's own ops are not the model's
-        try:
-            with torch.no_grad():
-                return lost(a, b.detach(), self.gemm[0], (first, self.gemm[1]))
-        finally:
-            self.paused = was
+        return lost(a, b, self.gemm[0], (self.gemm[first], self.gemm[1]), rows=rows)
 
     def finish(self, trace: Trace) -> None:
         """Resolve the run's magnitudes into the record (again after a later run: layerwise)."""
