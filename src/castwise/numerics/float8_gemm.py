@@ -3,10 +3,12 @@
 A float8 GEMM ``A @ B`` scales both operands along its reduction dim (per tensor, per row of
 ``A`` and column of ``B``, or per MX block of 32 along it) and casts them. Each term
 ``A[i, k] * B[k, j]`` of a result column then errs by what the casts lost: all of it where
-either value flushed to zero, its rounding where both are kept (relative to the value, a
-subnormal's a larger share). With the terms' errors independent, a result column's squared
-error is the sum of its terms' expected squared errors, and the column is *lost* when that error
-is over ``ERROR`` of the root-sum-square of its terms (the measure of a sum whose terms cancel).
+either value flushed to zero, its rounding where both are kept (the cast is computed, bit for bit
+torch's own; a subnormal's rounding is a larger share of it). With the terms' errors independent,
+a result column's squared error is the sum of its terms' squared errors, and the column is *lost*
+when that error is over ``ERROR`` of the root-sum-square of its terms (the measure of a sum whose
+terms cancel). Errors that add up coherently (one value repeated over the tokens, rounded alike
+each time) are underestimated: that needs the GEMM itself.
 
 Judged per GEMM, not per operand: a loss that needs both operands is seen (a row's small value,
 flushed by its row's scale, meeting a large value of the other operand; an MX block flushed by one

@@ -9,8 +9,9 @@ largest magnitude and a histogram of powers of two, per module and phase. From t
   with the margin in powers of two (CW310);
 - the share of non-zero values below half the target's smallest subnormal, which the target
   rounds to zero: activations (CW311) and gradients (CW312, with the loss scale that lifts them);
-- for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, and
-  layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
+- for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, each
+  of its GEMMs by the error its result features get under the target's recipe (``float8_gemm``),
+  and layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
   castwise policy and a torchao ``module_filter_fn``.
 """
 
