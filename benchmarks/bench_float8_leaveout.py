@@ -24,7 +24,9 @@ than 1% of the columns.
 Forecast: ``castwise.forecast(model, inputs, target=T)`` with T = ``fp8`` (tensorwise),
 ``bf16-mixed,fp8=rowwise`` and ``mxfp8``; its ``summary["float8"]["leave_out"]``. The tuning
 seeds also sweep the flushed-share threshold (the list recomputed from each layer's
-``flush_share``); the held-out seeds score the shipped threshold only.
+``lost_share``, the GEMMs' part as shipped); the held-out seeds score the shipped threshold only.
+Each group also scores the list's two numeric parts alone: the operands' lost lines and the
+GEMMs' lost features (``float8_gemm``).
 
 ``--truth-device cuda`` (a GPU with float8 tensor cores, sm_89+): the tensorwise and rowwise truth
 from torchao's real float8 kernels (``emulate=False``: ``torch._scaled_mm``; the layer in bf16, as
@@ -278,6 +280,7 @@ class Case:
     planted: list[str]
     bad: dict[str, set[str]]  # recipe -> layers bad in its float8 run
     shares: dict[str, dict[str, dict[str, float]]]  # recipe -> layer -> operand -> share of lines lost
+    gemm_shares: dict[str, dict[str, dict[str, float]]]  # recipe -> layer -> GEMM -> share of features lost
     leave: dict[str, set[str]]  # recipe -> forecast's leave-out list
     layers: list[str]
     emulated_bad: dict[str, set[str]] | None = None  # with a real-kernel truth: the emulated one
@@ -292,6 +295,7 @@ def run_case(model_name: str, seed: int, plants: int, device: str = "cpu") -> Ca
     layers = sorted(ops)
     bad: dict[str, set[str]] = {}
     shares: dict[str, dict[str, dict[str, float]]] = {}
+    gemm_shares: dict[str, dict[str, dict[str, float]]] = {}
     leave: dict[str, set[str]] = {}
     emulated: dict[str, set[str]] | None = {} if device != "cpu" else None
 
@@ -310,17 +314,24 @@ def run_case(model_name: str, seed: int, plants: int, device: str = "cpu") -> Ca
         f8 = report.summary["float8"]
         leave[recipe] = set(f8["leave_out"])
         shares[recipe] = {n: f8["layers"][n]["lost_share"] for n in layers}
-    return Case(model_name, seed, planted, bad, shares, leave, layers, emulated)
+        gemm_shares[recipe] = {n: f8["layers"][n]["gemm_lost_share"] for n in layers}
+    return Case(model_name, seed, planted, bad, shares, gemm_shares, leave, layers, emulated)
 
 
-def score(cases: list[Case], recipe: str, threshold: float | None) -> tuple[int, int, int, int]:
-    """(true positives, false positives, false negatives, layers) of the leave-out list."""
+def score(
+    cases: list[Case], recipe: str, threshold: float | None, parts: tuple[str, ...] = ("operand", "gemm")
+) -> tuple[int, int, int, int]:
+    """(true positives, false positives, false negatives, layers) of the leave-out list; ``parts``:
+    its numeric reasons that count (an operand's lost lines, a GEMM's lost features)."""
     tp = fp = fn = n = 0
     for c in cases:
         for layer in c.layers:
             n += 1
             # the shapes are all valid here: the list's numeric part, at the threshold
-            said = any(s > (threshold or f8l.THRESHOLD) for s in c.shares[recipe][layer].values())
+            said = "operand" in parts and any(
+                s > (threshold or f8l.THRESHOLD) for s in c.shares[recipe][layer].values()
+            )
+            said |= "gemm" in parts and any(s > f8l.GEMM_SHARE for s in c.gemm_shares[recipe][layer].values())
             real = layer in c.bad[recipe]
             tp += said and real
             fp += said and not real
@@ -368,6 +379,8 @@ def main() -> None:
         print(f"== {group} seeds {seeds}, shipped threshold {f8l.THRESHOLD}")
         for recipe in RECIPES:
             print(f"  {recipe:<10} {_fmt(*score(cases, recipe, None))}")
+            for part in ("operand", "gemm"):
+                print(f"    {part + ' only':<12} {_fmt(*score(cases, recipe, None, (part,)))}")
         if args.truth_device != "cpu":
             for recipe in RECIPES:
                 pairs = [(n in c.bad[recipe], n in (c.emulated_bad or {})[recipe]) for c in cases for n in c.layers]
@@ -378,6 +391,7 @@ def main() -> None:
                     f" on {same}/{len(pairs)} layers (bad: real {real_bad}, emulated {emu_bad})"
                 )
         if group == "tune":
+            print("  sweep of the operands' lost-line threshold (the GEMMs' part fixed):")
             for t in SWEEP:
                 row = "  ".join(f"{r}: {_fmt(*score(cases, r, t))}" for r in RECIPES)
                 print(f"  sweep {t:<5} {row}")

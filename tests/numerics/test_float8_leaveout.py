@@ -75,3 +75,38 @@ def test_an_operand_under_torchaos_amax_floor_is_lost_per_tensor() -> None:
     g = torch.randn(32, 64) * 1e-19
     got = f8s.shares(f8s.scores(g, *E4M3))
     assert got["lost_cols_tensorwise"] == 1.0 and got["lost_cols_mxfp8"] == 0.0
+
+
+def test_rowwise_sees_a_row_scaled_value_lost_against_the_weights_large_column() -> None:
+    # input feature 0 is 10^-7 of its row's largest: each row's own scale flushes it (one column
+    # of 64, no operand loses 5% of its lines); the weight's column 0 is 10^8 x the rest, so
+    # that flushed term was every output feature. Only both operands together show it
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64, bias=False))
+    with torch.no_grad():
+        model[0].weight[:, 0] *= 1e8
+    x = torch.randn(32, 64)
+    x[:, 0] = 1e-7 * x.abs().amax(dim=1)
+    layer = forecast(model, x, target="bf16-mixed,fp8=rowwise").summary["float8"]["layers"]["0"]
+    assert max(layer["lost_share"].values()) < 0.05  # per operand: nothing to see
+    assert layer["leave_out"]
+    assert layer["gemm_lost_share"]["forward"] == 1.0
+    assert any("forward GEMM" in r for r in layer["reasons"])
+
+
+def test_mxfp8_sees_one_outlier_flush_its_blocks_neighbours() -> None:
+    # input feature 0 is 10^6: each token's first MX block of 32 is scaled to it and its 31
+    # neighbours (about 1) flush, half the terms of every output feature; per row or per block,
+    # no line of either operand is lost on its own
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64, bias=False))
+    with torch.no_grad():
+        model[0].weight[:, 0] = 1e-6 * model[0].weight[:, 0].sign()  # the outlier's own term: about 1
+    x = torch.randn(32, 64)
+    x[:, 0] = 1e6
+    mx = forecast(model, x, target="mxfp8").summary["float8"]["layers"]["0"]
+    assert max(mx["lost_share"].values()) < 0.05
+    assert mx["leave_out"]
+    assert mx["gemm_lost_share"]["forward"] > 0.9
+    # the weight gradient's GEMM reduces over the tokens: there feature 0 is a block of its own
+    assert mx["gemm_lost_share"]["grad_weight"] == 0.0

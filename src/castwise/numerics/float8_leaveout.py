@@ -8,6 +8,11 @@ reduction dim is the batch's token count. A layer is left out when
   and columns (most of their magnitude flushed to zero) once the recipe scales it (per tensor,
   per row, or per MX block of 32: ``float8_scaled``), which happens when its dynamic range is
   wider than the format's and the small values fill whole lines (a GEMM result column lost);
+- one of its GEMMs loses features: under the recipe's scaling of both its operands along the
+  reduction dim, more than ``GEMM_SHARE`` of its result features (columns; for grad_weight also
+  rows, the output features) err by over ``float8_gemm.ERROR`` of their terms' root-sum-square
+  (``float8_gemm.lost``). This sees what one operand alone cannot: a row's small values flushed
+  by its own scale that meet the other operand's large ones, an MX block flushed by one outlier;
 - it has a bias and the recipe is mxfp8: torchao's MX training linear drops it;
 - one of its GEMMs breaks the float8 kernel's shape rules: ``torch._scaled_mm``'s contract
   (``castwise.trace.contracts.float8``, on a simulated sm 10.0 GPU that runs every recipe), and
@@ -24,6 +29,7 @@ import torch
 
 from castwise import devices
 from castwise.applied.float8 import MX_BIAS, multiple, mx_drops_bias
+from castwise.numerics.float8_gemm import ERROR
 from castwise.policy.float8 import Float8Recipe
 from castwise.trace.contracts.float8 import _scaled_mm
 
@@ -40,6 +46,17 @@ SCORE: dict[str, str] = {
     "mxfp8": "mxfp8",
 }
 OPERANDS = ("input", "weight", "grad_output")
+# the share of a GEMM's result features lost that leaves a layer out: bench_float8_leaveout's own
+# measure of a bad layer (more than 1% of its features)
+GEMM_SHARE = 0.01
+GEMM_KEY = "gemm_"  # the observer's record of each GEMM: gemm_forward, gemm_grad_input, gemm_grad_weight
+# the result lines of each GEMM that are features: a token's row of the forward result or the
+# input gradient is one token's signal; the weight gradient's rows are the output features
+GEMM_LINES: dict[str, tuple[str, ...]] = {
+    "forward": ("cols",),
+    "grad_input": ("cols",),
+    "grad_weight": ("cols", "rows"),
+}
 # the lines of each operand whose loss loses a feature of a GEMM result: the weight's rows (output
 # features) and columns (the input gradient's features); the input's and grad_output's columns
 # along the tokens (the weight gradient's columns and rows). A token row lost is one token's
@@ -105,6 +122,26 @@ def operand_reasons(
     return lost, reasons
 
 
+def gemm_reasons(operands: dict[str, Any], scaling: str) -> tuple[dict[str, float], list[str]]:
+    """Each GEMM's share of lost result features (``float8_gemm``), and the reasons it leaves out."""
+    lost: dict[str, float] = {}
+    reasons: list[str] = []
+    for name, lines in GEMM_LINES.items():
+        got = operands.get(GEMM_KEY + name)
+        if not isinstance(got, dict):
+            continue
+        share = lost[name] = max(got[f"lost_{line}"] for line in lines)
+        if share > GEMM_SHARE:
+            line = max(lines, key=lambda k: got[f"lost_{k}"])
+            what = {"cols": "columns", "rows": "rows (output features)"}[line]
+            reasons.append(
+                f"{100 * share:.1f}% of its {name} GEMM's result {what} err by over {ERROR:g} of their terms' "
+                f"root-sum-square (worst {got[f'worst_{line}']:.2f}) once {scaling} scaling flushes or rounds "
+                "its operands"
+            )
+    return lost, reasons
+
+
 def judge(
     recipe: Float8Recipe,
     in_f: int,
@@ -118,6 +155,8 @@ def judge(
     leave it out (empty: convert it). ``operands["tokens"]`` None: the token dim was not seen."""
     scored = {k: v for k, v in operands.items() if isinstance(v, dict)}
     lost, reasons = operand_reasons(recipe, scored, format_range)
+    gemm_lost, more = gemm_reasons(scored, recipe.scaling)
+    reasons += more
     tokens = operands.get("tokens")
     # not seen (the layer did not run): judged by its features alone
     t = tokens if isinstance(tokens, int) else 16 * multiple(recipe)
@@ -135,7 +174,14 @@ def judge(
     if bias and recipe.scaling == "mxfp8" and mx_drops_bias():
         reasons.append(MX_BIAS)
     flush = {w: v[SCORE[recipe.scaling]] for w, v in scored.items() if w in OPERANDS}
-    return {"recipe": str(recipe), "flush_share": flush, "lost_share": lost, "gemms": verdicts, "reasons": reasons}
+    return {
+        "recipe": str(recipe),
+        "flush_share": flush,
+        "lost_share": lost,
+        "gemm_lost_share": gemm_lost,
+        "gemms": verdicts,
+        "reasons": reasons,
+    }
 
 
 def filter_source(leave: list[str]) -> str:

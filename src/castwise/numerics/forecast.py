@@ -9,8 +9,9 @@ largest magnitude and a histogram of powers of two, per module and phase. From t
   with the margin in powers of two (CW310);
 - the share of non-zero values below half the target's smallest subnormal, which the target
   rounds to zero: activations (CW311) and gradients (CW312, with the loss scale that lifts them);
-- for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, and
-  layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
+- for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, each
+  of its GEMMs by the error its result features get under the target's recipe (``float8_gemm``),
+  and layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
   castwise policy and a torchao ``module_filter_fn``.
 """
 
@@ -27,6 +28,7 @@ from torch import nn
 from castwise._dtypes import canonical, name_of, short_of
 from castwise.errors import AuditError, PolicyError
 from castwise.numerics import _run
+from castwise.numerics import float8_gemm as f8g
 from castwise.numerics import float8_leaveout as f8l
 from castwise.numerics import float8_scaled as f8s
 from castwise.numerics._failed import RunRaised, add_diagnosis
@@ -316,6 +318,11 @@ def _module_stats(
     return stats, findings
 
 
+def _shares(key: str, parts: dict[str, Any]) -> dict[str, float]:
+    """An operand's scores (``float8_scaled``) or a GEMM's (``float8_gemm``), on the host."""
+    return f8g.shares(parts) if key.startswith(f8l.GEMM_KEY) else f8s.shares(parts)
+
+
 def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[dict[str, Any], list[Finding]]:
     recipe = t.recipe or Float8Recipe()
     leave: list[str] = []
@@ -325,7 +332,7 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
         if not isinstance(layer, nn.Linear):
             continue
         ops = rec.operands.get(name, {})
-        operands = {k: (f8s.shares(v) if isinstance(v, dict) else v) for k, v in ops.items()}
+        operands = {k: (_shares(k, v) if isinstance(v, dict) else v) for k, v in ops.items()}
         verdict = f8l.judge(
             recipe,
             layer.in_features,
@@ -338,7 +345,7 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
         reasons = verdict["reasons"]
         per[name] = {
             **verdict,
-            "operands": {k: v for k, v in operands.items() if isinstance(v, dict)},
+            "operands": {k: v for k, v in operands.items() if isinstance(v, dict) and k in f8l.OPERANDS},
             "tokens": ops.get("tokens"),
             "leave_out": bool(reasons),
         }
@@ -445,7 +452,9 @@ def _forecast(
         }
     scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
     wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
-    observer = RangeObserver(fixed, scaled, wide)
+    recipe = (t.recipe or Float8Recipe()) if t.float8 else None
+    gemm = None if recipe is None else (f8l.SCORE[recipe.scaling], recipe.forward_dtype, recipe.gradient_dtype)
+    observer = RangeObserver(fixed, scaled, wide, gemm)
     if plan.layerwise:
         error, how = lw.run(model, inputs, mode, device, observer, plan.weights)
     else:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from castwise._dtypes import short_of
@@ -382,6 +385,9 @@ class RangeObserver(Observer):
     ``scaled_limit``: for float8, (log2 of the target's largest, log2 of half its smallest
     subnormal): every Linear's GEMM operands (input, weight, grad_output) are scored under each
     float8 recipe's scaling (``float8_scaled.scores``), which the leave-out list judges.
+    ``gemm``: (the target recipe's scaling, its forward and gradient float8 dtypes): each GEMM
+    of every Linear (forward, and in backward grad_input and grad_weight) scored by the error its
+    result features get (``float8_gemm.lost``), under that recipe only.
     """
 
     name = "ranges"
@@ -392,9 +398,11 @@ class RangeObserver(Observer):
         fixed: dict[int, torch.Tensor],
         scaled_limit: tuple[float, float] | None = None,
         wide: frozenset[str] = frozenset(),
+        gemm: tuple[str, str, str] | None = None,
     ) -> None:
         from castwise.trace.attrmap import AttrMap
 
+        self.gemm = gemm
         self.fixed = fixed  # id(parameter or buffer) -> absmax, computed once before the run
         self.amax = AttrMap("amax")
         # backward only: the largest magnitude in a gradient's lineage. A gradient grows and
@@ -504,27 +512,62 @@ class RangeObserver(Observer):
     def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
         if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
-        parts = [("input", frame.inputs[0])] if frame.inputs else []
-        parts.append(("weight", frame.module.weight))
-        from castwise.numerics.float8_scaled import scores
-
-        top, bottom = self.scaled_limit
         operands = self.rec.operands.setdefault(frame.name, {})
-        for what, t in parts:
-            operands.setdefault(what, scores(t, top, bottom))
-        if frame.inputs:
-            operands.setdefault("tokens", frame.inputs[0].numel() // max(frame.inputs[0].shape[-1], 1))
+        x = frame.inputs[0].detach() if frame.inputs else None
+        weight = frame.module.weight.detach()
+        with self._untraced():
+            for what, t in (("input", x), ("weight", weight)):
+                if t is not None and what not in operands:
+                    operands[what] = self._scores(t)
+            if x is not None:
+                tokens = x.numel() // max(x.shape[-1], 1)
+                operands.setdefault("tokens", tokens)
+                # the weight gradient's GEMM reads the input in backward: kept (autograd keeps it too)
+                x = x.reshape(tokens, -1) if self.gemm is not None and x.numel() else None
+            if x is not None and "gemm_forward" not in operands:
+                operands["gemm_forward"] = self._gemm(x, weight.t(), 1, rows=False)
         out = output if isinstance(output, torch.Tensor) else None
         if out is not None and out.requires_grad and "grad_output" not in operands:
+            version = None if x is None else x._version  # unless something wrote to it since
 
             def grad_hook(g: torch.Tensor) -> None:
-                was, self.paused = self.paused, True  # the scoring's own ops are not the model's
-                try:
-                    operands.setdefault("grad_output", scores(g, top, bottom))
-                finally:
-                    self.paused = was
+                with self._untraced():
+                    g = g.detach()
+                    operands.setdefault("grad_output", self._scores(g))
+                    if self.gemm is None or not g.numel() or "gemm_grad_input" in operands:
+                        return
+                    g2 = g.reshape(-1, g.shape[-1])
+                    operands["gemm_grad_input"] = self._gemm(g2, weight, 2, rows=False)
+                    if x is not None and x._version == version and x.shape[0] == g2.shape[0]:
+                        operands["gemm_grad_weight"] = self._gemm(g2.t(), x, 2)
 
             out.register_hook(grad_hook)  # type: ignore[no-untyped-call]
+
+    @contextmanager
+    def _untraced(self) -> Iterator[None]:
+        """The scoring's own ops: not the model's (paused), and run on the real tensors outside
+        the tracer (forecast's run is never fake), so they cost what they compute."""
+        was, self.paused = self.paused, True
+        try:
+            with torch.no_grad(), _disable_current_modes():
+                yield
+        finally:
+            self.paused = was
+
+    def _scores(self, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        from castwise.numerics.float8_scaled import scores
+
+        assert self.scaled_limit is not None
+        return scores(t, *self.scaled_limit)
+
+    def _gemm(self, a: torch.Tensor, b: torch.Tensor, first: int, rows: bool = True) -> dict[str, torch.Tensor]:
+        """``float8_gemm.lost`` of ``a @ b`` under the target recipe (``first``: which of its
+        dtypes a takes, 1 forward, 2 gradient; b, the input or the weight, takes the forward's;
+        ``rows``: the result's rows are features, only the weight gradient's)."""
+        from castwise.numerics.float8_gemm import lost
+
+        assert self.gemm is not None
+        return lost(a, b, self.gemm[0], (self.gemm[first], self.gemm[1]), rows=rows)
 
     def finish(self, trace: Trace) -> None:
         """Resolve the run's magnitudes into the record (again after a later run: layerwise)."""
