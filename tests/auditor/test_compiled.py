@@ -353,3 +353,21 @@ def test_the_autocast_of_a_graph_node_is_its_region_also_after_a_graph_break() -
     assert run.trace.compiled is not None and run.trace.compiled.graphs >= 2
     refused = run.trace.events[0]
     assert refused.op == "aten.index_add" and refused.autocast is torch.bfloat16
+
+
+def test_a_mixed_policy_audit_compiles_across_a_graph_break() -> None:
+    """HF GPT-2 (its loss logs: a graph break inside the policy's autocast block) under the
+    policies whose dtype is not the device's autocast default: every compiled run is checked, with
+    no torch.compile error (before: BackendCompilerFailed, ops checked up to the break only)."""
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 64, (2, 8))
+    for policy, device in (("16-mixed", "cpu"), ("bf16-mixed", "cuda")):
+        report = castwise.audit(torch.compile(model), {"input_ids": ids, "labels": ids}, policy=policy, device=device)
+        for mode, summary in report.summary["compiled"].items():
+            assert summary["error"] is None, (policy, device, mode, summary["error"])
+            assert summary["graph_breaks"], (policy, device, mode)  # the break is still there
