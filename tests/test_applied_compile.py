@@ -119,3 +119,17 @@ def test_a_graph_break_in_one_applied_model_leaves_the_next_compile_whole() -> N
     out = torch.compile(model, backend=counting, fullgraph=True)(torch.randn(4, 8))
     assert len(graphs) == 1  # the policy's forward and the model's, one graph
     assert out.dtype == torch.float32 and model.body.weight.dtype == torch.float32
+
+
+def test_an_applied_mixed_policy_exports() -> None:
+    """torch.export traces apply's forward as Dynamo does: the policy's autocast is a region of the
+    exported program (before, the state set directly made export refuse the program's dtypes)."""
+    model = _net()
+    castwise.apply(model, "bf16-mixed")
+    x = torch.randn(4, 8)
+    exported = torch.export.export(model, (x,))
+    ops = [getattr(n.target, "__name__", str(n.target)) for n in exported.graph.nodes if n.op == "call_function"]
+    assert "wrap_with_autocast" in ops, ops  # the policy's region
+    out = exported.module()(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, model(x))
