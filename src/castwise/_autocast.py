@@ -63,4 +63,10 @@ def autocast(device_type: str, dtype: torch.dtype | None, enabled: bool = True) 
     finally:
         if torch.autocast_decrement_nesting() == 0:
             torch.clear_autocast_cache()
-        before.restore()
+        # restored here, not by a call: under torch.compile, after a graph break inside the block
+        # the block runs eagerly, Dynamo compiles the frame of each function it calls, and a graph
+        # that sets the autocast state is refused by AOTAutograd (BackendCompilerFailed)
+        for device, was_enabled, was_dtype in before.enabled:
+            torch.set_autocast_enabled(device, was_enabled)
+            torch.set_autocast_dtype(device, was_dtype)
+        torch.set_autocast_cache_enabled(before.cache)

@@ -393,3 +393,49 @@ def test_what_only_eager_refuses_is_a_warning_on_the_compiled_model() -> None:
     assert not castwise.audit(_bf16_with_f64_norm(), x, device="cpu").ok
     aot = castwise.audit(torch.compile(_bf16_with_f64_norm(), backend="aot_eager"), x, device="cpu")
     assert {f.code for f in aot.errors} == {"CW113"}, str(aot)
+
+
+def _gpt2() -> nn.Module:
+    """HF GPT-2 from a toy config (dropout 0.1, as GPT-2's own)."""
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_positions=32)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def test_a_mixed_policy_audit_compiles_across_a_graph_break() -> None:
+    """HF GPT-2 (its loss logs: a graph break inside the policy's autocast block) under the
+    policies whose dtype is not the device's autocast default: every compiled run is checked, with
+    no torch.compile error (before: BackendCompilerFailed, ops checked up to the break only)."""
+    model = _gpt2()
+    ids = torch.randint(0, 64, (2, 8))
+    for policy, device in (("16-mixed", "cpu"), ("bf16-mixed", "cuda")):
+        report = castwise.audit(torch.compile(model), {"input_ids": ids, "labels": ids}, policy=policy, device=device)
+        for mode, summary in report.summary["compiled"].items():
+            assert summary["error"] is None, (policy, device, mode, summary["error"])
+            assert summary["graph_breaks"], (policy, device, mode)  # the break is still there
+
+
+def test_a_compiled_train_run_with_activation_checkpointing_and_dropout() -> None:
+    """GPT-2 with gradient checkpointing: the compiled train graph saves the RNG state for the
+    recomputed dropout (``run_and_save_rng_state``, a higher-order operator), whose fake rule
+    torch registers for FakeTensorMode only; under the audit's fake mode the compile raised
+    NotImplementedError and the train run checked only the graphs before it."""
+    model = _gpt2()
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 64, (2, 8))
+    report = castwise.audit(torch.compile(model), {"input_ids": ids, "labels": ids}, policy="bf16-mixed", mode="train")
+    compiled = report.summary["compiled"]["train"]
+    assert compiled["error"] is None, compiled["error"]
+    assert compiled["backward_graphs"] >= 1
+    assert report.ok, str(report)
+    from torch._ops import _higher_order_ops
+
+    # the rules lent to the audit's fake mode are taken back after the run
+    assert not any(
+        "HostFakeTensorMode" in getattr(k, "__name__", "")
+        for h in _higher_order_ops.values()
+        for k in h.python_key_table
+    )

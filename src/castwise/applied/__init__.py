@@ -447,8 +447,15 @@ def _root_forward(
         def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             if policy.input_dtype is not None:
                 args, kwargs = cast_floating((args, kwargs), policy.input_dtype)
+            where = _first_device(args, kwargs, device) if policy.is_mixed else "meta"
+            plain = not fastpath_off() and policy.default_dtype is None
+            if where != "meta" and plain and torch.compiler.is_compiling():
+                # torch's own block: Dynamo keeps it as a region of the graph and resumes in it after a
+                # graph break inside; in another block it skips the frame, for good (this forward's
+                # code object is every applied model's)
+                with torch.autocast(where, dtype=policy.compute_dtype):
+                    return cast_floating(inner(module, *args, **kwargs), policy.output_dtype)
             with ExitStack() as stack:
-                where = _first_device(args, kwargs, device) if policy.is_mixed else "meta"
                 if where != "meta":  # autocast has no meta backend (meta tensors carry shapes only)
                     stack.enter_context(_autocast.autocast(where, policy.compute_dtype))
                 if fastpath_off():

@@ -152,6 +152,7 @@ def _run_once(
             stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
             stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index
             stack.enter_context(fake_mod.untraced_look())  # transformers' eager path, as the real run
+            stack.enter_context(fake_mod.higher_order_rules())  # checkpoint's rng state, cond, flex_attention
             stack.enter_context(fmode)
         with warnings.catch_warnings():
             # a rule matching no module is reported as CW123; apply's warning would say it twice
