@@ -6,6 +6,7 @@ Dynamo's caches are left as they were."""
 from __future__ import annotations
 
 import gc
+import logging
 import inspect
 import json
 import random
@@ -439,3 +440,32 @@ def test_a_compiled_train_run_with_activation_checkpointing_and_dropout() -> Non
         for h in _higher_order_ops.values()
         for k in h.python_key_table
     )
+
+
+class Logs(nn.Module):
+    """A forward that logs (HF GPT-2's loss does): Dynamo cannot trace a logger call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logging.getLogger("castwise.tests.logs").debug("forward")
+        return self.lin(x)
+
+
+def test_a_compile_that_stops_is_said_not_passed_over() -> None:
+    """Under fullgraph=True the logger call stops torch.compile for real; the audit's compiled run
+    stops there too and says the compiled program was not checked (CW902), where it used to list
+    the error and pass. Without fullgraph Dynamo breaks the graph and the audit is clean."""
+    x = torch.randn(2, 4)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Logger"):
+        torch.compile(Logs(), fullgraph=True)(x)
+    torch._dynamo.reset()
+    report = castwise.audit(torch.compile(Logs(), fullgraph=True), x, device="cpu")
+    stopped = [f for f in report.findings if f.code == "CW902"]
+    assert not report.errors and stopped and not report.ok, str(report)
+    assert "PART OF THE COMPILED PROGRAM WAS NOT CHECKED" in stopped[0].message
+    assert "fullgraph=True" in stopped[0].message and set(stopped[0].modes) == {"train", "eval"}
+    assert castwise.audit(torch.compile(Logs()), x, device="cpu").ok

@@ -22,6 +22,7 @@ from castwise.errors import AuditError, CastwiseError, PolicyError
 from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
+from castwise.rules.audit import cw902
 from castwise.trace import fake as fake_mod
 from castwise.trace import simcuda
 from castwise.trace.compiled import CompiledProducer, run_compiled, warm_up
@@ -334,6 +335,12 @@ def findings_of(
         per_mode.setdefault(r.mode, []).extend(diags_of_run(r) if seen is None else eager_only(phased_diags(r), seen))
     for r in alternates or []:  # the other side of a branch: the compiled run took neither
         per_mode.setdefault(r.mode, []).extend(diags_of_run(r))
+    for r in compiled or []:
+        c = r.trace.compiled
+        # torch.compile stopped the compiled run (not a refusal the walk recorded), and eager ran
+        # through: the compiled program was checked only so far; said, not passed over
+        if c is not None and c.error is not None and not r.trace.events and not per_mode.get(r.mode):
+            per_mode.setdefault(r.mode, []).append(cw902.compiled_stopped(c.error, c.graphs, c.fullgraph))
     for r in compiled or []:
         per_mode.setdefault(r.mode, []).extend(_compiled_only(diags_of_run(r), per_mode[r.mode]))
     findings = merge(per_mode)

@@ -68,3 +68,21 @@ def diagnose(
 
 
 RULE = AuditRule(META)
+
+
+def compiled_stopped(error: str, graphs: int, fullgraph: bool) -> Diag:
+    """A compiled run that torch.compile itself stopped (no dtype refusal of the model's): the
+    compiled program was checked only as far as it got."""
+    # under fullgraph=True Dynamo refuses any graph break: the user's own compile stops there too
+    hint = " Under fullgraph=True, a graph break stops the real torch.compile as well." if fullgraph else ""
+    return Diag(
+        "CW902",
+        "",
+        None,
+        None,
+        f"PART OF THE COMPILED PROGRAM WAS NOT CHECKED. torch.compile stopped in the compiled run "
+        f"after {graphs} graph(s): {error}.{hint} The eager run of this mode was checked in full.",
+        "Run torch.compile on the model for real (a small configuration, CPU) to see whether it "
+        "fails the same way; where it does, fix what torch.compile names (fullgraph=False lets Dynamo "
+        "break the graph there).",
+    )
