@@ -6,9 +6,9 @@ Dynamo's caches are left as they were."""
 from __future__ import annotations
 
 import gc
-import logging
 import inspect
 import json
+import logging
 import random
 from typing import Any
 
