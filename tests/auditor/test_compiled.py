@@ -468,4 +468,6 @@ def test_a_compile_that_stops_is_said_not_passed_over() -> None:
     assert not report.errors and stopped and not report.ok, str(report)
     assert "PART OF THE COMPILED PROGRAM WAS NOT CHECKED" in stopped[0].message
     assert "fullgraph=True" in stopped[0].message and set(stopped[0].modes) == {"train", "eval"}
+    # the compiled runs stopped; the eager runs were checked to the end
+    assert {(r.kind, r.status) for r in report.runs} == {("eager", "ok"), ("compiled", "incomplete")}
     assert castwise.audit(torch.compile(Logs()), x, device="cpu").ok

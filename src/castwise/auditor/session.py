@@ -307,10 +307,11 @@ def _check_real(target: devices.Device, fake: bool) -> None:
         )
 
 
-def _status(mode: str, findings: list[Finding]) -> RunStatus:
+def _status(mode: str, findings: list[Finding], kind: str = "eager") -> RunStatus:
     """ "error" when a finding of this mode is an error, "incomplete" when the run stopped before
-    the end (CW902: part of the model was not checked), else "ok"."""
-    here = [f for f in findings if mode in f.modes]
+    the end (CW902: part of the model was not checked), else "ok". A finding about the compiled
+    run alone (torch.compile stopped it) is not the eager run's."""
+    here = [f for f in findings if mode in f.modes and (kind != "eager" or dict(f.details).get("run") != "compiled")]
     if any(f.level == "error" for f in here):
         return "error"
     if any(f.code == "CW902" for f in here):
@@ -394,7 +395,9 @@ def run_audit(
     pol = None if policy is None else str(policy)
     report = Report(
         findings=findings,
-        runs=[Run(r.mode, device, pol, _status(r.mode, findings), r.trace.kind) for r in [*runs, *graphs]],
+        runs=[
+            Run(r.mode, device, pol, _status(r.mode, findings, r.trace.kind), r.trace.kind) for r in [*runs, *graphs]
+        ],
         summary={
             "params_by_dtype": dict(runs[0].param_dtypes) if runs else {},
             "activation_bytes_by_dtype": dict(runs[0].trace.activation_bytes) if runs else {},
