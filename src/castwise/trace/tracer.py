@@ -46,6 +46,7 @@ from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.cuda_guard import stand_in_guard
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
+from castwise.trace.hop import is_hop, run_hop
 from castwise.trace.observers import (
     Observer,
     OpCall,
@@ -110,6 +111,8 @@ def _foreign(types: Sequence[type]) -> bool:
 
 class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records every op's module, dtypes and provenance, and calls its observers on each."""
+
+    supports_higher_order_operators = True  # torch.cond and kin come to __torch_dispatch__ (hop.py)
 
     def __init__(
         self,
@@ -296,6 +299,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             return func(*args, **(kwargs or {}))
         if self.quiet:
             return func(*args, **(kwargs or {}))
+        if is_hop(func):  # torch.cond and kin (supports_higher_order_operators)
+            return run_hop(self, func, args, kwargs or {})
         if types and _foreign(types):
             # a tensor subclass (torchao's float8 tensors, DTensor, NF4) implements the op itself:
             # it runs its own code, whose ops on plain tensors come back here and are checked
