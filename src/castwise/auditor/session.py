@@ -24,7 +24,7 @@ from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.rules.audit import cw902
 from castwise.trace import fake as fake_mod
-from castwise.trace import simcuda
+from castwise.trace import hop, simcuda
 from castwise.trace.compiled import CompiledProducer, run_compiled, warm_up
 from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
@@ -149,6 +149,7 @@ def _run_once(
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
             stack.enter_context(simcuda.simulated_cuda(dev))  # what model code asks torch about the GPU
+        stack.enter_context(hop.eager_cond_restored())  # Dynamo's state of eager torch.cond
         if fmode is not None:
             stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
             stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index

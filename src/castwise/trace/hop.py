@@ -7,6 +7,10 @@ which the audit reported as the model's error (CW130) while the model runs.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
 from typing import Any
 
 from torch._ops import HigherOrderOperator
@@ -25,6 +29,7 @@ def run_hop(mode: TorchDispatchMode, func: HigherOrderOperator, args: tuple[Any,
     them as uncovered (``uncovered``: the tracer's map of op name to modules)."""
     name = str(func._name)  # name() is untyped in torch
     if name == "cond" and len(args) == 4 and not kwargs:
+        _CONDS[0] += 1
         _pred, true_fn, false_fn, operands = args
         with mode:
             out = true_fn(*operands)
@@ -36,4 +41,41 @@ def run_hop(mode: TorchDispatchMode, func: HigherOrderOperator, args: tuple[Any,
     return func(*args, **kwargs)
 
 
-__all__ = ["is_hop", "run_hop"]
+_CONDS = [0]  # torch.cond calls run under a tracer in this process
+
+
+@contextlib.contextmanager
+def eager_cond_restored() -> Iterator[None]:
+    """Eager ``torch.cond`` compiles a wrapper with Dynamo, which skips that frame for good where a
+    dispatch mode (the tracer) is active (torch 2.12: every later real ``torch.cond`` in the
+    process then raises "torch.* op returned non-Tensor"). After a run that met a cond, Dynamo
+    forgets the wrapper's code, as before the run."""
+    before = _CONDS[0]
+    try:
+        yield
+    finally:
+        if _CONDS[0] != before:
+            _forget_cond_wrapper()
+
+
+def _forget_cond_wrapper() -> None:
+    module = sys.modules.get("torch._higher_order_ops.cond")
+    cond = getattr(module, "cond", None)
+    if cond is None or not hasattr(cond, "__code__"):
+        return
+    from torch._dynamo import eval_frame
+
+    reset_code = getattr(eval_frame, "reset_code", None)  # C: Dynamo's per-code cache and skip mark
+    for code in _nested(cond.__code__):
+        if code.co_name == "_cond_op_wrapper" and reset_code is not None:
+            reset_code(code)
+
+
+def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield const
+            yield from _nested(const)
+
+
+__all__ = ["eager_cond_restored", "is_hop", "run_hop"]
