@@ -149,12 +149,12 @@ def _run_once(
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
             stack.enter_context(simcuda.simulated_cuda(dev))  # what model code asks torch about the GPU
-        stack.enter_context(hop.eager_cond_restored())  # Dynamo's state of eager torch.cond
+        # fake rules for checkpoint's rng state, cond, flex_attention; Dynamo's state of eager cond
+        stack.enter_context(hop.run_scope(type(fmode) if fmode is not None else None))
         if fmode is not None:
             stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
             stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index
             stack.enter_context(fake_mod.untraced_look())  # transformers' eager path, as the real run
-            stack.enter_context(fake_mod.higher_order_rules())  # checkpoint's rng state, cond, flex_attention
             stack.enter_context(fmode)
         with warnings.catch_warnings():
             # a rule matching no module is reported as CW123; apply's warning would say it twice

@@ -38,27 +38,6 @@ class _HostFakeTensorMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # t
         return avoid
 
 
-@contextlib.contextmanager
-def higher_order_rules() -> Iterator[None]:
-    """A higher-order operator finds its rule for a mode by the mode's exact type, and torch
-    registers them for ``FakeTensorMode``: under ``_HostFakeTensorMode`` each raised
-    NotImplementedError (activation checkpointing's ``run_and_save_rng_state`` in a compiled train
-    graph, ``cond``, ``flex_attention``). While a run lasts, FakeTensorMode's rules serve it too."""
-    from torch._ops import _higher_order_ops
-
-    added = []
-    for hop in list(_higher_order_ops.values()):
-        rule = hop.python_key_table.get(FakeTensorMode)
-        if rule is not None and _HostFakeTensorMode not in hop.python_key_table:
-            hop.python_key_table[_HostFakeTensorMode] = rule
-            added.append(hop)
-    try:
-        yield
-    finally:
-        for hop in added:
-            hop.python_key_table.pop(_HostFakeTensorMode, None)
-
-
 def new_mode() -> FakeTensorMode:
     # stray real tensors (module-level constants) are converted rather than refused
     return _HostFakeTensorMode(allow_non_fake_inputs=True)
