@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import castwise
 from castwise import devices
@@ -124,6 +125,7 @@ def test_code_that_asks_about_the_gpu_takes_the_gpu_branch_and_the_answers_are_r
 
     host = (torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.is_bf16_supported())
     before = _cuda_functions()
+    device_init = FakeTensorMode.__dict__["avoid_device_init"]  # the run answers for this machine
     report = castwise.audit(Asks(), torch.randn(2, 8), device="cuda", mode="eval")
     gpu = [True, 1, 0, (9, 0), "NVIDIA H100 80GB HBM3", (9, 0, 132), True, True]
     assert asked and asked == gpu * (len(asked) // len(gpu))  # each run the audit made asked
@@ -131,16 +133,20 @@ def test_code_that_asks_about_the_gpu_takes_the_gpu_branch_and_the_answers_are_r
     assert [f.code for f in report.errors] == ["CW110"], str(report)
     assert _cuda_functions() == before
     assert (torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.is_bf16_supported()) == host
+    assert FakeTensorMode.__dict__["avoid_device_init"] is device_init
 
 
 def test_the_simulation_is_undone_when_the_run_raises() -> None:
     before = _cuda_functions()
     default_type = torch.utils.checkpoint.DefaultDeviceType._default_device_type
+    device_init = FakeTensorMode.__dict__["avoid_device_init"]
     with pytest.raises(ValueError, match="boom"), simcuda.simulated_cuda(devices.CUDA):
         assert torch.cuda.is_available()
+        assert FakeTensorMode(allow_non_fake_inputs=True).avoid_device_init == (not simcuda.host_has_cuda())
         torch.utils.checkpoint.DefaultDeviceType.get_device_type()  # caches what it found
         raise ValueError("boom")
     assert _cuda_functions() == before
+    assert FakeTensorMode.__dict__["avoid_device_init"] is device_init
     assert torch.utils.checkpoint.DefaultDeviceType._default_device_type == default_type
 
 

@@ -128,19 +128,23 @@ def _run_once(
 
     args, kwargs = _split_inputs(inputs)
     named = _input_names(model, args, kwargs)
-    fmode = fake_mod.new_mode() if fake else None
-    if fmode is not None:
-        copy = fake_mod.fake_model(model, fmode, dev.fake_device)
-        memo: dict[int, torch.Tensor] = {}
-        args = fake_mod.fake_inputs(args, fmode, dev.fake_device, memo)
-        kwargs = fake_mod.fake_inputs(kwargs, fmode, dev.fake_device, memo)
-        named = [(n, fake_mod.fake_inputs(v, fmode, dev.fake_device, memo)) for n, v in named]
-    else:
-        copy = fake_mod.real_model(model)
-        args, kwargs = fake_mod.real_inputs(args), fake_mod.real_inputs(kwargs)
-        named = _input_names(copy, args, kwargs)
-    result = RunRecord(mode, Trace(), compute, fake=fake, device=devices.get(device))
     with contextlib.ExitStack() as stack:
+        fmode = None
+        if fake:
+            # fake tensors (the audit's, and Dynamo's and AOTAutograd's) never initialise a device
+            # this machine lacks, nor move a constant there for real
+            stack.enter_context(simcuda.host_device_init())
+            fmode = fake_mod.new_mode()
+            copy = fake_mod.fake_model(model, fmode, dev.fake_device)
+            memo: dict[int, torch.Tensor] = {}
+            args = fake_mod.fake_inputs(args, fmode, dev.fake_device, memo)
+            kwargs = fake_mod.fake_inputs(kwargs, fmode, dev.fake_device, memo)
+            named = [(n, fake_mod.fake_inputs(v, fmode, dev.fake_device, memo)) for n, v in named]
+        else:
+            copy = fake_mod.real_model(model)
+            args, kwargs = fake_mod.real_inputs(args), fake_mod.real_inputs(kwargs)
+            named = _input_names(copy, args, kwargs)
+        result = RunRecord(mode, Trace(), compute, fake=fake, device=devices.get(device))
         # the run is defined by the policy alone, not by an autocast the caller happens to be in
         for device_type in _autocast.DEVICE_TYPES:
             stack.enter_context(_autocast.autocast(device_type, None, enabled=False))
@@ -149,8 +153,7 @@ def _run_once(
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
             stack.enter_context(simcuda.simulated_cuda(dev))  # what model code asks torch about the GPU
-        # fake rules for checkpoint's rng state, cond, flex_attention; Dynamo's state of eager cond
-        stack.enter_context(hop.run_scope(type(fmode) if fmode is not None else None))
+        stack.enter_context(hop.eager_cond_restored())  # Dynamo's state of eager torch.cond
         if fmode is not None:
             stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
             stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index

@@ -20,27 +20,12 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise.errors import AuditError
-from castwise.trace import simcuda
-
-
-class _HostFakeTensorMode(FakeTensorMode):  # type: ignore[no-untyped-call]  # torch's untyped __init_subclass__
-    """A FakeTensorMode that decides whether it may touch the real device by this machine's CUDA,
-    not by ``torch.cuda.is_available()``, which says True while a GPU is simulated (simcuda.py):
-    with no GPU here it must never initialise one, nor move a constant there for real."""
-
-    @property
-    def avoid_device_init(self) -> bool:
-        # asked for every fake tensor made; the answer is the host's, which a run does not change,
-        # and asking it costs an NVML load on a machine without a driver (~1 ms): asked once per mode
-        avoid: bool | None = self.__dict__.get("_castwise_avoid_init")
-        if avoid is None:
-            avoid = self.__dict__["_castwise_avoid_init"] = not simcuda.host_has_cuda()
-        return avoid
 
 
 def new_mode() -> FakeTensorMode:
-    # stray real tensors (module-level constants) are converted rather than refused
-    return _HostFakeTensorMode(allow_non_fake_inputs=True)
+    # stray real tensors (module-level constants) are converted rather than refused; whether it may
+    # touch the device is the host's answer while a run lasts (simcuda.host_device_init)
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def fake_like(mode: FakeTensorMode, t: torch.Tensor, device: str) -> torch.Tensor:

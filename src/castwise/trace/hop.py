@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch._ops import HigherOrderOperator
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -43,39 +42,6 @@ def run_hop(mode: TorchDispatchMode, func: HigherOrderOperator, args: tuple[Any,
 
 
 _CONDS = [0]  # torch.cond calls run under a tracer in this process
-
-
-@contextlib.contextmanager
-def run_scope(fake_mode: type[FakeTensorMode] | None) -> Iterator[None]:
-    """What an audit run needs around higher-order operators, undone when it ends: the fake rules
-    of ``fake_mode`` (the run's FakeTensorMode subclass; None for a real run), and Dynamo's state
-    of eager ``torch.cond`` as before the run."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(eager_cond_restored())
-        if fake_mode is not None:
-            stack.enter_context(fake_rules(fake_mode))
-        yield
-
-
-@contextlib.contextmanager
-def fake_rules(mode: type[FakeTensorMode]) -> Iterator[None]:
-    """A higher-order operator finds its rule for a mode by the mode's exact type, and torch
-    registers them for ``FakeTensorMode``: under a subclass (the audit's, fake.py) each raised
-    NotImplementedError (activation checkpointing's ``run_and_save_rng_state`` in a compiled train
-    graph, ``cond``, ``flex_attention``). While a run lasts, FakeTensorMode's rules serve it too."""
-    from torch._ops import _higher_order_ops
-
-    added = []
-    for op in list(_higher_order_ops.values()):
-        rule = op.python_key_table.get(FakeTensorMode)
-        if rule is not None and mode not in op.python_key_table:
-            op.python_key_table[mode] = rule
-            added.append(op)
-    try:
-        yield
-    finally:
-        for op in added:
-            op.python_key_table.pop(mode, None)
 
 
 @contextlib.contextmanager
@@ -112,4 +78,4 @@ def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _nested(const)
 
 
-__all__ = ["eager_cond_restored", "fake_rules", "is_hop", "run_hop", "run_scope"]
+__all__ = ["eager_cond_restored", "is_hop", "run_hop"]

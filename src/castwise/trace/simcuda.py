@@ -267,15 +267,17 @@ def _host_default_type() -> str:
 
 
 @contextlib.contextmanager
-def _host_device_init(has_cuda: bool) -> Iterator[None]:
-    """``FakeTensorMode.avoid_device_init`` answering for this machine (``has_cuda``), not the
-    simulated one: fake tensors made from data stay off a device this machine lacks. For the
-    modes torch makes itself (Dynamo's, AOTAutograd's); the audit's own is fake.py's, which
-    answers so always."""
+def host_device_init() -> Iterator[None]:
+    """``FakeTensorMode.avoid_device_init`` answering for this machine, not for a simulated GPU
+    (``torch.cuda.is_available()`` says True while one is simulated): fake tensors, the audit's
+    and those of the modes torch makes itself (Dynamo's, AOTAutograd's), never initialise a
+    device this machine lacks, nor move a constant there for real. torch asks once per op; the
+    answer is taken once, on entry."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    avoid = not host_has_cuda()
     saved = FakeTensorMode.__dict__["avoid_device_init"]
-    FakeTensorMode.avoid_device_init = property(lambda self: not has_cuda)  # type: ignore[assignment, method-assign]
+    FakeTensorMode.avoid_device_init = property(lambda self: avoid)  # type: ignore[assignment, method-assign]
     try:
         yield
     finally:
@@ -301,7 +303,7 @@ def simulated_cuda(device: Device) -> Iterator[None]:
             torch.utils.checkpoint.DefaultDeviceType._default_device_type = None
         # the guard first, while torch still gives this machine's answer (cuda_guard.py: fake CUDA
         # tensors carry gradients on CPU-only builds too)
-        with stand_in_guard(), _host_device_init(_host_answer), _patched(torch.cuda, _answers(device.capability)):
+        with stand_in_guard(), host_device_init(), _patched(torch.cuda, _answers(device.capability)):
             yield
     finally:
         _host_answer = outer_host
