@@ -26,6 +26,37 @@ ROWS: list[dict[str, Any]] = []
 OUT = "/tmp/field_rows.jsonl"
 
 
+_SMALL = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+)
+
+
+def hf_causal_lm(which: str, gc: bool = False) -> nn.Module:
+    """A small transformers causal LM from its config (no download), as a fine-tuning script builds
+    it (sdpa attention); ``gc``: model.gradient_checkpointing_enable()."""
+    import transformers
+
+    configs: dict[str, Callable[[], Any]] = {
+        "llama": lambda: transformers.LlamaConfig(num_key_value_heads=2, **_SMALL),
+        "gpt2": lambda: transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+        "qwen2": lambda: transformers.Qwen2Config(num_key_value_heads=2, **_SMALL),
+    }
+    if which not in configs:
+        raise ValueError(f"unknown model {which!r}; valid: {', '.join(configs)}")
+    torch.manual_seed(0)
+    cfg = configs[which]()
+    cfg._attn_implementation = "sdpa"
+    model: nn.Module = transformers.AutoModelForCausalLM.from_config(cfg)
+    if gc:
+        model.gradient_checkpointing_enable()  # type: ignore[operator]
+    return model
+
+
 class Autocast(nn.Module):
     """The model's own autocast around its forward (nanoGPT's train.py `ctx`, timm's amp_autocast)."""
 

@@ -6,20 +6,19 @@ import sys
 
 import timm
 import torch
-import transformers
-from harness import Autocast, truth_row
+from harness import Autocast, hf_causal_lm, truth_row
 
 which = sys.argv[1]
 if which == "gpt2":
-    cfg = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64)
-    cfg._attn_implementation = "sdpa"
     ids = torch.randint(0, 128, (2, 16))
-
-    def build() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return transformers.AutoModelForCausalLM.from_config(cfg)
-
-    truth_row("HF gpt2", "16-mixed", build, {"input_ids": ids, "labels": ids}, "16-mixed", compiled=True)
+    truth_row(
+        "HF gpt2",
+        "16-mixed",
+        lambda: hf_causal_lm("gpt2"),
+        {"input_ids": ids, "labels": ids},
+        "16-mixed",
+        compiled=True,
+    )
 elif which == "resnet":
     truth_row(
         "timm resnet18",
@@ -30,23 +29,9 @@ elif which == "resnet":
         compiled=True,
     )
 elif which == "llama":
-    small = dict(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        num_key_value_heads=2,
-    )
 
     def build_gc() -> torch.nn.Module:
-        torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(**small)
-        cfg._attn_implementation = "sdpa"
-        m = transformers.AutoModelForCausalLM.from_config(cfg)
-        m.gradient_checkpointing_enable()
-        return m
+        return hf_causal_lm("llama", gc=True)
 
     ids = torch.randint(0, 128, (2, 16))
     truth_row(
