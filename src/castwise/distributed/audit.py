@@ -53,6 +53,32 @@ def is_sharded(model: Any) -> bool:
     return isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+def refuse_fsdp1(model: Any) -> None:
+    """FSDP1 (``FullyShardedDataParallel``) keeps each unit's parameters in one flat, sharded
+    tensor and casts by its own hooks; castwise reads FSDP2's units, not those. Said plainly
+    rather than failing to copy the model."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if not isinstance(model, nn.Module):
+        return
+    found = next(((n, m) for n, m in model.named_modules() if isinstance(m, FullyShardedDataParallel)), None)
+    if found is None:
+        return
+    name, wrapper = found
+    mp = getattr(wrapper, "mixed_precision", None)
+    casts = [f"{k}={_short(getattr(mp, k))}" for k in ("param_dtype", "reduce_dtype") if getattr(mp, k, None)]
+    how = f", MixedPrecision({', '.join(casts)})" if casts else ""
+    raise AuditError(
+        f"the model is wrapped by FSDP1 (FullyShardedDataParallel at `{name or '<root>'}`{how}), whose flat "
+        "parameters castwise does not read; castwise audits FSDP2. Audit the model before wrapping it "
+        "(castwise.audit(model, inputs, policy=...)), or shard it with torch's fully_shard or "
+        "castwise.fsdp2.fully_shard and audit that"
+    )
+
+
 # -- reading the FSDP2 states --------------------------------------------------------------------
 
 
