@@ -276,6 +276,33 @@ def fsdp2(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
     return prepare
 
 
+def fsdp1(dtype: torch.dtype) -> Callable[[nn.Module, Any], Built]:
+    """torch's FSDP1 ``FullyShardedDataParallel`` with the blocks as its auto-wrap classes,
+    ``MixedPrecision(param_dtype=dtype, reduce_dtype=f32, buffer_dtype=dtype)`` and
+    ``use_orig_params=True`` (Accelerate's default; LoRA needs it): batch norm runs in its own
+    wrapper with mixed precision off, the root's floating inputs are cast to ``dtype``."""
+
+    def prepare(model: nn.Module, inputs: Any) -> Built:
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        mp = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype)
+        blocks = {type(b) for bs in wrappers.block_lists(model) for b in bs}
+        try:
+            wrapped = FullyShardedDataParallel(
+                model,
+                mixed_precision=mp,
+                auto_wrap_policy=ModuleWrapPolicy(blocks) if blocks else None,
+                device_id=torch.device("cpu"),
+                use_orig_params=True,
+            )
+        except ValueError as exc:  # "Must flatten tensors with uniform dtype": the script stops at the wrap
+            raise NotApplicable(f"FSDP1 refuses to wrap the model: {exc}") from exc
+        return wrapped, inputs
+
+    return prepare
+
+
 def hf_trainer(model: nn.Module, inputs: Any) -> Built:
     return model, inputs  # the Trainer itself is the recipe (benchmarks/recipes/hf.py)
 
@@ -327,6 +354,14 @@ _RECIPES += [
         plant_first=True,
         session=fake_group,
         doc="FSDP2 fully_shard(MixedPrecisionPolicy(bf16, reduce f32)) per block, fake process group",
+    ),
+    Recipe(
+        "fsdp1-bf16",
+        fsdp1(BF16),
+        "bf16-mixed",
+        plant_first=True,
+        session=fake_group,
+        doc="FSDP1 FullyShardedDataParallel(MixedPrecision(bf16, reduce f32, buffers bf16)), blocks wrapped",
     ),
 ]
 if importlib.util.find_spec("torchao") is not None:

@@ -248,26 +248,3 @@ def test_a_unit_with_mixed_parameter_dtypes_is_found_before_fsdp2_refuses_it(odd
     else:
         model(x).float().sum().backward()  # FSDP2 checks trainable parameters only: this runs
         assert not found, str(report)
-
-
-def test_a_model_wrapped_by_fsdp1_is_refused_by_name_not_by_a_failed_copy() -> None:
-    """FSDP1 keeps a unit's parameters in one flat sharded tensor: castwise cannot read the
-    dtypes it computes in, and says so (with the MixedPrecision it found), instead of the
-    deepcopy error a process group's handle gave."""
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
-
-    torch.manual_seed(0)
-    inner = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
-    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    wrapped = FullyShardedDataParallel(inner, mixed_precision=mp, device_id=torch.device("cpu"))
-    x = torch.randn(2, 8)
-    assert wrapped(x).dtype == torch.bfloat16  # it runs, in bf16
-    with pytest.raises(
-        AuditError,
-        match=r"FSDP1 \(FullyShardedDataParallel at `<root>`, MixedPrecision\(param_dtype=bf16, reduce_dtype=f32\)\)",
-    ):
-        castwise.audit(wrapped, x)
-    # inside a plain module too
-    holder = nn.Sequential(wrapped)
-    with pytest.raises(AuditError, match="FullyShardedDataParallel at `0`"):
-        castwise.audit(holder, x)

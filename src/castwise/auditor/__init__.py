@@ -47,10 +47,9 @@ def audit(
     without ``_orig_mod``) and as compiled: Dynamo and AOTAutograd compile a copy on the same
     fake tensors, and every op of their graphs is checked too (the report's ``compiled``).
     """
-    from castwise.distributed.audit import is_sharded, refuse_fsdp1
+    from castwise.distributed.audit import is_sharded
 
-    refuse_fsdp1(model)
-    if is_sharded(model):  # FSDP2 (DTensor parameters): per-unit dtypes, findings of what the units compute
+    if is_sharded(model):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
         from castwise.distributed.audit import audit_sharded
 
         return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)

@@ -14,7 +14,8 @@ findings as an unsharded one running the same dtypes, plus one record per unit u
 and its parameter bytes per rank.
 
 A model sharded by ``castwise.fsdp2.fully_shard`` carries its plan (islands, blocks, the root's
-output dtype); one sharded by torch's ``fully_shard`` is read from its FSDP states.
+output dtype); one sharded by torch's ``fully_shard`` is read from its FSDP states; one wrapped by
+FSDP1 (``FullyShardedDataParallel``), from its wrappers (fsdp1.py), with the same view.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from castwise.distributed import fsdp1
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
@@ -43,39 +45,15 @@ _STATE_KEY = "__composable_api_state_key"
 
 
 def is_sharded(model: Any) -> bool:
-    """Whether ``model`` (or a module in it) is sharded by FSDP2. Cheap when torch.distributed's
-    FSDP was never imported: nothing can be sharded then."""
+    """Whether ``model`` (or a module in it) is sharded by FSDP2 or wrapped by FSDP1. Cheap when
+    torch.distributed's FSDP was never imported: nothing can be sharded then."""
     if "torch.distributed.fsdp" not in sys.modules:
         return False
     from torch import nn
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
-
-
-def refuse_fsdp1(model: Any) -> None:
-    """FSDP1 (``FullyShardedDataParallel``) keeps each unit's parameters in one flat, sharded
-    tensor and casts by its own hooks; castwise reads FSDP2's units, not those. Said plainly
-    rather than failing to copy the model."""
-    if "torch.distributed.fsdp" not in sys.modules:
-        return
-    from torch import nn
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if not isinstance(model, nn.Module):
-        return
-    found = next(((n, m) for n, m in model.named_modules() if isinstance(m, FullyShardedDataParallel)), None)
-    if found is None:
-        return
-    name, wrapper = found
-    mp = getattr(wrapper, "mixed_precision", None)
-    casts = [f"{k}={_short(getattr(mp, k))}" for k in ("param_dtype", "reduce_dtype") if getattr(mp, k, None)]
-    how = f", MixedPrecision({', '.join(casts)})" if casts else ""
-    raise AuditError(
-        f"the model is wrapped by FSDP1 (FullyShardedDataParallel at `{name or '<root>'}`{how}), whose flat "
-        "parameters castwise does not read; castwise audits FSDP2. Audit the model before wrapping it "
-        "(castwise.audit(model, inputs, policy=...)), or shard it with torch's fully_shard or "
-        "castwise.fsdp2.fully_shard and audit that"
+    return fsdp1.is_wrapped(model) or (
+        isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
     )
 
 
@@ -224,7 +202,11 @@ _HOOK_DICTS = (
 
 
 def _view_module(
-    module: nn.Module, gather: Callable[[torch.Tensor, str], torch.dtype], memo: dict[int, torch.Tensor], prefix: str
+    module: nn.Module,
+    gather: Callable[[torch.Tensor, str], torch.dtype],
+    memo: dict[Any, torch.Tensor],
+    prefix: str,
+    wrapped: fsdp1.Wrapped | None = None,
 ) -> nn.Module:
     from torch import nn
 
@@ -239,8 +221,11 @@ def _view_module(
         hooks = state.get(key)
         if isinstance(hooks, dict):
             state[key] = type(hooks)((k, v) for k, v in hooks.items() if not _foreign_hook(v))
+    originals = wrapped.params.get(id(module), {}) if wrapped is not None else {}
     params: dict[str, nn.Parameter | None] = {}
     for pname, p in module._parameters.items():
+        if pname in originals or type(p).__name__ == "FlatParameter":
+            continue  # FSDP1's flat storage and its views: the original parameters come below
         if p is None:
             params[pname] = None
             continue
@@ -250,10 +235,20 @@ def _view_module(
                 torch.empty(tuple(p.shape), dtype=dtype, device="meta"), requires_grad=p.requires_grad
             )
         params[pname] = memo[id(p)]  # type: ignore[assignment]
+    for pname, spec in originals.items():
+        state.pop(pname, None)  # FSDP1 sets unsharded views as plain attributes during its forward
+        if spec.key not in memo:
+            empty = torch.empty(spec.shape, dtype=spec.gather, device="meta")
+            memo[spec.key] = nn.Parameter(empty, requires_grad=spec.requires_grad)
+        params[pname] = memo[spec.key]  # type: ignore[assignment]
     state["_parameters"] = type(module._parameters)(params)
-    state["_buffers"] = type(module._buffers)(module._buffers)
+    cast = wrapped.buffers if wrapped is not None else {}
+    state["_buffers"] = type(module._buffers)(
+        (n, b.to(cast[id(b)]) if b is not None and id(b) in cast else b) for n, b in module._buffers.items()
+    )
+    children = ((n, None if c is None else fsdp1.unwrap(c)) for n, c in module._modules.items())
     state["_modules"] = type(module._modules)(
-        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.")) for n, c in module._modules.items()
+        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.", wrapped)) for n, c in children
     )
     new.__dict__.update(state)
     return new
@@ -266,18 +261,28 @@ _COMPUTED: contextvars.ContextVar[dict[str, Counter[torch.dtype]] | None] = cont
 
 
 def _boundary(
-    unit: str | None, inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool
+    unit: str | None, inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool, restore: bool = False
 ) -> Callable[..., Any]:
     """A forward doing what FSDP2 does at a unit's boundary: floating inputs cast to the gather
     dtype (``cast_forward_inputs``), outputs to ``output_dtype`` (clamped first where castwise
     saturates an island's return to f16). It records what the unit computed, its output's dtype
-    before the cast, for the unit's record. Bound to the view's module, so deep copies rebind."""
+    before the cast, for the unit's record. Bound to the view's module, so deep copies rebind.
+    ``restore`` (FSDP1's modules run with mixed precision off): only positional inputs are cast,
+    and the output goes back to the dtype of the last input that was cast."""
     from castwise.applied import cast_floating
 
     def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if inputs is not None:
+        came_in = None
+        if restore and inputs is not None:
+            floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            cast = [d for d in floats if d != inputs]
+            came_in = cast[-1] if cast else None
+            args = cast_floating(args, inputs)
+        elif inputs is not None:
             args, kwargs = cast_floating((args, kwargs), inputs)
         out = type(module).forward(module, *args, **kwargs)
+        if came_in is not None:
+            out = cast_floating(out, came_in)
         seen = _COMPUTED.get()
         first = _first_float(out) if seen is not None and unit is not None else None
         if first is not None and seen is not None and unit is not None:
@@ -314,12 +319,16 @@ def build_view(
     records: list[UnitPlan],
     gather: Callable[[torch.Tensor, str], torch.dtype],
     output_rules: tuple[tuple[str, torch.dtype], ...] = (),
+    wrapped: fsdp1.Wrapped | None = None,
 ) -> nn.Module:
-    """The unsharded model computing in the units' dtypes (see the module docstring)."""
-    view = _view_module(model, gather, {}, "")
+    """The unsharded model computing in the units' dtypes (see the module docstring); ``wrapped``:
+    what FSDP1's wrappers do, for a model wrapped by FSDP1."""
+    view = _view_module(fsdp1.unwrap(model) if wrapped is not None else model, gather, {}, "", wrapped)
+    restore = wrapped.restore if wrapped is not None else frozenset()
     for u in records:  # every unit gets one: it also records what the unit computed
         module = view.get_submodule(u.name) if u.name else view
-        module.forward = types.MethodType(_boundary(u.name, u.inputs, u.output, u.saturate), module)  # type: ignore[method-assign]
+        boundary = _boundary(u.name, u.inputs, u.output, u.saturate, u.name in restore)
+        module.forward = types.MethodType(boundary, module)  # type: ignore[method-assign]
     for name, dtype in output_rules:
         module = view.get_submodule(name) if name else view
         if "forward" not in module.__dict__:
@@ -374,7 +383,7 @@ def audit_sharded(
         else _planned_setup(model, policy, units, world_size)
     )
     plan, records, world, what = setup.plan, setup.records, setup.world, setup.what
-    view = build_view(model, records, setup.gather, setup.output_rules)
+    view = build_view(model, records, setup.gather, setup.output_rules, setup.wrapped)
     token = _COMPUTED.set({})
     try:
         report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
@@ -383,9 +392,11 @@ def audit_sharded(
         _COMPUTED.reset(token)
     # what each unit computed in, as the audit's runs saw it (a unit the run never reached: as planned)
     records = [replace(u, compute=computed[u.name].most_common(1)[0][0]) if u.name in computed else u for u in records]
-    shown = str(plan.policy) if plan is not None else "torch fully_shard"
+    torch_own = "torch FullyShardedDataParallel" if setup.wrapped is not None else "torch fully_shard"
+    shown = str(plan.policy) if plan is not None else torch_own
     report.title = report.title.replace("policy none", f"{what}, policy {shown}")
-    report.runs = [replace(r, policy=f"fsdp2:{shown}") for r in report.runs]
+    engine = "fsdp1" if setup.wrapped is not None else "fsdp2"
+    report.runs = [replace(r, policy=f"{engine}:{shown}") for r in report.runs]
     found = report.suggested_policy
     report.suggested_policy = None
     if found is not None and plan is not None and verify:
@@ -410,11 +421,23 @@ class _Setup:
     output_rules: tuple[tuple[str, torch.dtype], ...]
     world: int
     what: str
+    wrapped: fsdp1.Wrapped | None = None  # a model wrapped by FSDP1: what its wrappers do
 
 
 def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: int | None) -> _Setup:
-    """A model already sharded by FSDP2: its units and dtypes are read from its FSDP states."""
+    """A model already sharded by FSDP2: its units and dtypes are read from its FSDP states; one
+    wrapped by FSDP1, from its wrappers."""
     from castwise import fsdp2
+
+    if fsdp1.is_wrapped(model):
+        if policy is not None:
+            raise AuditError(
+                f"{type(model).__name__} is wrapped by FSDP1: its wrappers' MixedPrecision decide the dtypes; "
+                "audit it with policy=None, or audit the unwrapped model with the policy"
+            )
+        wrapped = fsdp1.read(model)
+        world = world_size or wrapped.world
+        return _Setup(None, wrapped.units, lambda p, name: p.dtype, (), world, f"FSDP1 over {world} ranks", wrapped)
 
     plan = fsdp2.plan_of(model)
     if policy is not None and (plan is None or Policy.parse(policy) != plan.policy):

@@ -1,0 +1,118 @@
+"""castwise.audit on models wrapped by FSDP1 (FullyShardedDataParallel), in this process:
+torch.distributed's fake process group (rank 0 of N). Each verdict is checked against the
+wrapped model run for real on CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import castwise
+from castwise.errors import AuditError
+
+WORLD = 4
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_group() -> Iterator[None]:
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class Block(nn.Module):
+    def __init__(self, norm: type[nn.Module]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.norm = norm(16)
+        self.register_buffer("scale", torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.lin(x)) * self.scale
+
+
+def _wrapped(
+    norm: type[nn.Module] = nn.LayerNorm, buffers: torch.dtype | None = BF16, orig: bool = True
+) -> FullyShardedDataParallel:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), Block(norm), Block(norm), nn.Linear(16, 4))
+    mp = MixedPrecision(param_dtype=BF16, reduce_dtype=torch.float32, buffer_dtype=buffers)
+    return FullyShardedDataParallel(
+        model,
+        mixed_precision=mp,
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        device_id=torch.device("cpu"),
+        use_orig_params=orig,
+    )
+
+
+def _runs(model: nn.Module, x: torch.Tensor) -> bool:
+    """The wrapped model's real train step (forward + backward) and eval forward, on CPU."""
+    try:
+        model.train()
+        model(x).float().sum().backward()
+        model.eval()
+        with torch.no_grad():
+            model(x)
+    except RuntimeError:
+        return False
+    finally:
+        model.train()
+    return True
+
+
+@pytest.mark.parametrize("orig", [True, False], ids=["orig-params", "flat-params"])
+@pytest.mark.parametrize("norm", [nn.LayerNorm, nn.BatchNorm1d])
+def test_a_wrapped_model_that_trains_audits_clean_with_its_units(orig: bool, norm: type[nn.Module]) -> None:
+    """Parameters gathered in bf16, buffers cast to bf16, the root's input cast; batch norm runs
+    in a wrapper of its own with mixed precision off (inputs to f32 and back): all as the real run."""
+    x = torch.randn(4, 16)
+    assert _runs(_wrapped(norm, orig=orig), x)
+    report = castwise.audit(_wrapped(norm, orig=orig), x)
+    assert report.ok and not report.errors, str(report)
+    units = {u["unit"]: u for u in report.to_dict()["units"]}
+    expected = {"(root)", "1", "2"} | ({"1.norm", "2.norm"} if norm is nn.BatchNorm1d else set())
+    assert set(units) == expected  # the user's names: no `_fsdp_wrapped_module`
+    assert units["1"]["gather"] == "bf16" and units["1"]["reduce"] == "f32"
+    assert units["(root)"]["inputs"] == "bf16"
+    if norm is nn.BatchNorm1d:
+        assert units["1.norm"]["gather"] == "f32" and units["1.norm"]["inputs"] == "f32"
+    assert all("_fsdp_wrapped_module" not in (f.module or "") for f in report.findings)
+    assert "FSDP1 over 4 ranks" in report.title
+
+
+@pytest.mark.parametrize("orig", [True, False], ids=["orig-params", "flat-params"])
+def test_buffers_left_f32_by_fsdp1_are_found_where_the_real_run_fails(orig: bool) -> None:
+    """Without ``buffer_dtype`` the f32 ``scale`` buffer promotes a block's output to f32, and the
+    next block's bf16 Linear refuses it: the real error, found at the same module."""
+    x = torch.randn(4, 16)
+    assert not _runs(_wrapped(buffers=None, orig=orig), x)
+    report = castwise.audit(_wrapped(buffers=None, orig=orig), x)
+    assert not report.ok
+    assert report.errors[0].module == "2.lin", str(report)
+    assert {r.mode for r in report.runs} == {"train", "eval"}
+
+
+def test_the_audit_leaves_the_wrapped_model_as_it_was() -> None:
+    model = _wrapped()
+    x = torch.randn(4, 16)
+    before = {n: (p.dtype, p.shape, p.data_ptr()) for n, p in model.named_parameters()}
+    castwise.audit(model, x)
+    assert {n: (p.dtype, p.shape, p.data_ptr()) for n, p in model.named_parameters()} == before
+    assert model(x).dtype == BF16  # FSDP1's hooks still run it
+
+
+def test_a_policy_for_a_wrapped_model_is_refused() -> None:
+    with pytest.raises(AuditError, match="wrapped by FSDP1: its wrappers' MixedPrecision decide the dtypes"):
+        castwise.audit(_wrapped(), torch.randn(4, 16), policy="bf16-mixed")
