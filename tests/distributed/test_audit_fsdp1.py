@@ -116,3 +116,70 @@ def test_the_audit_leaves_the_wrapped_model_as_it_was() -> None:
 def test_a_policy_for_a_wrapped_model_is_refused() -> None:
     with pytest.raises(AuditError, match="wrapped by FSDP1: its wrappers' MixedPrecision decide the dtypes"):
         castwise.audit(_wrapped(), torch.randn(4, 16), policy="bf16-mixed")
+
+
+class Emb(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(16, 16)
+        self.proj = nn.Linear(16, 16)
+        self.inner = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # checkpointed inside the unit: recomputed in backward, where FSDP gathers again
+        h = torch.utils.checkpoint.checkpoint(self.inner, self.proj(x), use_reentrant=False)
+        return h + self.emb(x)
+
+
+class CallsOut(nn.Module):
+    """The root calls the first block's ``emb`` after the blocks ran (DiT's forward does so)."""
+
+    def __init__(self, call_out: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Emb(), Emb()])
+        self.head = nn.Linear(16, 4)
+        self.call_out = call_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h + self.blocks[0].emb(x) if self.call_out else h)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "orig", "call_out", "fails"),
+    [
+        ("FULL_SHARD", True, True, True),
+        ("FULL_SHARD", False, True, True),
+        ("SHARD_GRAD_OP", False, True, False),
+        ("FULL_SHARD", True, False, False),
+    ],
+)
+def test_a_units_module_called_after_the_unit_freed_its_parameters_is_found(
+    strategy: str, orig: bool, call_out: bool, fails: bool
+) -> None:
+    """FULL_SHARD frees a unit's gathered parameters after its forward: the root's call meets the
+    shards and the real run fails (CW126 at the called module). SHARD_GRAD_OP keeps them gathered
+    (flat parameters, both modes), and the checkpointed recompute in backward is gathered by FSDP:
+    those run. (SHARD_GRAD_OP with original parameters under no_grad shows the shards too: that
+    eval failure is not reported, the audit takes SHARD_GRAD_OP as keeping them.)"""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    def wrap() -> FullyShardedDataParallel:
+        torch.manual_seed(0)
+        mp = MixedPrecision(param_dtype=BF16, reduce_dtype=torch.float32)
+        return FullyShardedDataParallel(
+            CallsOut(call_out),
+            mixed_precision=mp,
+            auto_wrap_policy=ModuleWrapPolicy({Emb}),
+            sharding_strategy=ShardingStrategy[strategy],
+            device_id=torch.device("cpu"),
+            use_orig_params=orig,
+        )
+
+    x = torch.randn(4, 16)
+    assert _runs(wrap(), x) is not fails
+    report = castwise.audit(wrap(), x)
+    found = [(f.code, f.module, f.modes) for f in report.errors]
+    assert found == ([("CW126", "blocks.0.emb", ("train", "eval"))] if fails else []), str(report)

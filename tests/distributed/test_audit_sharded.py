@@ -248,3 +248,52 @@ def test_a_unit_with_mixed_parameter_dtypes_is_found_before_fsdp2_refuses_it(odd
     else:
         model(x).float().sum().backward()  # FSDP2 checks trainable parameters only: this runs
         assert not found, str(report)
+
+
+class _Emb(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(8, 8)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + self.emb(x)
+
+
+class _CallsOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([_Emb(), _Emb()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for block in self.blocks:
+            h = block(h)
+        return h + self.blocks[0].emb(x)  # the first unit's module, from the root, after it ran
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_a_units_module_called_from_outside_the_unit_is_found_where_fsdp2_fails(reshard: bool) -> None:
+    """After its forward an FSDP2 unit frees its gathered parameters (reshard_after_forward=True):
+    the root's call meets DTensors and fails, CW126 at the called module. A unit that keeps them
+    (reshard_after_forward=False) runs the call in train mode, and the audit says nothing."""
+
+    def sharded() -> nn.Module:
+        torch.manual_seed(0)
+        model = _CallsOut()
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            torch_fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
+        torch_fully_shard(model, mp_policy=mp)
+        return model
+
+    x = torch.randn(2, 8)
+    try:
+        sharded()(x).float().sum().backward()
+        real_fails = False
+    except RuntimeError as exc:
+        assert "DTensor" in str(exc)
+        real_fails = True
+    assert real_fails is reshard
+    report = castwise.audit(sharded(), x, mode="train")
+    assert [(f.code, f.module) for f in report.errors] == ([("CW126", "blocks.0.emb")] if reshard else [])

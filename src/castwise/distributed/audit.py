@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from castwise.distributed import fsdp1
+from castwise.distributed import fsdp1, unit_runs
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
@@ -272,6 +272,10 @@ def _boundary(
     from castwise.applied import cast_floating
 
     def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        with unit_runs.unit_call(module):
+            return _cast_and_run(module, args, kwargs)
+
+    def _cast_and_run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         came_in = None
         if restore and inputs is not None:
             floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
@@ -320,6 +324,7 @@ def build_view(
     gather: Callable[[torch.Tensor, str], torch.dtype],
     output_rules: tuple[tuple[str, torch.dtype], ...] = (),
     wrapped: fsdp1.Wrapped | None = None,
+    reshards: dict[str, bool | None] | None = None,
 ) -> nn.Module:
     """The unsharded model computing in the units' dtypes (see the module docstring); ``wrapped``:
     what FSDP1's wrappers do, for a model wrapped by FSDP1."""
@@ -333,15 +338,8 @@ def build_view(
         module = view.get_submodule(name) if name else view
         if "forward" not in module.__dict__:
             module.forward = types.MethodType(_boundary(None, None, dtype, False), module)  # type: ignore[method-assign]
+    unit_runs.watch(view, records, reshards or {})
     return view
-
-
-def _unit_of(name: str, units: list[str]) -> str:
-    best = ""
-    for u in units:
-        if (not u or name == u or name.startswith(u + ".")) and len(u) >= len(best):
-            best = u
-    return best
 
 
 # -- the audit ---------------------------------------------------------------------------------
@@ -383,13 +381,15 @@ def audit_sharded(
         else _planned_setup(model, policy, units, world_size)
     )
     plan, records, world, what = setup.plan, setup.records, setup.world, setup.what
-    view = build_view(model, records, setup.gather, setup.output_rules, setup.wrapped)
-    token = _COMPUTED.set({})
+    view = build_view(model, records, setup.gather, setup.output_rules, setup.wrapped, setup.reshards)
+    token, outside_token = _COMPUTED.set({}), unit_runs.OUTSIDE.set({})
     try:
         report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
         computed = _COMPUTED.get() or {}
+        outside = unit_runs.OUTSIDE.get() or {}
     finally:
         _COMPUTED.reset(token)
+        unit_runs.OUTSIDE.reset(outside_token)
     # what each unit computed in, as the audit's runs saw it (a unit the run never reached: as planned)
     records = [replace(u, compute=computed[u.name].most_common(1)[0][0]) if u.name in computed else u for u in records]
     torch_own = "torch FullyShardedDataParallel" if setup.wrapped is not None else "torch fully_shard"
@@ -407,6 +407,7 @@ def audit_sharded(
     if is_sharded(model):
         modes = tuple(dict.fromkeys(r.mode for r in report.runs))
         report.findings = [*mixed_unit_findings(model, modes), *report.findings]
+    report.findings = [*unit_runs.outside_findings(outside), *report.findings]
     return report
 
 
@@ -422,6 +423,7 @@ class _Setup:
     world: int
     what: str
     wrapped: fsdp1.Wrapped | None = None  # a model wrapped by FSDP1: what its wrappers do
+    reshards: dict[str, bool | None] | None = None  # unit -> frees its parameters after forward
 
 
 def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: int | None) -> _Setup:
@@ -437,7 +439,8 @@ def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: in
             )
         wrapped = fsdp1.read(model)
         world = world_size or wrapped.world
-        return _Setup(None, wrapped.units, lambda p, name: p.dtype, (), world, f"FSDP1 over {world} ranks", wrapped)
+        what = f"FSDP1 over {world} ranks"
+        return _Setup(None, wrapped.units, lambda p, name: p.dtype, (), world, what, wrapped, wrapped.reshards)
 
     plan = fsdp2.plan_of(model)
     if policy is not None and (plan is None or Policy.parse(policy) != plan.policy):
@@ -453,7 +456,12 @@ def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: in
 
     world = world_size or _mesh_size(model)
     out_rules = plan.output_rules if plan is not None else ()
-    return _Setup(plan, records, gather, out_rules, world, f"FSDP2 over {world} ranks")
+    # a unit whose FSDP2 state has no post-forward mesh keeps its parameters after forward
+    reshards: dict[str, bool | None] = {
+        name: getattr(getattr(state, "_fsdp_param_group", None), "post_forward_mesh_info", True) is not None
+        for name, _module, state in _states(model)
+    }
+    return _Setup(plan, records, gather, out_rules, world, f"FSDP2 over {world} ranks", None, reshards)
 
 
 def _planned_setup(
@@ -471,7 +479,7 @@ def _planned_setup(
     by_unit = {u.name: u for u in records}
 
     def gather(p: torch.Tensor, name: str) -> torch.dtype:
-        return by_unit[_unit_of(name, names)].gather
+        return by_unit[unit_runs.unit_of(name, names)].gather
 
     world = world_size or 1
     return _Setup(plan, records, gather, plan.output_rules, world, f"FSDP2 plan over {world} ranks")

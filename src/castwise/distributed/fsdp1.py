@@ -48,6 +48,7 @@ class Wrapped:
     buffers: dict[int, torch.dtype]  # id(buffer) -> the dtype the root casts it to
     restore: frozenset[str]  # units whose outputs go back to the dtype their inputs came in
     world: int
+    reshards: dict[str, bool | None]  # unit -> frees its parameters after forward (None: never sharded)
 
 
 def is_wrapped(model: Any) -> bool:
@@ -82,6 +83,7 @@ def read(model: nn.Module) -> Wrapped:
     buffers: dict[int, torch.dtype] = {}
     units: list[UnitPlan] = []
     restore: set[str] = set()
+    reshards: dict[str, bool | None] = {}
     root_name = wrappers[0][0] if wrappers else ""
     # innermost first, so a buffer takes its owning (innermost) wrapper's buffer_dtype, as FSDP1 does
     for name, wrapper in sorted(wrappers, key=lambda w: -len(w[0].split(".")) if w[0] else 1):
@@ -108,6 +110,9 @@ def read(model: nn.Module) -> Wrapped:
             if id(buf) not in buffers and buf.is_floating_point() and clean(buf_name) not in skipped:
                 buffers[id(buf)] = mp.buffer_dtype or buf.dtype
         is_root = name == root_name
+        strategy = str(getattr(wrapper._handle, "_sharding_strategy", "")) if wrapper._handle is not None else ""
+        # FULL_SHARD and HYBRID_SHARD free after forward, SHARD_GRAD_OP keeps; NO_SHARD never shards
+        reshards[name] = None if strategy.endswith("NO_SHARD") else strategy.endswith(("FULL_SHARD", ".HYBRID_SHARD"))
         casts = mp.cast_forward_inputs or (is_root and mp.cast_root_forward_inputs)
         inputs = torch.float32 if ignored else (mp.param_dtype if casts else None)
         if ignored:
@@ -127,7 +132,7 @@ def read(model: nn.Module) -> Wrapped:
             )
         )
     world = int(wrappers[0][1].world_size) if wrappers else 1
-    return Wrapped(unwrap(model), units, params, buffers, frozenset(restore), world)
+    return Wrapped(unwrap(model), units, params, buffers, frozenset(restore), world, reshards)
 
 
 __all__ = ["OriginalParam", "Wrapped", "clean", "is_wrapped", "read", "unwrap"]
