@@ -297,3 +297,28 @@ def test_a_units_module_called_from_outside_the_unit_is_found_where_fsdp2_fails(
     assert real_fails is reshard
     report = castwise.audit(sharded(), x, mode="train")
     assert [(f.code, f.module) for f in report.errors] == ([("CW126", "blocks.0.emb")] if reshard else [])
+
+
+def test_blocks_compiled_before_fully_shard_are_audited_as_the_blocks() -> None:
+    """torchtitan compiles each block, then shards it: the view holds the blocks themselves (a
+    copy of an OptimizedModule is rebuilt around the block and lost the unit's casts), so the
+    units' boundaries hold, nothing is reported as called outside its unit, and no name has
+    `_orig_mod`."""
+
+    def sharded() -> nn.Module:
+        torch.manual_seed(0)
+        model = nn.Sequential(Block(), Block(), nn.Linear(8, 4))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for i in (0, 1):
+            model[i] = torch.compile(model[i])
+            torch_fully_shard(model[i], mp_policy=mp)
+        torch_fully_shard(model, mp_policy=mp)
+        return model
+
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="dtype"):  # Mix's f32 ones meet bf16, for real
+        sharded()(x).float().sum().backward()
+    report = castwise.audit(sharded(), x, mode="train")
+    assert [(f.code, f.module) for f in report.errors] == [("CW106", "0.mix")], str(report)
+    assert all("_orig_mod" not in (f.module or "") for f in report.findings)
+    assert set(_units(report)) == {"0", "1", "(root)"}

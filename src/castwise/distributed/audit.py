@@ -246,12 +246,25 @@ def _view_module(
     state["_buffers"] = type(module._buffers)(
         (n, b.to(cast[id(b)]) if b is not None and id(b) in cast else b) for n, b in module._buffers.items()
     )
-    children = ((n, None if c is None else fsdp1.unwrap(c)) for n, c in module._modules.items())
+    children = ((n, None if c is None else _user_module(c)) for n, c in module._modules.items())
     state["_modules"] = type(module._modules)(
         (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.", wrapped)) for n, c in children
     )
     new.__dict__.update(state)
     return new
+
+
+def _user_module(module: nn.Module) -> nn.Module:
+    """The user's module behind FSDP1's wrapper and torch.compile's ``OptimizedModule`` (a block
+    compiled before sharding, as torchtitan does): a copy of an OptimizedModule is rebuilt around
+    its ``_orig_mod``, without the view's boundary casts, so the view holds the block itself."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    while True:
+        module = fsdp1.unwrap(module)
+        if optimized is None or not isinstance(module, optimized):
+            return module
+        module = module._orig_mod
 
 
 # unit name -> dtypes of its outputs before its output cast, while a distributed audit runs
