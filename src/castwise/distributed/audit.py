@@ -222,9 +222,10 @@ def _view_module(
         if isinstance(hooks, dict):
             state[key] = type(hooks)((k, v) for k, v in hooks.items() if not _foreign_hook(v))
     originals = wrapped.params.get(id(module), {}) if wrapped is not None else {}
+    flat = getattr(sys.modules.get("torch.distributed.fsdp._flat_param"), "FlatParameter", None)
     params: dict[str, nn.Parameter | None] = {}
     for pname, p in module._parameters.items():
-        if pname in originals or type(p).__name__ == "FlatParameter":
+        if pname in originals or (flat is not None and isinstance(p, flat)):
             continue  # FSDP1's flat storage and its views: the original parameters come below
         if p is None:
             params[pname] = None
