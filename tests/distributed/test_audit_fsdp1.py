@@ -183,3 +183,34 @@ def test_a_units_module_called_after_the_unit_freed_its_parameters_is_found(
     report = castwise.audit(wrap(), x)
     found = [(f.code, f.module, f.modes) for f in report.errors]
     assert found == ([("CW126", "blocks.0.emb", ("train", "eval"))] if fails else []), str(report)
+
+
+def test_accelerates_autocast_forward_under_fsdp1_is_what_the_view_runs() -> None:
+    """Accelerate patches the model's forward (autocast, outputs to f32) before wrapping it: the
+    view runs that forward, and the model's bf16 @ f32 product is fine under it, as for real."""
+    import accelerate
+    from accelerate.state import AcceleratorState
+
+    class NeedsAutocast(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.Sequential(Block(nn.LayerNorm), Block(nn.LayerNorm))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.blocks(x) @ torch.eye(16)
+
+    def wrapped() -> FullyShardedDataParallel:
+        torch.manual_seed(0)
+        model = accelerate.Accelerator(mixed_precision="bf16", cpu=True).prepare_model(NeedsAutocast())
+        mp = MixedPrecision(param_dtype=BF16, reduce_dtype=torch.float32, buffer_dtype=BF16)
+        return FullyShardedDataParallel(
+            model, mixed_precision=mp, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu")
+        )
+
+    x = torch.randn(4, 16)
+    try:
+        assert _runs(wrapped(), x)
+        report = castwise.audit(wrapped(), x)
+        assert report.ok and not report.errors, str(report)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

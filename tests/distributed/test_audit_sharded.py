@@ -322,3 +322,45 @@ def test_blocks_compiled_before_fully_shard_are_audited_as_the_blocks() -> None:
     assert [(f.code, f.module) for f in report.errors] == [("CW106", "0.mix")], str(report)
     assert all("_orig_mod" not in (f.module or "") for f in report.findings)
     assert set(_units(report)) == {"0", "1", "(root)"}
+
+
+class _NeedsAutocast(nn.Module):
+    """Its root multiplies a unit's bf16 output by an f32 constant: only autocast makes that run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) @ torch.eye(8))
+
+
+def test_accelerates_autocast_forward_on_a_sharded_model_is_what_the_view_runs() -> None:
+    """Accelerate's prepare_model sets the instance's forward to its autocast and f32-output
+    wrapper, bound to the model. The view ran the class's forward (and its copy dragged the
+    user's FSDP module along: 'FSDP does not support deepcopy'); it now runs the instance's."""
+    import accelerate
+    from accelerate.state import AcceleratorState
+
+    def sharded(autocast: bool) -> nn.Module:
+        torch.manual_seed(0)
+        model: nn.Module = _NeedsAutocast()
+        if autocast:
+            model = accelerate.Accelerator(mixed_precision="bf16", cpu=True).prepare_model(model)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        torch_fully_shard(model.a, mp_policy=mp)
+        torch_fully_shard(model, mp_policy=mp)
+        return model
+
+    x = torch.randn(2, 8)
+    try:
+        assert "forward" in sharded(True).__dict__  # Accelerate's own wrapper
+        assert sharded(True)(x).dtype == torch.float32  # runs, its output cast to f32
+        with pytest.raises(RuntimeError, match="dtype"):  # without the autocast it does not
+            sharded(False)(x)
+        report = castwise.audit(sharded(True), x)
+        assert report.ok and not report.errors, str(report)
+        assert [f.code for f in castwise.audit(sharded(False), x).errors] == ["CW106"]
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise import _autocast, devices
@@ -107,6 +108,28 @@ def _named_tensors(name: str, obj: Any) -> list[tuple[str, torch.Tensor]]:
 # -- one run ------------------------------------------------------------------------------------
 
 
+def _copies(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: str,
+    fmode: FakeTensorMode | None,
+    memo: dict[int, torch.Tensor],
+) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any], list[tuple[str, Any]]]:
+    """The run's copy of the model, its inputs and the inputs' names: fake tensors on ``device``
+    made by ``fmode`` (``memo``: each real input's fake, by id), or real copies (``fmode`` None).
+    The user's objects are only read."""
+    named = _input_names(model, args, kwargs)
+    if fmode is None:
+        copy = fake_mod.real_model(model)
+        args, kwargs = fake_mod.real_inputs(args), fake_mod.real_inputs(kwargs)
+        return copy, args, kwargs, _input_names(copy, args, kwargs)
+    copy = fake_mod.fake_model(model, fmode, device)
+    args = fake_mod.fake_inputs(args, fmode, device, memo)
+    kwargs = fake_mod.fake_inputs(kwargs, fmode, device, memo)
+    return copy, args, kwargs, [(n, fake_mod.fake_inputs(v, fmode, device, memo)) for n, v in named]
+
+
 def _run_once(
     model: nn.Module,
     inputs: Any,
@@ -127,7 +150,6 @@ def _run_once(
     dev = devices.get(device)
 
     args, kwargs = _split_inputs(inputs)
-    named = _input_names(model, args, kwargs)
     with contextlib.ExitStack() as stack:
         fmode = None
         if fake:
@@ -135,15 +157,8 @@ def _run_once(
             # this machine lacks, nor move a constant there for real
             stack.enter_context(simcuda.host_device_init())
             fmode = fake_mod.new_mode()
-            copy = fake_mod.fake_model(model, fmode, dev.fake_device)
-            memo: dict[int, torch.Tensor] = {}
-            args = fake_mod.fake_inputs(args, fmode, dev.fake_device, memo)
-            kwargs = fake_mod.fake_inputs(kwargs, fmode, dev.fake_device, memo)
-            named = [(n, fake_mod.fake_inputs(v, fmode, dev.fake_device, memo)) for n, v in named]
-        else:
-            copy = fake_mod.real_model(model)
-            args, kwargs = fake_mod.real_inputs(args), fake_mod.real_inputs(kwargs)
-            named = _input_names(copy, args, kwargs)
+        memo: dict[int, torch.Tensor] = {}
+        copy, args, kwargs, named = _copies(model, args, kwargs, dev.fake_device, fmode, memo)
         result = RunRecord(mode, Trace(), compute, fake=fake, device=devices.get(device))
         # the run is defined by the policy alone, not by an autocast the caller happens to be in
         for device_type in _autocast.DEVICE_TYPES:

@@ -251,6 +251,10 @@ def _view_module(
     state["_modules"] = type(module._modules)(
         (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.", wrapped)) for n, c in children
     )
+    for key, value in list(state.items()):
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            # bound to the user's module (Accelerate's forward with its autocast): to the view's
+            state[key] = types.MethodType(value.__func__, new)
     new.__dict__.update(state)
     return new
 
@@ -275,14 +279,21 @@ _COMPUTED: contextvars.ContextVar[dict[str, Counter[torch.dtype]] | None] = cont
 
 
 def _boundary(
-    unit: str | None, inputs: torch.dtype | None, output: torch.dtype | None, saturate: bool, restore: bool = False
+    unit: str | None,
+    inputs: torch.dtype | None,
+    output: torch.dtype | None,
+    saturate: bool,
+    restore: bool = False,
+    own: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
     """A forward doing what FSDP2 does at a unit's boundary: floating inputs cast to the gather
     dtype (``cast_forward_inputs``), outputs to ``output_dtype`` (clamped first where castwise
     saturates an island's return to f16). It records what the unit computed, its output's dtype
     before the cast, for the unit's record. Bound to the view's module, so deep copies rebind.
     ``restore`` (FSDP1's modules run with mixed precision off): only positional inputs are cast,
-    and the output goes back to the dtype of the last input that was cast."""
+    and the output goes back to the dtype of the last input that was cast. ``own``: the module's
+    own forward function when one was set on the instance (Accelerate's, with its autocast),
+    which the boundary runs instead of the class's."""
     from castwise.applied import cast_floating
 
     def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -298,7 +309,7 @@ def _boundary(
             args = cast_floating(args, inputs)
         elif inputs is not None:
             args, kwargs = cast_floating((args, kwargs), inputs)
-        out = type(module).forward(module, *args, **kwargs)
+        out = (own or type(module).forward)(module, *args, **kwargs)
         if came_in is not None:
             out = cast_floating(out, came_in)
         seen = _COMPUTED.get()
@@ -346,7 +357,9 @@ def build_view(
     restore = wrapped.restore if wrapped is not None else frozenset()
     for u in records:  # every unit gets one: it also records what the unit computed
         module = view.get_submodule(u.name) if u.name else view
-        boundary = _boundary(u.name, u.inputs, u.output, u.saturate, u.name in restore)
+        own = module.__dict__.get("forward")
+        own_func = own.__func__ if isinstance(own, types.MethodType) and own.__self__ is module else None
+        boundary = _boundary(u.name, u.inputs, u.output, u.saturate, u.name in restore, own_func)
         module.forward = types.MethodType(boundary, module)  # type: ignore[method-assign]
     for name, dtype in output_rules:
         module = view.get_submodule(name) if name else view
