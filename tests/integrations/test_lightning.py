@@ -307,3 +307,36 @@ def test_a_module_with_the_policy_applied_audits_clean(caplog: pytest.LogCapture
     lines = [r.getMessage() for r in caplog.records if r.name == "castwise"]
     assert lines == ["castwise: audited training_step and validation_step under bf16-mixed: no dtype errors"]
     assert module.train_steps == 2 and module.val_steps == 1
+
+
+class Uncopyable(PoseModule):
+    """A module holding a lock (as some data-loading helpers do): castwise cannot copy it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def test_a_module_castwise_cannot_audit_trains_as_without_the_callback(caplog: pytest.LogCaptureFixture) -> None:
+    """castwise's own limit (here: the module cannot be copied, an AuditError) is one warning,
+    and the fit goes on as it would without the callback: it never stops a user's run."""
+    caplog.set_level(logging.INFO, logger="castwise")
+
+    def fit(callbacks: list[pl.Callback]) -> Uncopyable:
+        torch.manual_seed(0)
+        module = Uncopyable()  # trained only (story 3 fails in validation)
+        trainer = _trainer(callbacks[0]) if callbacks else _trainer(CastwiseCallback())
+        if not callbacks:
+            trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, CastwiseCallback)]
+        trainer.fit(module, _loader())
+        return module
+
+    plain = fit([])
+    watched = fit([CastwiseCallback()])
+    assert watched.train_steps == plain.train_steps == 2
+    for (name, a), b in zip(plain.state_dict().items(), watched.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    lines = [r.getMessage() for r in caplog.records if r.name == "castwise"]
+    assert len(lines) == 1 and "Uncopyable (CastwiseCallback) not audited, the run goes on: cannot copy" in lines[0]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise.errors import CastwiseError
+from castwise.errors import AuditError, CastwiseError
 from castwise.report import Finding, Report
 
 RAISED = "CW130"  # the model raised something that is not a dtype error: the step raises it itself
@@ -112,6 +112,18 @@ def random_streams_kept(loader: Any = None) -> Iterator[None]:
             # the fit's own iterator must start its workers from the restored seeds, not ours
             getattr(made, "_shutdown_workers", lambda: None)()
             loader._iterator = iterator
+
+
+def audit_or_skip(run_audit: Callable[[], Report], what: str, log: bool = True) -> Report | None:
+    """The callback's audit, or None where castwise cannot audit ``what`` (an ``AuditError``: a
+    model it cannot copy, a setup it does not read). That is said in one warning and the run
+    goes on as without the callback: castwise's own limit never stops a user's run."""
+    try:
+        return run_audit()
+    except AuditError as exc:
+        if log:
+            logger().warning("castwise: %s not audited, the run goes on: %s", what, exc)
+        return None
 
 
 def logger() -> logging.Logger:

@@ -22,7 +22,13 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
 from castwise.errors import CastwiseError, PolicyError
-from castwise.integrations._steps import CastwiseAuditError, GatedCallback, random_streams_kept, step_view
+from castwise.integrations._steps import (
+    CastwiseAuditError,
+    GatedCallback,
+    audit_or_skip,
+    random_streams_kept,
+    step_view,
+)
 from castwise.policy import Policy
 
 __all__ = ["CastwiseAuditError", "CastwiseCallback"]
@@ -126,7 +132,13 @@ class CastwiseCallback(GatedCallback, pl.Callback):
             # view's log methods do nothing, and the module itself is not touched
             view = step_view(pl_module, _step, log=_no_log, log_dict=_no_log)
             device = trainer.strategy.root_device.type
-            report = audit(view, (batch,), policy=precision, device=device, mode=self.mode)
+            report = audit_or_skip(
+                lambda: audit(view, (batch,), policy=precision, device=device, mode=self.mode),
+                f"{type(pl_module).__name__} (CastwiseCallback)",
+                log=trainer.is_global_zero,
+            )
+        if report is None:
+            return
         self._gate.act(
             report,
             pl_module,

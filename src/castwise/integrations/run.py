@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from castwise.errors import CastwiseError
-from castwise.integrations._steps import random_streams_kept
+from castwise.integrations._steps import audit_or_skip, random_streams_kept
 from castwise.report import Report
 
 __all__ = ["RunStopped", "Watcher", "ambient_policy", "run_script"]
@@ -94,9 +94,14 @@ class Watcher:
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
             with random_streams_kept():  # the script's random streams stay as they were
-                report = audit(module, inputs, policy=policy, device=self.device, mode=self.mode)
+                report = audit_or_skip(
+                    lambda: audit(module, inputs, policy=policy, device=self.device, mode=self.mode),
+                    f"{type(module).__name__} (castwise run)",
+                )
         finally:
             self._busy = False
+        if report is None:
+            return
         name = type(module).__name__
         self.reports.append((name, report))
         if self.on_report is not None:

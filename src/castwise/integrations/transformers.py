@@ -15,7 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from castwise.errors import CastwiseError
-from castwise.integrations._steps import CastwiseAuditError, GatedCallback, random_streams_kept
+from castwise.integrations._steps import CastwiseAuditError, GatedCallback, audit_or_skip, random_streams_kept
 
 __all__ = ["CastwiseAuditError", "CastwiseTrainerCallback", "trainer_precision"]
 
@@ -60,16 +60,23 @@ class CastwiseTrainerCallback(GatedCallback, TrainerCallback):  # type: ignore[m
             inputs = dict(batch) if isinstance(batch, dict) or hasattr(batch, "keys") else batch
             training = model.training
             try:
-                report = audit(model, inputs, policy=trainer_precision(args), device=args.device.type, mode=self.mode)
+                report = audit_or_skip(
+                    lambda: audit(
+                        model, inputs, policy=trainer_precision(args), device=args.device.type, mode=self.mode
+                    ),
+                    f"{type(model).__name__} (CastwiseTrainerCallback)",
+                    log=bool(getattr(state, "is_world_process_zero", True)),
+                )
             finally:
                 model.train(training)
-        self._gate.act(
-            report,
-            model,
-            where="training",
-            audited=_audited(self.mode, trainer_precision(args)),
-            log=bool(getattr(state, "is_world_process_zero", True)),
-        )
+        if report is not None:
+            self._gate.act(
+                report,
+                model,
+                where="training",
+                audited=_audited(self.mode, trainer_precision(args)),
+                log=bool(getattr(state, "is_world_process_zero", True)),
+            )
         if self.watch:
             from castwise.numerics.watch import watch
 
