@@ -8,14 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import castwise
 from castwise.errors import AuditError
+from tests.distributed._group import fake_process_group
 
 WORLD = 4
 BF16 = torch.bfloat16
@@ -23,12 +22,8 @@ BF16 = torch.bfloat16
 
 @pytest.fixture(scope="module", autouse=True)
 def fake_group() -> Iterator[None]:
-    assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
-    try:
+    with fake_process_group(WORLD):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 class Block(nn.Module):

@@ -14,12 +14,12 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.fsdp import fully_shard as torch_fully_shard
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import castwise
 import castwise.fsdp2
 from castwise.distributed.audit import audit_sharded
 from castwise.errors import AuditError
+from tests.distributed._group import fake_process_group
 from tests.distributed._workers import tiny_llama
 
 WORLD = 4
@@ -27,12 +27,8 @@ WORLD = 4
 
 @pytest.fixture(scope="module", autouse=True)
 def fake_group() -> Iterator[None]:
-    assert not dist.is_initialized()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
-    try:
+    with fake_process_group(WORLD):
         yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _ids() -> torch.Tensor:

@@ -42,7 +42,6 @@ class OriginalParam:
 class Wrapped:
     """What FSDP1 does to a model, read from its wrappers."""
 
-    inner: nn.Module  # the user's module tree under the root wrapper
     units: list[UnitPlan]  # one per wrapper, innermost first, the root last
     params: dict[int, dict[str, OriginalParam]]  # id(module) -> its original parameters by name
     buffers: dict[int, torch.dtype]  # id(buffer) -> the dtype the root casts it to
@@ -132,7 +131,7 @@ def read(model: nn.Module) -> Wrapped:
             )
         )
     world = int(wrappers[0][1].world_size) if wrappers else 1
-    return Wrapped(unwrap(model), units, params, buffers, frozenset(restore), world, reshards)
+    return Wrapped(units, params, buffers, frozenset(restore), world, reshards)
 
 
 __all__ = ["OriginalParam", "Wrapped", "clean", "is_wrapped", "read", "unwrap"]
