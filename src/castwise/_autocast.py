@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-DEVICE_TYPES = ("cpu", "cuda")
+from castwise.devices import autocast_types
+
+DEVICE_TYPES = autocast_types()  # the device types of the built-in devices
 
 
 @dataclass(frozen=True)

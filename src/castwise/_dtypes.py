@@ -73,6 +73,7 @@ ALIASES: dict[str, str] = {
 }
 
 POLICY_DTYPES = ("bfloat16", "float16", "float32", "float64")
+LOW = ("bfloat16", "float16")  # "low precision": the 16-bit floating dtypes mixed precision runs in
 # the floating dtypes castwise manages, as an error message lists them
 POLICY_DTYPES_TEXT = (
     ", ".join(sorted(SHORT[n] for n in POLICY_DTYPES)) + " (or " + ", ".join(sorted(POLICY_DTYPES)) + ")"
@@ -139,6 +140,11 @@ def fmt_tensor(dtype_name: str, shape: Iterable[int]) -> str:
     return f"{short(dtype_name)}[{', '.join(str(int(s)) for s in shape)}]"
 
 
-def is_low(name: str) -> bool:
-    """True for the 16-bit floating dtypes mixed precision runs in."""
-    return name in ("bfloat16", "float16")
+def is_low(dtype: str | torch.dtype) -> bool:
+    """True for the 16-bit floating dtypes mixed precision runs in (a canonical name or a torch dtype)."""
+    return (dtype if isinstance(dtype, str) else name_of(dtype)) in LOW
+
+
+def low_dtypes() -> tuple[torch.dtype, ...]:
+    """``LOW`` as torch dtypes (imports torch), for membership tests on a hot path."""
+    return tuple(to_torch(n) for n in LOW)

@@ -140,6 +140,11 @@ def unregister(name: str) -> None:
     _LOOKUP_CACHE.clear()
 
 
+def autocast_types() -> tuple[str, ...]:
+    """The autocast device types of the registered devices ("cpu", "cuda"), sorted."""
+    return tuple(sorted({d.autocast_type for d in _REGISTRY.values()}))
+
+
 def names() -> tuple[str, ...]:
     """The registered device names, sorted."""
     return tuple(sorted(_REGISTRY))

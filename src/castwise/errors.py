@@ -41,3 +41,23 @@ class ConfigError(CastwiseError):
         super().__init__(f"{where}: {message}" if where else message)
         self.path = path
         self.line = line
+
+
+class BrowserError(CastwiseError):
+    """Chromium is missing or did not answer."""
+
+
+class HtmlWriteError(CastwiseError):
+    """The HTML report could not be written where asked."""
+
+
+class ExportError(CastwiseError):
+    """A policy says something the target's configuration cannot (and ``strict=True``)."""
+
+
+class RunStopped(CastwiseError):
+    """``castwise run --stop``: the audit of a model found an error, and the script was stopped."""
+
+
+class ShardError(CastwiseError):
+    """``castwise.fsdp2`` cannot shard a model as asked (no process group, a bad unit, ...)."""

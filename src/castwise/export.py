@@ -28,7 +28,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from castwise import _export_fp8 as _fp8
-from castwise.errors import CastwiseError
+from castwise.errors import ExportError
 
 if TYPE_CHECKING:
     from castwise.policy import Policy
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["ExportError", "ExportWarning", "accelerate", "deepspeed", "lightning", "torchtitan"]
 
 _DS_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-class ExportError(CastwiseError):
-    """A policy says something the target's configuration cannot (and ``strict=True``)."""
 
 
 class ExportWarning(UserWarning):

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from castwise._dtypes import is_low
+
 Inputs = Any  # a tensor, a tuple of positional args or a dict of keyword args
 
 
@@ -217,7 +219,7 @@ def build_encoder() -> tuple[nn.Module, Inputs]:
 
 
 def _check_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.dtype not in (torch.float16, torch.bfloat16) or not (q.dtype == k.dtype == v.dtype):
+    if not is_low(q.dtype) or not (q.dtype == k.dtype == v.dtype):
         raise ValueError(
             "fused_attention: query/key/value should all be float16 or bfloat16 and share a dtype, "
             f"got query.dtype={q.dtype} key.dtype={k.dtype} value.dtype={v.dtype}"

@@ -1,4 +1,4 @@
-"""What the audit's rules read: one refused op as a :class:`Ctx`, a run as a :class:`Session`.
+"""What the audit's rules read (the types live in ``castwise.rules.api``, below the engine).
 
 ``make_ctx`` turns an event (a contract violation, or an op that raised) into the context every
 rule check sees: the op, its operands' dtypes and provenance, and which operands are at fault.
@@ -12,109 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from castwise._dtypes import short_of
 from castwise.devices import Device
-from castwise.rules.audit._base import Diag
-from castwise.rules.audit._text import is_ancestor, where
-from castwise.trace.events import Mode, Origin, Producer, Prov
+from castwise.rules.api import Ctx, FixContext, Session
+from castwise.rules.audit._text import is_ancestor
+from castwise.trace.events import Mode, Producer, Prov
 
 if TYPE_CHECKING:
-    from castwise.policy import ModuleRule, Policy
-    from castwise.report import Finding
     from castwise.trace.events import Trace
 
-LOW = (torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class Ctx:
-    """One refused op, as the rules see it."""
-
-    phase: str
-    module: str
-    op: str | None
-    kind: str | None  # the contract's violation kind, or "unsupported" / None for raised errors
-    text: str  # the real (or predicted) error message
-    dtypes: tuple[torch.dtype, ...]
-    provs: tuple[Prov | None, ...]
-    culprits: list[int]
-    is_fast: bool
-    autocast: torch.dtype | None
-    compute: torch.dtype
-    expected: str | None
-    device: Device
-    dominant: torch.dtype | None
-    unsupported: torch.dtype | None
-    stray: bool  # the culprit is a tensor the policy left off its dtype (CW122)
-    culprit_provs: list[Prov]
-    disabled_by: str | None = None  # the module whose forward turned autocast off around the op
-    region_module: Any = None  # that module (the run's copy), for its source
-
-    def make_origin(self, module: str | None, op: str | None, tensor: str | None) -> Origin:
-        """An Origin value (rule modules build one through this, without importing the trace layer)."""
-        return Origin(module, op, tensor)
-
-    @property
-    def source(self) -> str | None:
-        """The user's line where the culprit's dtype was made, when recorded."""
-        first = self.first
-        return first.source if first is not None else None
-
-    @property
-    def first(self) -> Prov | None:
-        return self.culprit_provs[0] if self.culprit_provs else None
-
-    @property
-    def origin(self) -> Origin | None:
-        first = self.first
-        return first.origin() if first else None
-
-    @property
-    def got(self) -> str:
-        return ", ".join(sorted({short_of(self.dtypes[i]) for i in self.culprits if i < len(self.dtypes)}))
-
-    @property
-    def at(self) -> str:
-        return where(self.module) + (f" ({self.op})" if self.op else "")
-
-    @property
-    def comp(self) -> str:
-        return short_of(self.compute)
-
-    @property
-    def modules(self) -> tuple[str, ...]:
-        # a shared Parameter's other holders too: a cast through any of them changed it; and for a
-        # type promotion (f16 + bf16 -> f32), where the operand off the compute dtype came from
-        off = [q.module for p in self.culprit_provs for q in p.promoted if q.dtype != self.compute]
-        return tuple(dict.fromkeys(m for p in self.culprit_provs for m in (p.module, *p.shared) if m)) + tuple(
-            m for m in dict.fromkeys(off) if m and all(m != p.module for p in self.culprit_provs)
-        )
-
-    def diag(
-        self,
-        code: str,
-        message: str,
-        fix: str,
-        origin: Origin | bool | None = True,
-        modules: tuple[str, ...] | None = None,
-        source: str | bool | None = True,
-        code_fix: tuple[str, int, str, str | None] | None = None,
-    ) -> Diag:
-        """A diagnosis at this op; ``origin=True``: the culprit's origin (and its source line)."""
-        org = self.origin if origin is True else origin if isinstance(origin, Origin) else None
-        line = self.source if source is True else source if isinstance(source, str) else None
-        return Diag(
-            code,
-            self.module,
-            self.op,
-            org,
-            message,
-            fix,
-            self.modules if modules is None else modules,
-            self.expected,
-            line,
-            code_fix,
-        )
+__all__ = ["Ctx", "FixContext", "RunRecord", "Session", "culprits_of", "make_ctx"]
 
 
 def _own(p: Prov, module: str) -> bool:
@@ -284,46 +190,3 @@ class RunRecord:
     def off_policy(self) -> frozenset[str]:
         """The provenance names of the tensors the policy left off its dtype (as the tracer names them)."""
         return frozenset(f"{kind} {m + '.' if m else ''}{n}" for m, n, kind, _d, _w in self.unexpected)
-
-
-@dataclass(frozen=True)
-class Session:
-    """What run-level rules scan: every run, the policy, and the findings of the event checks."""
-
-    runs: list[RunRecord]
-    policy: Policy | None
-    findings: list[Finding]
-
-    def finding(self, **fields: Any) -> Finding:
-        """A report Finding (rule modules build findings through this, without importing report)."""
-        from castwise.report import Finding
-
-        return Finding(**fields)
-
-    def origin(self, module: str | None, op: str | None, tensor: str | None) -> Origin:
-        return Origin(module, op, tensor)
-
-
-@dataclass
-class FixContext:
-    """Handed to a rule's ``policy_fix``: the compute dtype and a collector for module rules."""
-
-    compute: torch.dtype
-    rules: list[ModuleRule] = field(default_factory=list)
-    existing: tuple[Any, ...] = ()
-
-    def add(self, selector: str, dtype: torch.dtype, kind: str) -> None:
-        from castwise.policy import ModuleRule
-
-        if not selector or selector in ("*",):
-            return
-        rule = ModuleRule(selector, dtype, kind)  # type: ignore[arg-type]
-        if rule not in self.existing and rule not in self.rules:
-            self.rules.append(rule)
-
-    def culprits(self, finding: Finding) -> list[str]:
-        details = dict(finding.details)
-        found = list(details.get("culprit_modules", []))
-        if not found and finding.origin is not None and finding.origin.module:
-            found = [finding.origin.module]
-        return found

@@ -394,4 +394,5 @@ def _finding(d: Diag, modes: tuple[Mode, ...], places: list[str]) -> Finding:
         details=tuple(details),
         source=d.source,
         code_fix=code_fix,
+        compiled_only=d.compiled_only,
     )

@@ -330,7 +330,7 @@ def _status(mode: str, findings: list[Finding], kind: str = "eager") -> RunStatu
     """ "error" when a finding of this mode is an error, "incomplete" when the run stopped before
     the end (CW902: part of the model was not checked), else "ok". A finding about the compiled
     run alone (torch.compile stopped it) is not the eager run's."""
-    here = [f for f in findings if mode in f.modes and (kind != "eager" or dict(f.details).get("run") != "compiled")]
+    here = [f for f in findings if mode in f.modes and (kind != "eager" or not f.compiled_only)]
     if any(f.level == "error" for f in here):
         return "error"
     if any(f.code == "CW902" for f in here):

@@ -8,9 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise.auditor.context import LOW, FixContext, RunRecord
+from castwise._dtypes import is_low
+from castwise.auditor.context import FixContext, RunRecord
 from castwise.errors import CastwiseError
-from castwise.policy import Policy
+from castwise.policy import ModuleRule, Policy
 from castwise.report import Finding, Report
 from castwise.rules import audit as audit_rules
 from castwise.rules.audit._text import true_preset
@@ -46,7 +47,7 @@ class AuditRequest:
 def _base_policy(policy: Policy | None, compute: torch.dtype) -> Policy:
     if policy is not None:
         return policy
-    if compute in LOW:
+    if is_low(compute):
         return Policy.parse(true_preset(compute))
     return Policy.parse("32-true")
 
@@ -64,7 +65,7 @@ def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: fr
     that module instead: a float32 island there (its weights cast to float32, its output cast
     back), which no rule's own fix does (they fix where the float64 arrives)."""
     units = audit_rules.rules()
-    fx = FixContext(compute, existing=tuple(policy.rules))
+    fx = FixContext(compute, existing=tuple((r.selector, r.dtype, r.kind) for r in policy.rules))
     p = policy
     upcasters = sorted({f.module for f in findings if f.code == "CW120" and f.module}, key=len)
     for f in findings:
@@ -79,7 +80,7 @@ def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: fr
         elif rule.policy_fix is not None:
             p = rule.policy_fix(p, f, fx)
     if fx.rules:
-        p = p.with_rules(*fx.rules)
+        p = p.with_rules(*(ModuleRule(*pin) for pin in fx.rules))
     return p
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from castwise._dtypes import LOW
+
 # short names, only for writing the tables compactly
 ISL = "AUTOCAST_FP32_ISLAND_INTO_STRICT_KERNEL"
 EXT = "UNCAST_CUSTOM_OP_OR_EXTENSION"
@@ -354,7 +356,6 @@ _OP_CONTEXT: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 _GENERIC = ("matmul-dtype", "scalar-type-arg", "scalar-type", "conv-dtype", "norm-mixed-dtype")
-_LOW = ("float16", "bfloat16")
 
 
 def op_context(codes: list[str]) -> frozenset[str]:
@@ -398,7 +399,7 @@ def _pair_weights(
                 "an integer tensor met a float one (labels or indices, not precision)",
             )
         )
-    elif pair == {"float16", "bfloat16"}:
+    elif pair == set(LOW):
         # two half types met: something cast to the other half type (a wrapper's input cast, a
         # quantised layer's compute dtype), never an fp32 island. A kernel's data_ptr check
         # ("expected scalar type") is where out= buffers of dequantising kernels fail; a
@@ -411,17 +412,17 @@ def _pair_weights(
         out.append((w, "two different 16-bit dtypes met"))
     elif "float64" in pair:
         out.append(({UNC: 2.0, INP: 2.0}, "a float64 tensor (NumPy, Python defaults) met a float dtype"))
-    elif matmul_like and first == "float32" and second in _LOW:
+    elif matmul_like and first == "float32" and second in LOW:
         out.append(
             ({MASK: 0.8, INP: 0.5, LEAK: 0.5}, "the activation side is float32, the other operand low precision")
         )
-    elif matmul_like and first in _LOW and second == "float32":
+    elif matmul_like and first in LOW and second == "float32":
         out.append(
             ({UNC: 1.0, ADA: 0.5, QUANT: 0.5}, "the activation side is low precision, the other operand float32")
         )
-    elif family == "scalar-type" and "norm" in ctx.ops and first == "float32" and second in _LOW:
+    elif family == "scalar-type" and "norm" in ctx.ops and first == "float32" and second in LOW:
         out.append(({DOWN: 2.0, LEAK: 1.0}, "a norm's float32 input met low-precision weights"))
-    elif family == "scalar-type" and first in _LOW and second == "float32" and not ctx.ops:
+    elif family == "scalar-type" and first in LOW and second == "float32" and not ctx.ops:
         out.append(({UNC: 1.0, EXT: 1.0}, "a kernel's first operand is low precision, another float32"))
     return out
 
@@ -458,7 +459,7 @@ def _family_weights(
             out.append(({DOWN: 1.5, LEAK: 1.0}, "float32 input met low-precision norm parameters"))
         elif second == "float32":
             out.append(({NORM: 2.0}, "low-precision input met float32 norm parameters"))
-    if family == "conv-dtype" and roles[1] == "bias" and first in _LOW and second == "float32":
+    if family == "conv-dtype" and roles[1] == "bias" and first in LOW and second == "float32":
         # CUDA checks the weight before the bias: a bias complaint means the weight matched
         scale = 0.6 if ctx.device == "cpu" else 1.0
         out.append(

@@ -31,7 +31,7 @@ import torch
 
 from castwise._dtypes import short_of
 from castwise.applied.inspection import resolve
-from castwise.errors import CastwiseError
+from castwise.errors import ShardError as ShardError
 from castwise.policy import ModuleRule, Policy
 
 if TYPE_CHECKING:
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 
 UnitKind = Literal["island", "block", "unit", "root"]
 _WIDTH = {torch.float64: 64, torch.float32: 32, torch.float16: 16, torch.bfloat16: 16}
-
-
-class ShardError(CastwiseError):
-    """``castwise.fsdp2`` cannot shard a model as asked (no process group, a bad unit, ...)."""
 
 
 def _short(dtype: torch.dtype | None) -> str:

@@ -3,18 +3,16 @@ and acting on the report before the first step (stop, apply a fix, or say that a
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-import random
-import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from castwise._state import random_streams_kept as random_streams_kept
 from castwise.errors import AuditError, CastwiseError
 from castwise.report import Finding, Report
 
@@ -69,49 +67,6 @@ def step_view(module: nn.Module, step: Callable[[nn.Module, Any], Any], **method
             state[name] = types.MethodType(value.__func__, view)
     view.__dict__.update(state)
     return view
-
-
-def _loader_generators(loader: Any) -> list[torch.Generator]:
-    """The generators a DataLoader's iteration draws from besides the global one: its own (the
-    workers' base seed) and its sampler's (a RandomSampler's shuffle)."""
-    found: list[torch.Generator] = []
-    samplers = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
-    for owner in (loader, *samplers):
-        g = getattr(owner, "generator", None)
-        if isinstance(g, torch.Generator) and all(g is not f for f in found):
-            found.append(g)
-    return found
-
-
-@contextlib.contextmanager
-def random_streams_kept(loader: Any = None) -> Iterator[None]:
-    """Every random stream a fit draws from left as it was, whatever ran inside: torch's CPU (and
-    CUDA) generator, python's ``random``, numpy's global one (where numpy is in use) and
-    ``loader``'s own generators. A callback that draws a batch and audits before the first step
-    must not change which batches the fit sees, its dropout masks, or its augmentations."""
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
-    py = random.getstate()
-    np = sys.modules.get("numpy")
-    np_state = np.random.get_state() if np is not None else None
-    generators = [(g, g.get_state()) for g in _loader_generators(loader)]
-    iterator = getattr(loader, "_iterator", None)  # persistent workers keep the first iterator
-    try:
-        yield
-    finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        random.setstate(py)
-        if np is not None:
-            np.random.set_state(np_state)
-        for g, state in generators:
-            g.set_state(state)
-        made = getattr(loader, "_iterator", None)
-        if made is not None and made is not iterator:
-            # the fit's own iterator must start its workers from the restored seeds, not ours
-            getattr(made, "_shutdown_workers", lambda: None)()
-            loader._iterator = iterator
 
 
 def audit_or_skip(run_audit: Callable[[], Report], what: str, log: bool = True) -> Report | None:

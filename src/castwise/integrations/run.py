@@ -24,15 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise.errors import CastwiseError
+from castwise._autocast import DEVICE_TYPES
+from castwise.errors import RunStopped
 from castwise.integrations._steps import audit_or_skip, random_streams_kept
 from castwise.report import Report
 
 __all__ = ["RunStopped", "Watcher", "ambient_policy", "run_script"]
-
-
-class RunStopped(CastwiseError):
-    """``castwise run --stop``: the audit of a model found an error, and the script was stopped."""
 
 
 @dataclass
@@ -128,7 +125,7 @@ def ambient_policy(device_type: str, *, scaled: bool = False) -> str | None:
 
 def _device_type(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     for t in (*module.parameters(), *args, *kwargs.values()):
-        if isinstance(t, torch.Tensor) and t.device.type in ("cpu", "cuda"):
+        if isinstance(t, torch.Tensor) and t.device.type in DEVICE_TYPES:
             return t.device.type
     return "cpu"
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from castwise._autocast import DEVICE_TYPES, autocast
-from castwise._dtypes import short_of
+from castwise._dtypes import low_dtypes, short_of
 from castwise.numerics import _run
 from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.advice import bug_fix, precision_fix
@@ -28,7 +28,7 @@ from castwise.numerics.rows import locate_rows
 from castwise.report import Finding, Report, Run
 from castwise.trace.events import as_mode
 
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = low_dtypes()
 
 
 def _rng() -> tuple[torch.Tensor, list[torch.Tensor] | None]:

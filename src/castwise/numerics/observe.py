@@ -19,14 +19,14 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
-from castwise._dtypes import short_of
+from castwise._dtypes import low_dtypes, short_of
 from castwise.numerics._deferred import Magnitudes, nan_max
 from castwise.trace.observers import Observer, OpCall
 
 if TYPE_CHECKING:
     from castwise.trace.events import Trace
 
-_LOW = (torch.float16, torch.bfloat16)
+_LOW = low_dtypes()
 # frames that are plumbing, not the user's code: the innermost frame outside them is "the user's line"
 _PLUMBING = (
     "/torch/",

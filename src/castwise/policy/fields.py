@@ -72,7 +72,7 @@ class Basis:
     @property
     def true_low(self) -> bool:
         """A "true" low-precision policy: weights and compute both bf16 or f16."""
-        return not self.mixed and _dtypes.is_low(_dtypes.name_of(self.compute))
+        return not self.mixed and _dtypes.is_low(self.compute)
 
 
 def _f32() -> torch.dtype:

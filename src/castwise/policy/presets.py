@@ -291,7 +291,7 @@ def lookup(text: str) -> str:
         if key in PRESETS:
             return key
     dtype = _dtypes.canonical(text)
-    if dtype in ("bfloat16", "float16"):
+    if dtype is not None and _dtypes.is_low(dtype):
         raise _bare_dtype(text.strip(), dtype)
     if dtype in ("float32", "float64"):
         return "32-true" if dtype == "float32" else "64-true"  # one reading: nothing narrower to autocast to

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from castwise.errors import CastwiseError
+from castwise.errors import BrowserError as BrowserError
 
 FLAGS = (
     "--headless",
@@ -34,10 +34,6 @@ FLAGS = (
     "--hide-scrollbars",
     "--mute-audio",
 )
-
-
-class BrowserError(CastwiseError):
-    """Chromium is missing or did not answer."""
 
 
 def find_chromium() -> str | None:

@@ -17,17 +17,13 @@ from html import escape
 from typing import Any
 
 from castwise._dtypes import short
-from castwise.errors import CastwiseError
+from castwise.errors import HtmlWriteError
 from castwise.report._html_assets import CSS, JS
 from castwise.report._html_numerics import numerics_html
 from castwise.report._html_tree import findings_html, tree_html
 from castwise.report._svg import Bar, bar_chart, fmt_bytes
 
 _IDS = itertools.count(1)
-
-
-class HtmlWriteError(CastwiseError):
-    """The HTML report could not be written where asked."""
 
 
 def _data(report: Any) -> tuple[dict[str, Any], str]:

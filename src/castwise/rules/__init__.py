@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from castwise.categories import CATEGORIES
-from castwise.rules._rule import SEVERITIES, Rule, Severity
+from castwise.rules._rule import REGISTRY, SEVERITIES, Rule, Severity, get
 
 __all__ = ["REGISTRY", "SEVERITIES", "Rule", "Severity", "all_rules", "get", "register", "unregister"]
 
@@ -60,23 +60,7 @@ def _build() -> dict[str, Rule]:
     return dict(sorted(registry.items()))
 
 
-REGISTRY: dict[str, Rule] = _build()
-
-
-def get(code_or_name: str) -> Rule:
-    """A rule by code (``CW101``, case-insensitive) or by kebab-case name."""
-    key = code_or_name.strip()
-    rule = REGISTRY.get(key.upper())
-    if rule is None:
-        rule = next((r for r in REGISTRY.values() if r.name == key.lower()), None)
-    if rule is None:
-        from castwise.errors import CastwiseError
-
-        raise CastwiseError(
-            f"no rule {code_or_name!r}; valid codes: {', '.join(REGISTRY)} "
-            "(or a rule's kebab-case name; `castwise rules` lists them)"
-        )
-    return rule
+REGISTRY.update(_build())  # the table lives in _rule.py, where the values rules build can read it
 
 
 def all_rules() -> list[Rule]:

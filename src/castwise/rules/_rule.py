@@ -41,3 +41,23 @@ class Rule:
             f"Example\n-------\n{self.example.strip()}\n\n"
             f"Fix\n---\n{fill(self.fix)}\n"
         )
+
+
+# code -> entry: filled by the catalog (castwise.rules, which imports every rule module) as it loads
+REGISTRY: dict[str, Rule] = {}
+
+
+def get(code_or_name: str) -> Rule:
+    """A rule by code (``CW101``, case-insensitive) or by kebab-case name."""
+    key = code_or_name.strip()
+    rule = REGISTRY.get(key.upper())
+    if rule is None:
+        rule = next((r for r in REGISTRY.values() if r.name == key.lower()), None)
+    if rule is None:
+        from castwise.errors import CastwiseError
+
+        raise CastwiseError(
+            f"no rule {code_or_name!r}; valid codes: {', '.join(REGISTRY)} "
+            "(or a rule's kebab-case name; `castwise rules` lists them)"
+        )
+    return rule

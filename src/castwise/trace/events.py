@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from castwise._dtypes import fmt_tensor, name_of
+from castwise.rules.api import HookChange as HookChange
+from castwise.rules.api import Mode as Mode
+from castwise.rules.api import Origin as Origin
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +26,6 @@ if TYPE_CHECKING:
     from castwise.trace.contracts import Violation
 
 Phase = Literal["forward", "backward"]
-Mode = Literal["train", "eval"]
 
 
 def as_mode(mode: str) -> Mode:
@@ -40,23 +42,6 @@ RunStatus = Literal["ok", "error", "incomplete"]
 RunKind = Literal["eager", "compiled"]
 
 ProvKind = Literal["param", "buffer", "attribute", "input", "created", "cast", "autocast", "op", "backward"]
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where an offending dtype came from: a module, an op in it, or a named tensor."""
-
-    module: str | None = None
-    op: str | None = None
-    tensor: str | None = None  # e.g. "param encoder.0.weight", "input x", "bf16[2, 4]"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"module": self.module, "op": self.op, "tensor": self.tensor}
-
-    def __str__(self) -> str:
-        parts = [p for p in (self.tensor, self.op and f"op {self.op}") if p]
-        where = f"`{self.module}`" if self.module else "(model input)" if self.module == "" else ""
-        return " ".join(p for p in (where, *parts) if p) or "(unknown)"
 
 
 @dataclass(frozen=True)
@@ -139,21 +124,6 @@ class Frame:
     module: nn.Module
     autocast: torch.dtype | None
     inputs: list[torch.Tensor]
-
-
-@dataclass(frozen=True)
-class HookChange:
-    """A user hook returned a tensor in another dtype than it was given."""
-
-    kind: Literal["grad", "forward"]  # a parameter's gradient hook, or a module's forward hook
-    module: str  # the module owning the hooked parameter, or the hooked module
-    tensor: str | None  # "param lm_head.weight" for gradient hooks
-    hook: str  # the hook's qualified name
-    before: torch.dtype
-    after: torch.dtype
-    source: str | None  # where the hook is defined ("train.py:12")
-    # the code fix: (file, line, new line, old line) of the hook's return with the cast back
-    code_fix: tuple[str, int, str, str | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from castwise._dtypes import LOW as _LOW_NAMES
 from castwise._dtypes import name_of
 from castwise.trace import contracts, fastpath
 from castwise.trace.events import Upcast, shape_of
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from castwise.trace.contracts import Violation
     from castwise.trace.events import Frame, Prov, Trace
     from castwise.trace.tracer import Tracer
-
-_LOW_NAMES = ("bfloat16", "float16")
 
 
 class OpCall:

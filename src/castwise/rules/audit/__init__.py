@@ -24,6 +24,7 @@ Precedence, and why:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
@@ -73,16 +74,18 @@ def add(rule: AuditRule) -> None:
     """Add a rule defined outside this package to the audit (``castwise.rules.register`` also
     puts it in the catalog: use that)."""
     rules()[rule.code] = rule
-    _ordered.cache_clear()
+    ordered_checks.cache_clear()
 
 
 def remove(code: str) -> AuditRule | None:
     found = rules().pop(code, None)
-    _ordered.cache_clear()
+    ordered_checks.cache_clear()
     return found
 
 
-def _ordered_impl() -> tuple[Check, ...]:
+@functools.cache
+def ordered_checks() -> tuple[Check, ...]:
+    """The event checks in precedence order (cached: ``add`` and ``remove`` clear it)."""
     checks = {c.key: c for r in rules().values() for c in r.checks}
     order = [k for k in PRECEDENCE if k in checks]
     for r in rules().values():
@@ -91,26 +94,6 @@ def _ordered_impl() -> tuple[Check, ...]:
                 at = order.index(r.before) if r.before in order else len(order)
                 order.insert(at, c.key)
     return tuple(checks[k] for k in order)
-
-
-class _Cache:
-    value: tuple[Check, ...] | None = None
-
-    def __call__(self) -> tuple[Check, ...]:
-        if self.value is None:
-            self.value = _ordered_impl()
-        return self.value
-
-    def cache_clear(self) -> None:
-        self.value = None
-
-
-_ordered = _Cache()
-
-
-def ordered_checks() -> tuple[Check, ...]:
-    """The event checks in precedence order."""
-    return _ordered()
 
 
 __all__ = ["PRECEDENCE", "AuditRule", "Check", "add", "ordered_checks", "remove", "rules"]

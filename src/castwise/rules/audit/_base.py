@@ -4,7 +4,7 @@ One module per code in this package, each defining ``RULE = AuditRule(...)``:
 
 - ``meta``: the catalog entry (code, kebab-case name, category, severity, the page).
 - ``checks``: event checks. Each reads one refused op (a contract violation or an op that
-  raised) as an :class:`castwise.auditor.context.Ctx` and returns a diagnosis or None. The
+  raised) as a :class:`castwise.rules.api.Ctx` and returns a diagnosis or None. The
   audit asks the checks in the order of ``PRECEDENCE`` (rules/audit/__init__.py); the first
   answer wins.
 - ``scan``: run-level findings (warnings over all runs, what could not be checked).
@@ -18,37 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx, Diag, Finding, FixContext, Session
 
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, FixContext, Session
-    from castwise.report import Finding
-    from castwise.trace.events import Origin
+__all__ = ["AuditRule", "Check", "Diag", "Match", "PolicyFix", "Scan"]
 
-
-@dataclass(frozen=True)
-class Diag:
-    """A diagnosis before it becomes a Finding (findings of several modes and places merge)."""
-
-    code: str
-    module: str
-    op: str | None
-    origin: Origin | None
-    message: str
-    fix: str
-    culprit_modules: tuple[str, ...] = ()
-    expected: str | None = None
-    source: str | None = None  # the user's line where the origin was made ("file.py:42")
-    # (file, line, replacement line, original line): the code change where no policy fixes it
-    code_fix: tuple[str, int, str, str | None] | None = None
-    details: tuple[tuple[str, Any], ...] = ()  # extra JSON fields of the finding (e.g. the hook)
-
-
-Match = Callable[["Ctx"], "Diag | None"]
-Scan = Callable[["Session"], "list[Finding]"]
-PolicyFix = Callable[[Any, "Finding", "FixContext"], Any]  # (Policy, finding, context) -> Policy
+Match = Callable[[Ctx], Diag | None]
+Scan = Callable[[Session], list[Finding]]
+PolicyFix = Callable[[Any, Finding, FixContext], Any]  # (Policy, finding, context) -> Policy
 
 
 @dataclass(frozen=True)

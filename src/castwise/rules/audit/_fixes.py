@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from castwise._dtypes import is_low
+from castwise.rules.api import Finding, FixContext
 from castwise.rules.audit._text import generalize, is_ancestor
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import FixContext
-    from castwise.report import Finding
 
 
 def selector_for(name: str, finding: Finding) -> str:
@@ -28,7 +26,7 @@ def keep_module_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
     """Make the failing module a float32 island (and norms float32 under a *-true policy)."""
     import torch
 
-    if policy.norms is None and not policy.is_mixed and policy.compute_dtype in (torch.float16, torch.bfloat16):
+    if policy.norms is None and not policy.is_mixed and is_low(policy.compute_dtype):
         policy = policy.replace(norms=torch.float32)
     fx.add(selector_for(finding.module or "", finding), torch.float32, "keep")
     return policy

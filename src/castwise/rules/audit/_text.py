@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from castwise._dtypes import name_of, short_of
+from castwise._dtypes import short_of
 
 if TYPE_CHECKING:
     import torch
@@ -46,11 +46,6 @@ def module_expr(name: str) -> str:
     if all(seg.isidentifier() for seg in name.split(".")):
         return f"model.{name}"
     return f"model.get_submodule({name!r})"
-
-
-def torch_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"`` (as written after ``torch.``)."""
-    return name_of(dtype)
 
 
 def true_preset(dtype: torch.dtype) -> str:

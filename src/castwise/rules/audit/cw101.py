@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from castwise._dtypes import short_of
+from castwise._dtypes import is_low, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import keep_module_fix
 from castwise.rules.audit._text import (
@@ -13,9 +12,6 @@ from castwise.rules.audit._text import (
     true_preset,
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW101",
@@ -50,12 +46,7 @@ def _match(ctx: Ctx) -> Diag | None:
     # float32 made inside this module meets this module's own low-precision parameters
     module, provs = ctx.module, ctx.provs
     own_low = [
-        p
-        for p in provs
-        if p is not None
-        and p.kind in ("param", "buffer")
-        and p.module == module
-        and short_of(p.dtype) in ("bf16", "f16")
+        p for p in provs if p is not None and p.kind in ("param", "buffer") and p.module == module and is_low(p.dtype)
     ]
     own_up = [
         p

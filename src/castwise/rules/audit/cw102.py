@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from castwise._dtypes import short_of
+from castwise._dtypes import is_low, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx, Finding, FixContext
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import selector_for
 from castwise.rules.audit._text import (
@@ -14,10 +15,6 @@ from castwise.rules.audit._text import (
     true_preset,
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, FixContext
-    from castwise.report import Finding
 
 META = Rule(
     code="CW102",
@@ -51,7 +48,7 @@ def _match(ctx: Ctx) -> Diag | None:
     first, comp = ctx.first, ctx.comp
     if first is None or first.kind not in ("param", "buffer") or short_of(first.dtype) != "f32":
         return None
-    if is_ancestor(first.module, ctx.module) or comp not in ("bf16", "f16"):
+    if is_ancestor(first.module, ctx.module) or not is_low(ctx.compute):
         return None
     fix = (
         f"Cast {where(first.module)}'s output back to {comp} (saturating for f16): "

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx, Finding, FixContext
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._text import (
     others,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, FixContext
-    from castwise.report import Finding
 
 META = Rule(
     code="CW105",

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from castwise._dtypes import short_of
+from castwise._dtypes import name_of, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import out_fix
 from castwise.rules.audit._text import (
     dtype_code_fix,
     others,
-    torch_name,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW106",
@@ -44,7 +39,7 @@ def _match(ctx: Ctx) -> Diag | None:
     rest = others(ctx.dtypes, ctx.culprits)
     # the dtype the tensor should have: that of the operands it meets (one of them, if several)
     want = next((d for i, d in enumerate(ctx.dtypes) if i not in ctx.culprits and d.is_floating_point), None)
-    code_fix = dtype_code_fix(first.source, f"torch.{torch_name(want)}") if first.kind == "created" and want else None
+    code_fix = dtype_code_fix(first.source, f"torch.{name_of(want)}") if first.kind == "created" and want else None
     where_made = f" at {first.source}" if first.source else ""
     return ctx.diag(
         "CW106",

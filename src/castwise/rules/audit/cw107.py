@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import out_fix
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW107",

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from castwise._dtypes import short_of
+from castwise._dtypes import name_of, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import keep_module_fix
 from castwise.rules.audit._text import (
     keep_fix,
-    torch_name,
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW111",
@@ -51,7 +46,7 @@ def _match(ctx: Ctx) -> Diag | None:
             "CW111",
             message,
             f"Cast the {name} tensor to a floating dtype before {where(ctx.module)} "
-            f"(`x.to(torch.{torch_name(ctx.compute)})`).",
+            f"(`x.to(torch.{name_of(ctx.compute)})`).",
         )
     back = (
         f"; its input is cast up to float32 and its output back to {ctx.comp}"

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx
 from castwise.rules.audit._base import AuditRule, Check, Diag
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
 
 META = Rule(
     code="CW112",

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from castwise._dtypes import short_of
+from castwise._dtypes import name_of, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx, ProvLike
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._text import (
     module_expr,
-    torch_name,
     where,
 )
 
 if TYPE_CHECKING:
     import torch
 
-    from castwise.auditor.context import Ctx
-    from castwise.trace.events import Prov
 
 META = Rule(
     code="CW113",
@@ -48,7 +46,7 @@ META = Rule(
 )
 
 
-def _hand_cast(ctx: Ctx) -> tuple[Prov, torch.dtype] | None:
+def _hand_cast(ctx: Ctx) -> tuple[ProvLike, torch.dtype] | None:
     """(the module's odd parameter, the activations' dtype) when this module's own weights are off
     the model's dominant dtype while everything else reaching it is in it: weights cast by hand."""
     module, dtypes, provs, dominant = ctx.module, ctx.dtypes, ctx.provs, ctx.dominant
@@ -89,8 +87,8 @@ def _match(ctx: Ctx) -> Diag | None:
         f"model and the activations reaching it are {short_of(act)}: that module's weights were cast by hand "
         f"(`.to({short_of(param.dtype)})` on one module?). Real error: {ctx.text}",
         f"Cast {where(param.module)} back to {short_of(act)} with the rest of the model "
-        f"(`{module_expr(param.module)}.to(torch.{torch_name(act)})`), or, if it is meant to run in "
-        f"{short_of(param.dtype)}, cast its input: `x.to(torch.{torch_name(param.dtype)})` before it.",
+        f"(`{module_expr(param.module)}.to(torch.{name_of(act)})`), or, if it is meant to run in "
+        f"{short_of(param.dtype)}, cast its input: `x.to(torch.{name_of(param.dtype)})` before it.",
         param.origin(),
         (param.module,),
     )

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from castwise._dtypes import short_of
+from castwise._dtypes import is_low, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx, Finding, FixContext, Origin
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._fixes import selector_for
 from castwise.rules.audit._text import generalize, where
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, FixContext
-    from castwise.report import Finding
 
 META = Rule(
     code="CW114",
@@ -52,10 +49,10 @@ def _match(ctx: Ctx) -> Diag | None:
     if region is None or ctx.phase != "forward":
         return None
     line = _region_line(ctx)
-    origin = ctx.make_origin(region or None, None, "autocast turned off in its forward")
-    floats = sorted({short_of(d) for d in ctx.dtypes if d.is_floating_point})
-    low = ", ".join(d for d in floats if d in ("bf16", "f16")) or "low-precision"
-    high = ", ".join(d for d in floats if d not in ("bf16", "f16")) or "float32"
+    origin = Origin(region or None, None, "autocast turned off in its forward")
+    floats = sorted({d for d in ctx.dtypes if d.is_floating_point}, key=short_of)
+    low = ", ".join(short_of(d) for d in floats if is_low(d)) or "low-precision"
+    high = ", ".join(short_of(d) for d in floats if not is_low(d)) or "float32"
     return ctx.diag(
         "CW114",
         f"{ctx.at}: autocast is off here: {where(region)}'s forward runs this under "

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Ctx, HookChange, Origin
 from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._text import where
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
-    from castwise.trace.events import HookChange, Origin
 
 META = Rule(
     code="CW115",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     generalize,
@@ -13,10 +14,6 @@ from castwise.rules.audit._text import (
     true_preset,
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Session
-    from castwise.report import Finding
 
 META = Rule(
     code="CW120",
@@ -56,7 +53,7 @@ def _scan(session: Session) -> list[Finding]:
         low = short_of(u.in_dtype)
         island = generalize(u.prov.module if u.prov and u.prov.module else u.module)
         out.append(
-            session.finding(
+            Finding(
                 code="CW120",
                 module=u.module,
                 op=u.prov.op if u.prov else None,

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     where,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Session
-    from castwise.report import Finding
 
 META = Rule(
     code="CW121",
@@ -38,7 +33,7 @@ def _scan(session: Session) -> list[Finding]:
     good = next(m for m in errors if m not in bad)
     first = errors[bad[0]][0]
     return [
-        session.finding(
+        Finding(
             code="CW121",
             module=first.module,
             op=first.op,

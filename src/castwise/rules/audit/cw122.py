@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castwise._dtypes import name_of, short_of
 from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Origin, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import (
     generalize,
-    torch_name,
     true_preset,
 )
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Session
-    from castwise.report import Finding
 
 META = Rule(
     code="CW122",
@@ -114,15 +110,15 @@ def _scan(session: Session) -> list[Finding]:
             else "castwise.apply leaves it as it is"
         )
         have, should = short_of(dtype), short_of(want)
-        fix = _fix_text(kind, have, should, torch_name(want), owner)
+        fix = _fix_text(kind, have, should, name_of(want), owner)
         if kind == "param" and built_in == name_of(dtype):
             how, fix = _from_config(dtype, want, policy)
             owner = ""  # the whole model's build, not the module of the first tensor named
         out.append(
-            session.finding(
+            Finding(
                 code="CW122",
                 module=owner,
-                origin=session.origin(owner or None, None, f"{kind} {names[0]}"),
+                origin=Origin(owner or None, None, f"{kind} {names[0]}"),
                 modes=tuple(r.mode for r in runs),
                 message=(
                     f"{len(names)} {kind}(s) stay {have} under policy {policy}, which gives them {should} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule
 
-# found by castwise.auditor.session.unmatched_rule_findings, which checks the policy's selectors
+# found by the audit session (unmatched_rule_findings), which checks the policy's selectors
 # against the model's module names (not against a run)
 META = Rule(
     code="CW123",

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Origin, Session
 from castwise.rules.audit._base import AuditRule
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Session
-    from castwise.report import Finding
 
 META = Rule(
     code="CW124",
@@ -63,10 +60,10 @@ def _scan(session: Session) -> list[Finding]:
     sample = ", ".join(f"`{n}`" for n in names[:3]) + (", ..." if len(names) > 3 else "")
     where = f"`{owner}`" if owner else "the model"
     return [
-        session.finding(
+        Finding(
             code="CW124",
             module=owner,
-            origin=session.origin(owner or None, None, f"param {names[0]}"),
+            origin=Origin(owner or None, None, f"param {names[0]}"),
             modes=tuple(r.mode for r in runs if r.mode == "train") or tuple(r.mode for r in runs),
             message=(
                 f"{len(names)} trainable param(s) of {where} are f16 ({sample}) under policy {policy}, "

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Session
-    from castwise.report import Finding
 
 META = Rule(
     code="CW901",
@@ -36,7 +31,7 @@ def _scan(session: Session) -> list[Finding]:
     ops = sorted(uncovered)
     listed = ", ".join(ops[:12]) + (f" and {len(ops) - 12} more" if len(ops) > 12 else "")
     return [
-        session.finding(
+        Finding(
             code="CW901",
             module=sorted(uncovered[ops[0]])[0],
             op=ops[0],

@@ -85,5 +85,5 @@ def compiled_stopped(error: str, graphs: int, fullgraph: bool) -> Diag:
         "Run torch.compile on the model for real (a small configuration, CPU) to see whether it "
         "fails the same way; where it does, fix what torch.compile names (fullgraph=False lets Dynamo "
         "break the graph there).",
-        details=(("run", "compiled"),),
+        compiled_only=True,
     )

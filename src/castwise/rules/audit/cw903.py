@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Mode, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._text import where
-
-if TYPE_CHECKING:
-    from castwise.auditor.context import Session
-    from castwise.report import Finding
 
 META = Rule(
     code="CW903",
@@ -42,10 +39,10 @@ def _describe(site: dict[str, Any]) -> str:
     return f"`{site['source'] or '?'}` ({where_}): taken as {seen}; {other}"
 
 
-def _sites(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+def _sites(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Mode]]:
     sites: dict[Any, dict[str, Any]] = {}
     sizes: dict[str, dict[str, Any]] = {}
-    modes: list[str] = []
+    modes: list[Mode] = []
     for r in session.runs:
         branches: dict[Any, dict[str, Any]] = r.trace.observed.get("branches", {})
         assumed: list[dict[str, Any]] = r.trace.observed.get("sizes", [])
@@ -97,7 +94,7 @@ def _scan(session: Session) -> list[Finding]:
     ]
     module = found[0]["module"] if found else sizes[0]["module"]
     return [
-        session.finding(
+        Finding(
             code="CW903",
             module=module,
             op=None,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from castwise._dtypes import low_dtypes
 from castwise.devices import Device
 
 
@@ -48,7 +49,7 @@ Rule = Callable[[str, Args, Kwargs, Device], Any]
 Tensor = torch.Tensor
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
 I64, I32, U8, BOOL = torch.int64, torch.int32, torch.uint8, torch.bool
-_REDUCED = (BF16, F16)
+_REDUCED = low_dtypes()
 # the running torch release (major, minor): rules follow its own kernels where releases differ
 TORCH_RELEASE: tuple[int, ...] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 _INDEX_TYPES = (I64, I32)
