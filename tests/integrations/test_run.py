@@ -211,3 +211,20 @@ def test_a_forward_with_var_keywords_is_audited_with_its_keywords() -> None:
     with watcher.watching():
         Net()(torch.randn(2, 4), scale=torch.ones(4))
     assert [name for name, _ in watcher.reports] == ["Net"]
+
+
+def test_a_module_runs_from_the_current_directory_as_python_m_runs_it(tmp_path: Path) -> None:
+    """`castwise run -m pkg.train` from a repository's root imports `pkg` from there, as `python -m`
+    does; the `castwise` entry point (not `python -m castwise`, which has the directory already)."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("WIDTH = 8\n")
+    (pkg / "train.py").write_text("from mypkg.helpers import WIDTH\nprint('width', WIDTH)\n")
+    entry = Path(sys.executable).with_name("castwise")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(
+        [str(entry), "run", "-m", "mypkg.train"], capture_output=True, text=True, env=env, cwd=tmp_path, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "width 8\n"
