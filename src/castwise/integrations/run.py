@@ -172,7 +172,7 @@ def run_script(target: str, argv: list[str], watcher: Watcher | None, *, module:
             if module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(target, run_name="__main__")
+                runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python's
     except SystemExit as exc:
         code = _exit_code(exc.code)
     finally:
