@@ -211,3 +211,55 @@ def test_a_forward_with_var_keywords_is_audited_with_its_keywords() -> None:
     with watcher.watching():
         Net()(torch.randn(2, 4), scale=torch.ones(4))
     assert [name for name, _ in watcher.reports] == ["Net"]
+
+
+def test_a_module_runs_from_the_current_directory_as_python_m_runs_it(tmp_path: Path) -> None:
+    """`castwise run -m pkg.train` from a repository's root imports `pkg` from there, as `python -m`
+    does; the `castwise` entry point (not `python -m castwise`, which has the directory already)."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("WIDTH = 8\n")
+    (pkg / "train.py").write_text("from mypkg.helpers import WIDTH\nprint('width', WIDTH)\n")
+    entry = Path(sys.executable).with_name("castwise")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(
+        [str(entry), "run", "-m", "mypkg.train"], capture_output=True, text=True, env=env, cwd=tmp_path, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "width 8\n"
+
+
+CRASH = """
+import torch
+from torch import nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.shape[0] == 3:
+            raise ValueError("a bug of the script's own")
+        return self.l(x)
+
+model = Model()
+model(torch.randn(2, 4)).sum().backward()
+model(torch.randn(3, 4))
+"""
+
+
+def test_the_scripts_own_error_prints_the_traceback_python_prints(tmp_path: Path) -> None:
+    """No frame of castwise's runner (the command, runpy, the watcher's call wrapper) in the user's
+    traceback: the same frames, files and lines as `python train.py`."""
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(CRASH))
+    alone = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=tmp_path, check=False)
+    watched = _castwise(tmp_path, CRASH)
+    assert alone.returncode == watched.returncode == 1
+
+    def traceback_of(stderr: str) -> str:
+        return stderr[stderr.index("Traceback (most recent call last):") :]
+
+    assert traceback_of(watched.stderr) == traceback_of(alone.stderr)

@@ -68,8 +68,8 @@ def run(
         code = EXIT_FINDINGS
     except CastwiseError:
         raise
-    except Exception:  # the script's own error: printed as python prints it, exit 1 as python's
-        traceback.print_exc()
+    except Exception as exc:  # the script's own error: printed as python prints it, exit 1 as python's
+        print_script_error(exc)
         code = 1
     if json_path is not None:
         import json
@@ -99,6 +99,24 @@ def _unwatched(script: str, args: list[str], as_module: bool) -> int:
 
     try:
         return run_script(script, args, None, module=as_module)
-    except Exception:  # the script's own error, as python prints it
-        traceback.print_exc()
+    except Exception as exc:  # the script's own error, as python prints it
+        print_script_error(exc)
         return 1
+
+
+def print_script_error(exc: BaseException) -> None:
+    """``exc``'s traceback as ``python SCRIPT`` prints it: without the frames of the machinery that
+    ran the script (this command, runpy, the watcher's call wrapper), which are not the user's."""
+    from castwise.integrations import run as runner
+
+    machinery = {__file__, runner.__file__}
+
+    def trimmed(te: traceback.TracebackException) -> traceback.TracebackException:
+        frames = [f for f in te.stack if f.filename not in machinery and not f.filename.startswith("<frozen runpy")]
+        te.stack = traceback.StackSummary.from_list(frames)
+        for chained in (te.__cause__, te.__context__):
+            if chained is not None:
+                trimmed(chained)
+        return te
+
+    print("".join(trimmed(traceback.TracebackException.from_exception(exc)).format()), end="", file=sys.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import runpy
 import sys
 from collections.abc import Callable, Iterator
@@ -159,17 +160,16 @@ def run_script(target: str, argv: list[str], watcher: Watcher | None, *, module:
     ``sys.argv = [target, *argv]``, under ``watcher`` (None: unwatched); its exit code."""
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = [target, *argv]
-    if not module:
-        import os
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    # python puts the script's folder first, and `python -m` the current directory (a package run
+    # from its repository's root imports itself from there); castwise's own entry point put neither
+    sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(target)))
     code = 0
     try:
         with watcher.watching() if watcher is not None else contextlib.nullcontext():
             if module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(target, run_name="__main__")
+                runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python's
     except SystemExit as exc:
         code = _exit_code(exc.code)
     finally:
