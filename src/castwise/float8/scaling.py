@@ -64,8 +64,8 @@ def scale(x: torch.Tensor, recipe: Float8Recipe, role: Role = "input") -> torch.
     a = amax(x, recipe).float()
     if recipe.scaling == "mxfp8":
         return _mx_scale(a, fmax)
-    # float64 as torchao's amax_to_scale: compiled and eager agree on the reciprocal there
-    s = (fmax / a.double().clamp(min=EPS)).float()
+    # float64 as torchao's amax_to_scale (compiled and eager agree there); MPS has no float64
+    s = (fmax / (a if a.device.type == "mps" else a.double()).clamp(min=EPS)).float()
     return torch.exp2(torch.floor(torch.log2(s))) if recipe.scaling == "rowwise" else s
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from castwise.applied import apply
 from castwise.errors import PolicyError
-from castwise.float8 import emulate
+from castwise.float8 import emulate, scaling
 from castwise.policy import ModuleRule, Policy
 from castwise.policy.float8 import Float8Recipe
 
@@ -39,8 +39,12 @@ class Target:
     """A policy to compare or tune, with an emulated float8 format or none."""
 
     policy: Policy  # the base policy apply runs (no float8 recipe: that part is emulated here)
-    float8: torch.dtype | None = None  # the recipe's forward format
     recipe: Float8Recipe | None = None
+
+    @property
+    def float8(self) -> torch.dtype | None:
+        """The recipe's forward format, which the emulated matmuls round to."""
+        return None if self.recipe is None else scaling.dtype(self.recipe)
 
     @property
     def low_dtype(self) -> torch.dtype:
@@ -49,7 +53,7 @@ class Target:
 
     def with_islands(self, names: Iterable[str]) -> Target:
         rules = tuple(ModuleRule(_literal(n), torch.float32) for n in names)
-        return Target(self.policy.with_rules(*rules), self.float8, self.recipe)
+        return Target(self.policy.with_rules(*rules), self.recipe)
 
     @property
     def full_policy(self) -> Policy:
@@ -77,10 +81,7 @@ def parse_target(policy: Policy | str | int | Target) -> Target:
             "float8 GEMMs: fp8, mxfp8, float8_e4m3fn, float8_e5m2"
         )
     full = Policy.parse(policy)
-    if full.float8 is None:
-        return Target(full)
-    recipe = full.float8
-    return Target(full.replace(float8=None), getattr(torch, recipe.forward_dtype), recipe)
+    return Target(full.replace(float8=None), full.float8)
 
 
 # -- copies --------------------------------------------------------------------------------
@@ -102,8 +103,8 @@ def prepared(model: nn.Module, target: Target, mode: str) -> nn.Module:
     for p in twin.parameters():
         p.grad = None
     applied = apply(twin, target.policy)
-    if target.float8 is not None:
-        emulate.install(twin, target.recipe or Float8Recipe(), applied.islands)
+    if target.recipe is not None:
+        emulate.install(twin, target.recipe, applied.islands)
     twin.train(mode == "train")
     _no_dropout(twin)
     return twin

@@ -13,12 +13,9 @@ reduction dim is the batch's token count. A layer is left out when
   rows, the output features) err by over ``score.ERROR`` of their terms' root-sum-square
   (``score.lost``). This sees what one operand alone cannot: a row's small values flushed
   by its own scale that meet the other operand's large ones, an MX block flushed by one outlier;
-- castwise's filter leaves it out (``castwise.float8.convert.reasons``, what apply reads: its
-  features not multiples of 16 or of the MX block, the output head, tied, tiny, an island, an MX
-  bias torchao drops);
-- one of its GEMMs breaks the float8 kernel's rules through the token count (or two e5m2
-  operands): ``torch._scaled_mm``'s contract (``castwise.trace.contracts.float8``, on a simulated
-  sm 10.0 GPU that runs every recipe), and for MX every dim a multiple of its block.
+- castwise's filter, the one apply reads, leaves it out (``castwise.float8.convert.reasons``);
+- one of its GEMMs breaks ``torch._scaled_mm``'s contract through the token count (or two e5m2):
+  ``castwise.trace.contracts.float8`` on a simulated sm 10.0 GPU, for MX every dim in blocks.
 """
 
 from __future__ import annotations
