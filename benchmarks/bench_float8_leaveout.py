@@ -26,7 +26,7 @@ Forecast: ``castwise.forecast(model, inputs, target=T)`` with T = ``fp8`` (tenso
 seeds also sweep the flushed-share threshold (the list recomputed from each layer's
 ``lost_share``, the GEMMs' part as shipped); the held-out seeds score the shipped threshold only.
 Each group also scores the list's two numeric parts alone: the operands' lost lines and the
-GEMMs' lost features (``float8_gemm``).
+GEMMs' lost features (``castwise.float8.score``).
 
 ``--truth-device cuda`` (a GPU with float8 tensor cores, sm_89+): the tensorwise and rowwise truth
 from torchao's real float8 kernels (``emulate=False``: ``torch._scaled_mm``; the layer in bf16, as
@@ -181,18 +181,13 @@ def capture(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, Any]
 
 
 def _float8_layer(layer: nn.Linear, recipe: str, emulate: bool = True) -> nn.Module:
-    from castwise.applied.float8 import _float8_config
+    from castwise.float8.convert import _float8_config, mx_training
     from castwise.policy.float8 import Float8Recipe
 
     layer = copy.deepcopy(layer)
     if recipe == "mxfp8":
-        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-        from torchao.quantization import quantize_
-        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
-
         holder = nn.Sequential(layer)
-        kernel = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
-        quantize_(holder, MXFP8TrainingOpConfig(kernel_preference=kernel), filter_fn=lambda *_: True)
+        mx_training(holder, emulate, lambda *_: True)
         if layer.bias is None:
             return holder[0]
         # torchao 0.18's MX linear override drops F.linear's bias (forecast leaves such layers out

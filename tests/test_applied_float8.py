@@ -11,8 +11,8 @@ from torch import nn
 from torchao.float8.float8_linear import Float8Linear
 
 import castwise
-from castwise.applied.float8 import leave_out, mx_drops_bias, plan
 from castwise.errors import ApplyError
+from castwise.float8.convert import leave_out, mx_drops_bias, plan
 from castwise.policy.float8 import Float8Recipe
 
 
@@ -163,3 +163,19 @@ def test_the_forecasts_leave_out_list_is_what_apply_leaves_out() -> None:
     assert set(dict(applied.float8.left_out)) == set(f8["leave_out"])
     assert applied.float8.converted == tuple(n for n in ("0", "1", "2") if n not in f8["leave_out"])
     applied.remove()
+
+
+def test_the_forecast_and_apply_read_one_filter() -> None:
+    # the odd, small and tied layers: apply leaves them out, and the forecast's list says so with
+    # the same reason (the head by name is the same filter too), before any number is judged
+    torch.manual_seed(0)
+    model = Tied()
+    ids = torch.randint(0, 64, (4, 16))
+    f8 = castwise.forecast(model, (ids,), target="fp8").summary["float8"]
+    applied = castwise.apply(model, "fp8")
+    assert applied.float8 is not None
+    left = dict(applied.float8.left_out)
+    applied.remove()
+    assert set(left) == {"odd", "small", "tied"} and set(left) <= set(f8["leave_out"])
+    for name, why in left.items():
+        assert f8["layers"][name]["reasons"][0] == why

@@ -110,8 +110,8 @@ def lightning(p: Policy, base_precision: str) -> tuple[str, list[str], bool]:
 
 def _filter_fqns(p: Policy, model: Any) -> list[str]:
     if model is not None:
-        from castwise.applied.float8 import plan
         from castwise.applied.inspection import resolve
+        from castwise.float8.convert import plan
 
         assert p.float8 is not None
         return sorted(name for name, _ in plan(model, p.float8, resolve(p, model)).left_out)

@@ -229,7 +229,7 @@ def torchtitan(policy: Policy | str, *, model: Any = None, fsdp: bool = True, st
     (``mixed_precision_param``/``mixed_precision_reduce``), and for a float8 recipe the model
     converter (``[model] converters``) with its ``[quantize.linear.float8]`` (tensorwise, rowwise)
     or ``[quantize.linear.mx]`` (mxfp8) section. ``filter_fqns`` names the Linears to leave out:
-    castwise's filter over ``model`` when one is given (``castwise.applied.float8``), else
+    castwise's filter over ``model`` when one is given (``castwise.float8.convert``), else
     torchtitan's default (``output``) plus the policy's ``keep[...]`` names.
     """
     p = _policy(policy)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from castwise.numerics import float8_scaled as f8s
+from castwise.float8 import score as f8s
 from castwise.numerics.forecast import forecast
 
-E4M3 = (8.807354922057604, -10.0)  # log2 of e4m3's largest, of half its smallest subnormal
+E4M3 = ("float8_e4m3fn", -10.0)  # the format, log2 of half its smallest subnormal
 
 
 def _outlier_model() -> nn.Sequential:

@@ -33,10 +33,10 @@ from torch import nn
 from castwise import _autocast, _dtypes
 from castwise._compiled import uncompiled
 from castwise._dtypes import short_of
-from castwise.applied import float8
-from castwise.applied.float8 import Float8Conversion, Float8Plan
 from castwise.applied.inspection import Decision, resolve, unmatched_rules, warn_unmatched
 from castwise.errors import ApplyError
+from castwise.float8.convert import Float8Conversion, Float8Plan
+from castwise.float8.convert import convert as float8_convert
 from castwise.policy import Policy
 
 __all__ = ["Applied", "Decision", "applied_to", "apply", "cast_floating", "iter_casts", "resolve", "unmatched_rules"]
@@ -504,7 +504,7 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     A policy with a float8 recipe (``"fp8"``, ``"fp8,fp8=rowwise"``, ``"mxfp8"``) also converts
     the Linears castwise's filter picks to torchao's float8 training layers (emulated on CPU);
     ``applied.float8`` lists the converted and the left-out layers with why
-    (``castwise.applied.float8``).
+    (``castwise.float8.convert``).
     """
     policy = Policy.parse(policy)
     if not isinstance(model, nn.Module):
@@ -517,7 +517,7 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     _check_manageable(model, casts)
     warn_unmatched(policy, model)
     # float8 first: the layers it swaps are the ones the base policy's wrappers then see
-    conversion = float8.convert(model, policy.float8, decisions) if policy.float8 is not None else None
+    conversion = float8_convert(model, policy.float8, decisions) if policy.float8 is not None else None
     applied = Applied(model, policy, decisions)
     applied.float8_conversion = conversion
     owner = _owner_dtypes(model, policy, decisions)

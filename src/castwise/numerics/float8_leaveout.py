@@ -6,17 +6,16 @@ reduction dim is the batch's token count. A layer is left out when
 
 - one of its operands (input, weight, grad_output) loses more than ``THRESHOLD`` of its rows
   and columns (most of their magnitude flushed to zero) once the recipe scales it (per tensor,
-  per row, or per MX block of 32: ``float8_scaled``), which happens when its dynamic range is
+  per row, or per MX block of 32: ``castwise.float8.score``), which happens when its dynamic range is
   wider than the format's and the small values fill whole lines (a GEMM result column lost);
 - one of its GEMMs loses features: under the recipe's scaling of both its operands along the
   reduction dim, more than ``GEMM_SHARE`` of its result features (columns; for grad_weight also
-  rows, the output features) err by over ``float8_gemm.ERROR`` of their terms' root-sum-square
-  (``float8_gemm.lost``). This sees what one operand alone cannot: a row's small values flushed
+  rows, the output features) err by over ``score.ERROR`` of their terms' root-sum-square
+  (``score.lost``). This sees what one operand alone cannot: a row's small values flushed
   by its own scale that meet the other operand's large ones, an MX block flushed by one outlier;
-- it has a bias and the recipe is mxfp8: torchao's MX training linear drops it;
-- one of its GEMMs breaks the float8 kernel's shape rules: ``torch._scaled_mm``'s contract
-  (``castwise.trace.contracts.float8``, on a simulated sm 10.0 GPU that runs every recipe), and
-  for MX every dim a multiple of its block (``castwise.applied.float8.multiple``).
+- castwise's filter, the one apply reads, leaves it out (``castwise.float8.convert.reasons``);
+- one of its GEMMs breaks ``torch._scaled_mm``'s contract through the token count (or two e5m2):
+  ``castwise.trace.contracts.float8`` on a simulated sm 10.0 GPU, for MX every dim in blocks.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from typing import Any
 import torch
 
 from castwise import devices
-from castwise.applied.float8 import MX_BIAS, multiple, mx_drops_bias
-from castwise.numerics.float8_gemm import ERROR
+from castwise.float8.scaling import RECIPES, multiple
+from castwise.float8.score import ERROR
 from castwise.policy.float8 import Float8Recipe
 from castwise.trace.contracts.float8 import _scaled_mm
 
@@ -38,13 +37,7 @@ from castwise.trace.contracts.float8 import _scaled_mm
 THRESHOLD = 0.05
 # the per-operand score that stands for a recipe: delayed scaling is per tensor (from an amax
 # history); a 1x128 block lies inside a row, so rowwise's share bounds blockwise's from above
-SCORE: dict[str, str] = {
-    "tensorwise": "tensorwise",
-    "delayed": "tensorwise",
-    "rowwise": "rowwise",
-    "blockwise": "rowwise",
-    "mxfp8": "mxfp8",
-}
+SCORE = {**{r: r for r in RECIPES}, "delayed": "tensorwise", "blockwise": "rowwise"}
 OPERANDS = ("input", "weight", "grad_output")
 # the share of a GEMM's result features lost that leaves a layer out: bench_float8_leaveout's own
 # measure of a bad layer (more than 1% of its features)
@@ -123,7 +116,7 @@ def operand_reasons(
 
 
 def gemm_reasons(operands: dict[str, Any], scaling: str) -> tuple[dict[str, float], list[str]]:
-    """Each GEMM's share of lost result features (``float8_gemm``), and the reasons it leaves out."""
+    """Each GEMM's share of lost result features (``score.lost``), and the reasons it leaves out."""
     lost: dict[str, float] = {}
     reasons: list[str] = []
     for name, lines in GEMM_LINES.items():
@@ -149,12 +142,14 @@ def judge(
     operands: dict[str, Any],
     format_range: float,
     train: bool,
-    bias: bool = False,
+    filtered: list[str],
 ) -> dict[str, Any]:
     """One Linear under ``recipe``: per-operand shares, each GEMM's verdict, and the reasons to
-    leave it out (empty: convert it). ``operands["tokens"]`` None: the token dim was not seen."""
+    leave it out (empty: convert it): ``filtered`` (the filter's, apply's), then the numbers'.
+    ``operands["tokens"]`` None: the token dim was not seen."""
     scored = {k: v for k, v in operands.items() if isinstance(v, dict)}
     lost, reasons = operand_reasons(recipe, scored, format_range)
+    reasons = [*filtered, *reasons]
     gemm_lost, more = gemm_reasons(scored, recipe.scaling)
     reasons += more
     tokens = operands.get("tokens")
@@ -164,15 +159,13 @@ def judge(
     for g in gemms(recipe, in_f, out_f, t, train):
         why = shape_problem(recipe, g)
         verdicts[g.name] = why or "ok"
-        if why is None:
-            continue
+        if why is None or in_f % multiple(recipe) or out_f % multiple(recipe):
+            continue  # the features' rule is the filter's, said above
         dims = f"{g.mat1[0]}x{g.mat1[1]} @ {g.mat2[0]}x{g.mat2[1]}"
         if g.name == "grad_weight" and isinstance(tokens, int) and tokens % multiple(recipe):
             reasons.append(f"its {tokens} tokens (the weight gradient's reduction dim, {dims}) break it: {why}")
         else:
             reasons.append(f"its {g.name} GEMM ({dims}) breaks the float8 kernel's rule: {why}")
-    if bias and recipe.scaling == "mxfp8" and mx_drops_bias():
-        reasons.append(MX_BIAS)
     flush = {w: v[SCORE[recipe.scaling]] for w, v in scored.items() if w in OPERANDS}
     return {
         "recipe": str(recipe),

@@ -10,8 +10,9 @@ largest magnitude and a histogram of powers of two, per module and phase. From t
 - the share of non-zero values below half the target's smallest subnormal, which the target
   rounds to zero: activations (CW311) and gradients (CW312, with the loss scale that lifts them);
 - for float8 targets, each Linear's GEMM operands scored as each recipe's scaling sees them, each
-  of its GEMMs by the error its result features get under the target's recipe (``float8_gemm``),
-  and layers to leave out of float8 (CW313) by the target's recipe (``float8_leaveout``), as a
+  of its GEMMs by the error its result features get under the target's recipe
+  (``castwise.float8.score``), and layers to leave out of float8 (CW313): castwise's filter, the
+  one apply uses (``castwise.float8.convert``), and the numbers (``float8_leaveout``), as a
   castwise policy and a torchao ``module_filter_fn``.
 """
 
@@ -27,10 +28,9 @@ from torch import nn
 
 from castwise._dtypes import canonical, name_of, short_of
 from castwise.errors import AuditError, PolicyError
+from castwise.float8 import convert, score
 from castwise.numerics import _run
-from castwise.numerics import float8_gemm as f8g
 from castwise.numerics import float8_leaveout as f8l
-from castwise.numerics import float8_scaled as f8s
 from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
@@ -318,21 +318,17 @@ def _module_stats(
     return stats, findings
 
 
-def _shares(key: str, parts: dict[str, Any]) -> dict[str, float]:
-    """An operand's scores (``float8_scaled``) or a GEMM's (``float8_gemm``), on the host."""
-    return f8g.shares(parts) if key.startswith(f8l.GEMM_KEY) else f8s.shares(parts)
-
-
 def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[dict[str, Any], list[Finding]]:
     recipe = t.recipe or Float8Recipe()
     leave: list[str] = []
     findings: list[Finding] = []
     per: dict[str, Any] = {}
+    filtered = convert.reasons(model, recipe, {})
     for name, layer in model.named_modules():
         if not isinstance(layer, nn.Linear):
             continue
         ops = rec.operands.get(name, {})
-        operands = {k: (_shares(k, v) if isinstance(v, dict) else v) for k, v in ops.items()}
+        operands = {k: (score.shares(v) if isinstance(v, dict) else v) for k, v in ops.items()}
         verdict = f8l.judge(
             recipe,
             layer.in_features,
@@ -340,7 +336,7 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
             operands,
             math.log2(t.max) - t.flush_log2,
             mode == "train",
-            bias=layer.bias is not None,
+            filtered.get(name, []),
         )
         reasons = verdict["reasons"]
         per[name] = {
@@ -450,7 +446,7 @@ def _forecast(
             for x in (*model.parameters(), *model.buffers())
             if x.is_floating_point() and x.numel() and x.device.type != "meta"
         }
-    scaled = (math.log2(t.max), t.flush_log2) if t.float8 else None
+    scaled = (name_of(t.dtype), t.flush_log2) if t.float8 else None
     wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
     recipe = (t.recipe or Float8Recipe()) if t.float8 else None
     gemm = None if recipe is None else (f8l.SCORE[recipe.scaling], recipe.forward_dtype, recipe.gradient_dtype)

@@ -382,12 +382,12 @@ class RangeObserver(Observer):
     and per op its output's absmax against its inputs' (an overflow *origin* is an op whose
     output passes a limit its inputs are within).
 
-    ``scaled_limit``: for float8, (log2 of the target's largest, log2 of half its smallest
+    ``scaled_limit``: for float8, (the target's float8 dtype name, log2 of half its smallest
     subnormal): every Linear's GEMM operands (input, weight, grad_output) are scored under each
-    float8 recipe's scaling (``float8_scaled.scores``), which the leave-out list judges.
+    float8 recipe's scaling (``castwise.float8.score.scores``), which the leave-out list judges.
     ``gemm``: (the target recipe's scaling, its forward and gradient float8 dtypes): each GEMM
     of every Linear (forward, and in backward grad_input and grad_weight) scored by the error its
-    result features get (``float8_gemm.lost``), under that recipe only.
+    result features get (``castwise.float8.score.lost``), under that recipe only.
     """
 
     name = "ranges"
@@ -396,7 +396,7 @@ class RangeObserver(Observer):
     def __init__(
         self,
         fixed: dict[int, torch.Tensor],
-        scaled_limit: tuple[float, float] | None = None,
+        scaled_limit: tuple[str, float] | None = None,
         wide: frozenset[str] = frozenset(),
         gemm: tuple[str, str, str] | None = None,
     ) -> None:
@@ -555,16 +555,16 @@ class RangeObserver(Observer):
             self.paused = was
 
     def _scores(self, t: torch.Tensor) -> dict[str, torch.Tensor]:
-        from castwise.numerics.float8_scaled import scores
+        from castwise.float8.score import scores
 
         assert self.scaled_limit is not None
         return scores(t, *self.scaled_limit)
 
     def _gemm(self, a: torch.Tensor, b: torch.Tensor, first: int, rows: bool = True) -> dict[str, torch.Tensor]:
-        """``float8_gemm.lost`` of ``a @ b`` under the target recipe (``first``: which of its
+        """``float8.score.lost`` of ``a @ b`` under the target recipe (``first``: which of its
         dtypes a takes, 1 forward, 2 gradient; b, the input or the weight, takes the forward's;
         ``rows``: the result's rows are features, only the weight gradient's)."""
-        from castwise.numerics.float8_gemm import lost
+        from castwise.float8.score import lost
 
         assert self.gemm is not None
         return lost(a, b, self.gemm[0], (self.gemm[first], self.gemm[1]), rows=rows)

@@ -30,8 +30,9 @@ Scaling = Literal["tensorwise", "rowwise", "delayed", "blockwise", "mxfp8"]
 Format = Literal["e4m3", "e5m2", "hybrid"]
 SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8")
 FORMATS: tuple[str, ...] = ("e4m3", "e5m2", "hybrid")
-# the elements one scale covers along a GEMM's reduction dim (None: the whole tensor or row)
-BLOCK: dict[str, int | None] = {"tensorwise": None, "rowwise": None, "delayed": None, "blockwise": 128, "mxfp8": 32}
+MX_BLOCK = 32  # the OCP MX block: elements per shared E8M0 scale
+# the elements one scale covers along a GEMM's reduction dim (absent: the whole tensor or row)
+BLOCK: dict[str, int] = {"blockwise": 128, "mxfp8": MX_BLOCK}
 _DTYPE: dict[str, str] = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
 
@@ -81,7 +82,7 @@ class Float8Recipe:
     @property
     def block(self) -> int | None:
         """Elements per scale along the reduction dim (None: per tensor, or per row)."""
-        return BLOCK[self.scaling]
+        return BLOCK.get(self.scaling)
 
     def describe(self) -> str:
         fmt = {"e4m3": "e4m3", "e5m2": "e5m2", "hybrid": "e4m3 forward, e5m2 gradients"}[str(self.format)]

@@ -47,3 +47,35 @@ def test_the_fix_is_another_recipe() -> None:
     assert fix(mx, finding("mx", False), fx) == castwise.Policy.parse("bf16-mixed")  # an A100: no float8
     plain = castwise.Policy.parse("bf16-mixed")
     assert fix(plain, finding("fp8", False), fx) is plain  # a model converted by hand: no policy fixes it
+
+
+def test_the_kernel_is_read_from_the_operands_dtypes_not_the_message() -> None:
+    from castwise import devices
+    from castwise.auditor.context import make_ctx
+    from castwise.rules.audit.cw132 import RULE
+
+    e4m3, e5m2, e8m0 = torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu
+
+    def kernel(dtypes: tuple[torch.dtype, ...], device: str) -> object:
+        ctx = make_ctx(
+            phase="forward",
+            module="up",
+            op="aten._scaled_mm",
+            kind="fp8-device",
+            text="refused",  # names no kernel: the rule must not need it to
+            dtypes=dtypes,
+            provs=(None,) * len(dtypes),
+            culprits=[0, 1],
+            is_fast=False,
+            autocast=None,
+            compute=torch.bfloat16,
+            expected=None,
+            device=devices.get(device),
+        )
+        diag = RULE.checks[0].match(ctx)
+        assert diag is not None
+        return dict(diag.details)["fp8_kernel"]
+
+    assert kernel((e4m3, e4m3, e8m0, e8m0), "cuda") == "mx"  # MX block scales on Hopper
+    assert kernel((e4m3, e4m3, torch.float32, torch.float32), "cuda:a100") == "fp8"
+    assert kernel((e5m2, e5m2, torch.float32, torch.float32), "cuda") == "e5m2"

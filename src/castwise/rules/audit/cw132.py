@@ -35,18 +35,19 @@ META = Rule(
 def _match(ctx: Ctx) -> Diag | None:
     if ctx.kind != "fp8-device":
         return None
-    mx = "MX" in ctx.text
     sm = ctx.device.capability
+    mx = any("e8m0" in str(d) for d in ctx.dtypes)  # E8M0 block scales: the operands say MX, not the message
+    # the contract's order: the GPU's compute capability first, then two e5m2 operands
+    kernel = ("mx" if mx else "fp8") if sm is not None and sm < ((10, 0) if mx else (8, 9)) else "e5m2"
     on = f"{ctx.device.name} (compute capability {sm[0]}.{sm[1]})" if sm else ctx.device.name
-    if "e5m2" in ctx.text:
+    has_fp8 = sm is not None and sm >= (8, 9)
+    if kernel == "e5m2":
         fix = "Cast one operand to e4m3: a hybrid recipe (e4m3 forward, e5m2 gradients) never multiplies two e5m2."
-    elif mx and sm is not None and sm >= (8, 9):
+    elif kernel == "mx" and has_fp8:
         fix = f"Use fp8 with tensorwise or rowwise scaling on {on} (policy fp8); MX formats need Blackwell (cuda:b200)."
     else:
         fix = f"Train in bf16 on {on} (policy bf16-mixed), or target a GPU with FP8 (cuda:l4, cuda, cuda:b200)."
     message = f"{ctx.at} is a float8 GEMM {on} cannot run: {ctx.text}"
-    kernel = "e5m2" if "e5m2" in ctx.text else "mx" if mx else "fp8"
-    has_fp8 = sm is not None and sm >= (8, 9)
     diag = ctx.diag("CW132", message, fix, origin=None, source=None)
     return dataclasses.replace(diag, details=(("fp8_kernel", kernel), ("gpu_has_fp8", has_fp8)))
 
@@ -58,8 +59,7 @@ def _another_recipe(policy: Any, finding: Finding, fx: FixContext) -> Any:
         return policy
     details = dict(finding.details)
     if details.get("fp8_kernel") == "mx" and details.get("gpu_has_fp8"):
-        # the recipe's own class: rules sit below policy and do not import it
-        return policy.replace(float8=type(recipe)("tensorwise"))
+        return policy.replace(float8=dataclasses.replace(recipe, scaling="tensorwise"))
     return policy.replace(float8=None)
 
 

@@ -1,23 +1,17 @@
 """FP8 as part of ``apply``: which Linears a float8 recipe converts, converting them, undoing it.
 
-A policy with ``fp8=...`` (``fp8``, ``fp8,fp8=rowwise``, ``mxfp8``) converts the model's
-``nn.Linear`` layers to torchao's float8 training layers (``convert_to_float8_training`` for
-tensorwise and rowwise scaling, ``MXFP8TrainingOpConfig`` for mxfp8), emulated where the model
-lives on the CPU (the float8 rounding of inputs, weights and gradients, the matmul in high
-precision: it trains on any machine), with float8 kernels (``torch._scaled_mm``) on CUDA.
+A policy with ``fp8=...`` converts the model's ``nn.Linear`` layers to torchao's float8 training
+layers (``Float8Linear`` for tensorwise and rowwise, ``MXFP8TrainingOpConfig`` for mxfp8),
+emulated where the model lives on the CPU (float8 rounding, the matmul in high precision), with
+float8 kernels (``torch._scaled_mm``) on CUDA.
 
-Castwise's filter (``leave_out``) leaves a Linear out, with its reason, where
-
-- a policy island holds it (``keep[...]``: the forecast's leave-out list, CW313, is written so);
-- its dimensions are not multiples of 16 (32 for mxfp8's blocks): ``torch._scaled_mm`` refuses them;
-- it is the output head (``get_output_embeddings()``, or named ``lm_head`` / ``output`` / ``head``
-  / ``classifier``: torchtitan's default ``filter_fqns``), or its weight is shared with another
-  module (tied embeddings): the logits' rounding goes straight into the loss;
-- it is tiny (a weight under 1024 elements): scaling costs more than the GEMM saves;
-- it is not a plain ``nn.Linear`` (a subclass with its own forward, transformers' ``Conv1D``);
-- mxfp8 only: it has a bias and the installed torchao's MX training layer drops it (torchao 0.18
-  runs ``F.linear(x, w, b)`` as a scaled mm of x and w alone). Measured once per process on a
-  tiny layer (``mx_drops_bias``), so a torchao that keeps the bias converts these layers again.
+Castwise's one filter (``reasons``; ``leave_out`` its first; forecast's leave-out list, CW313,
+reads it too) leaves a Linear out where a policy island holds it (``keep[...]``); its dimensions
+are not multiples of 16 (32 for MX blocks: ``torch._scaled_mm`` refuses them); it is the output
+head (``get_output_embeddings()``, or named as torchtitan's default ``filter_fqns``) or its weight
+is tied to another module's (the logits' rounding goes straight into the loss); it is tiny (under
+1024 weights: scaling costs more than the GEMM saves); it is not a plain ``nn.Linear``; or, for
+mxfp8, it has a bias that the installed torchao's MX layer drops (``mx_drops_bias``, measured).
 
 Undo is exact: the original ``nn.Linear`` objects go back into their parents. Float8Linear
 holds the very ``Parameter`` objects of the layer it replaced, so a step trained meanwhile
@@ -27,56 +21,62 @@ stays trained, and optimizers keep their parameters.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from castwise.applied.inspection import Decision
 from castwise.errors import ApplyError
+from castwise.float8.scaling import RECIPES, multiple
 from castwise.policy.float8 import Float8Recipe
 
-__all__ = ["Float8Conversion", "Float8Plan", "convert", "leave_out", "plan"]
+__all__ = ["Float8Conversion", "Float8Plan", "convert", "leave_out", "plan", "reasons"]
 
 TINY = 1024  # weight elements under which a Linear is left out
 HEAD_NAMES = ("lm_head", "output", "head", "classifier")
-SUPPORTED = ("tensorwise", "rowwise", "mxfp8")
 
 
-_MX_BIAS: list[bool] = []
+class Decision(Protocol):
+    """What the policy decided for a module (``applied.inspection.Decision``): its island dtype."""
+
+    @property
+    def island(self) -> torch.dtype | None: ...
 
 
+def mx_training(model: nn.Module, emulate: bool, chosen: Callable[[nn.Module, str], bool]) -> None:
+    """torchao's MXFP8 training layers in place of ``model``'s Linears (``chosen``: which); emulated
+    (``KernelPreference.EMULATED``) or its kernels. ImportError without torchao's MX training."""
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+    from torchao.quantization import quantize_
+    from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+
+    kernel = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
+    quantize_(model, MXFP8TrainingOpConfig(kernel_preference=kernel), filter_fn=chosen)
+
+
+@functools.cache
 def mx_drops_bias() -> bool:
     """Whether the installed torchao's MXFP8 training linear leaves the bias out of its output,
-    measured on a tiny emulated layer (zero weight, bias 1: the output must be the bias)."""
-    if not _MX_BIAS:
-        try:
-            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-            from torchao.quantization import quantize_
-            from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
-        except ImportError:
-            return False  # no MX training to convert with: apply refuses the recipe itself
-        probe = nn.Linear(32, 32)
-        with torch.no_grad():
-            probe.weight.zero_()
-            probe.bias.fill_(1.0)
-        holder = nn.Sequential(probe)
-        quantize_(holder, MXFP8TrainingOpConfig(kernel_preference=KernelPreference.EMULATED))
-        with torch.no_grad():
-            out = holder(torch.zeros(32, 32))
-        _MX_BIAS.append(not bool(torch.allclose(out, torch.ones_like(out))))
-    return _MX_BIAS[0]
+    measured once on a tiny emulated layer (zero weight, bias 1: the output must be the bias)."""
+    layer = nn.Linear(32, 32)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.fill_(1.0)
+    probe = nn.Sequential(layer)
+    try:
+        mx_training(probe, True, lambda m, _: isinstance(m, nn.Linear))
+    except ImportError:
+        return False  # no MX training to convert with: apply refuses the recipe itself
+    with torch.no_grad():
+        out = probe(torch.zeros(32, 32))
+    return not bool(torch.allclose(out, torch.ones_like(out)))
 
 
 MX_BIAS = "it has a bias, which the installed torchao's MXFP8 training linear drops from its output (measured)"
-
-
-def multiple(recipe: Float8Recipe) -> int:
-    """What every GEMM dimension must be a multiple of: 16 (``_scaled_mm``), 32 for MX blocks."""
-    return 32 if recipe.scaling == "mxfp8" else 16
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _head(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def _island(name: str, decisions: dict[str, Decision]) -> tuple[str, torch.dtype] | None:
+def _island(name: str, decisions: Mapping[str, Decision]) -> tuple[str, torch.dtype] | None:
     parts = name.split(".") if name else []
     for i in range(len(parts), -1, -1):
         owner = ".".join(parts[:i])
@@ -130,54 +130,62 @@ def _island(name: str, decisions: dict[str, Decision]) -> tuple[str, torch.dtype
     return None
 
 
-def leave_out(
+def _reasons(
     name: str,
     module: nn.Module,
     recipe: Float8Recipe,
-    *,
-    head: nn.Module | None = None,
-    shared: dict[int, str] | None = None,
-    decisions: dict[str, Decision] | None = None,
-) -> str | None:
-    """Why castwise leaves this Linear out of float8, or None to convert it."""
+    head: nn.Module | None,
+    shared: dict[int, str],
+    decisions: Mapping[str, Decision],
+) -> list[str]:
+    """Every reason castwise's filter leaves this Linear out of float8, the first the strongest."""
     if not name:
-        return "the model itself: apply converts layers inside a model, in place"
+        return ["the model itself: apply converts layers inside a model, in place"]
     if type(module) is not nn.Linear:
-        return f"a {type(module).__name__}, not a plain nn.Linear: torchao converts nn.Linear only"
-    island = _island(name, decisions or {})
+        return [f"a {type(module).__name__}, not a plain nn.Linear: torchao converts nn.Linear only"]
+    island = _island(name, decisions)
     if island is not None:
         owner, dtype = island
-        return f"kept in {str(dtype).removeprefix('torch.')} by the policy's keep[{owner}] island"
+        return [f"kept in {str(dtype).removeprefix('torch.')} by the policy's keep[{owner}] island"]
+    why: list[str] = []
     n = multiple(recipe)
     out_f, in_f = module.weight.shape
     if in_f % n or out_f % n:
-        return f"its dimensions ({in_f}, {out_f}) are not multiples of {n}: torch._scaled_mm refuses them"
+        why.append(f"its dimensions ({in_f}, {out_f}) are not multiples of {n}: torch._scaled_mm refuses them")
     if module is head or name.rsplit(".", 1)[-1] in HEAD_NAMES:
-        return "the output head: the logits' float8 rounding goes straight into the loss"
-    holder = (shared or {}).get(id(module.weight))
+        why.append("the output head: the logits' float8 rounding goes straight into the loss")
+    holder = shared.get(id(module.weight))
     if holder is not None:
-        return f"its weight is tied to {holder}'s (tied embeddings)"
+        why.append(f"its weight is tied to {holder}'s (tied embeddings)")
     if module.weight.numel() < TINY:
-        return f"tiny ({in_f}x{out_f}, under {TINY} weights): scaling costs more than the GEMM saves"
+        why.append(f"tiny ({in_f}x{out_f}, under {TINY} weights): scaling costs more than the GEMM saves")
     if recipe.scaling == "mxfp8" and module.bias is not None and mx_drops_bias():
-        return MX_BIAS
-    return None
+        why.append(MX_BIAS)
+    return why
 
 
-def plan(model: nn.Module, recipe: Float8Recipe, decisions: dict[str, Decision]) -> Float8Plan:
-    """The layers ``recipe`` converts in ``model`` and those it leaves out (with the reason)."""
+def leave_out(name: str, module: nn.Module, recipe: Float8Recipe) -> str | None:
+    """Why castwise leaves this Linear (seen alone: no head, no tied weights) out, or None."""
+    why = _reasons(name, module, recipe, None, {}, {})
+    return why[0] if why else None
+
+
+def reasons(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Decision]) -> dict[str, list[str]]:
+    """The filter over ``model``: each Linear (and transformers' Conv1D) with every reason it is
+    left out (empty: converted). apply's plan and forecast's leave-out list (CW313) both read it."""
     head, shared = _head(model), _shared(model)
-    converted: list[str] = []
-    left: list[tuple[str, str]] = []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) and type(module).__name__ != "Conv1D":
-            continue
-        why = leave_out(name, module, recipe, head=head, shared=shared, decisions=decisions)
-        if why is None:
-            converted.append(name)
-        else:
-            left.append((name, why))
-    return Float8Plan(recipe, tuple(converted), tuple(left))
+    return {
+        name: _reasons(name, module, recipe, head, shared, decisions)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+    }
+
+
+def plan(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Decision]) -> Float8Plan:
+    """The layers ``recipe`` converts in ``model`` and those it leaves out (with the reason)."""
+    found = reasons(model, recipe, decisions)
+    converted = tuple(name for name, why in found.items() if not why)
+    return Float8Plan(recipe, converted, tuple((name, why[0]) for name, why in found.items() if why))
 
 
 # -- converting ------------------------------------------------------------------------------
@@ -247,12 +255,6 @@ def _swap_linears(model: nn.Module, conv: Float8Conversion, make: Callable[[nn.M
 
 
 def _mxfp8(model: nn.Module, conv: Float8Conversion) -> None:
-    try:
-        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-        from torchao.quantization import quantize_
-        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
-    except ImportError as exc:
-        raise ApplyError("fp8=mxfp8 needs torchao's MXFP8 training (torchao >= 0.15): pip install -U torchao") from exc
     chosen = set(conv.plan.converted)
     for name in conv.plan.converted:
         module = model.get_submodule(name)
@@ -262,9 +264,10 @@ def _mxfp8(model: nn.Module, conv: Float8Conversion) -> None:
     from torch.utils._triton import has_triton
 
     fake = any(type(p).__name__ == "FakeTensor" or type(p.data).__name__ == "FakeTensor" for p in model.parameters())
-    emulate = conv.emulated or fake or not has_triton()
-    kernel = KernelPreference.EMULATED if emulate else KernelPreference.AUTO
-    quantize_(model, MXFP8TrainingOpConfig(kernel_preference=kernel), filter_fn=lambda _m, fqn: fqn in chosen)
+    try:
+        mx_training(model, conv.emulated or fake or not has_triton(), lambda _m, fqn: fqn in chosen)
+    except ImportError as exc:
+        raise ApplyError("fp8=mxfp8 needs torchao's MXFP8 training (torchao >= 0.15): pip install -U torchao") from exc
     if conv.emulated:
         # torchao's emulated MX GEMM dequantizes both operands to their own dtypes and refuses a
         # bf16 activation (autocast) against a float32 weight: run it in the weight's dtype
@@ -281,11 +284,11 @@ def _weight_dtype_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def convert(model: nn.Module, recipe: Float8Recipe, decisions: dict[str, Decision]) -> Float8Conversion:
+def convert(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Decision]) -> Float8Conversion:
     """Convert ``model``'s Linears per castwise's filter; emulated unless the model is on CUDA."""
-    if recipe.scaling not in SUPPORTED:
+    if recipe.scaling not in RECIPES:
         raise ApplyError(
-            f"apply cannot run fp8={recipe} yet: torchao trains {', '.join(SUPPORTED)} (valid: fp8=tensorwise, "
+            f"apply cannot run fp8={recipe} yet: torchao trains {', '.join(RECIPES)} (valid: fp8=tensorwise, "
             "fp8=rowwise, fp8=mxfp8); TransformerEngine's delayed and Megatron's blockwise recipes run in "
             "those frameworks (castwise.export writes their settings; castwise.compare emulates them)"
         )

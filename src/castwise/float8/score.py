@@ -1,71 +1,76 @@
-"""float8 as it is trained: each GEMM of a Linear scored by the error its result features get.
+"""float8 as it is trained, scored on real tensors with ``scaling.scale``'s scales.
 
-A float8 GEMM ``A @ B`` scales both operands along its reduction dim (per tensor, per row of
-``A`` and column of ``B``, or per MX block of 32 along it) and casts them. Each term
-``A[i, k] * B[k, j]`` of a result column then errs by what the casts lost: all of it where
-either value flushed to zero, its rounding where both are kept (the cast is computed, bit for bit
-torch's own; a subnormal's rounding is a larger share of it). With the terms' errors independent,
-a result column's squared error is the sum of its terms' squared errors, and the column is *lost*
-when that error is over ``ERROR`` of the root-sum-square of its terms (the measure of a sum whose
-terms cancel). Errors that add up coherently (one value repeated over the tokens, rounded alike
-each time) are underestimated: that needs the GEMM itself.
+Per operand (``scores``): after scaling, the share of non-zero values that flush to zero, the
+dynamic range, and the *lost lines*: rows and columns holding over half their energy in values
+flushed or kept with two bits or fewer (a weight row is an output feature, a weight column an
+input feature's gradient, an input or grad_output column along the tokens a weight gradient's).
 
-Judged per GEMM, not per operand: a loss that needs both operands is seen (a row's small value,
-flushed by its row's scale, meeting a large value of the other operand; an MX block flushed by one
-outlier meeting the other operand's large values), and a flushed line whose terms carried
-nothing is not. Every sum is a vector product along the reduction dim (the result's columns
-need each operand reduced over its other dim first), so a GEMM costs a few passes over its
-operands, not the GEMM.
+Per GEMM (``lost``): ``A @ B`` with both operands scaled along the reduction dim and cast (bit for
+bit torch's cast). A term errs by what the casts lost; with the terms' errors independent, a
+result column is *lost* when its error is over ``ERROR`` of its terms' root-sum-square. This sees
+what one operand cannot (a value flushed by its row's scale meeting a large one of the other
+operand; an MX block flushed by one outlier); coherent errors are underestimated. Every sum is a
+vector product along the reduction dim: a few passes over the operands, not the GEMM.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from castwise.float8.scaling import RECIPES, recipe_in, scale
 
 # a result feature whose error is over this share of its terms' root-sum-square has lost most of
 # its signal (bench_float8_leaveout's truth: a feature flushed whole errs by about 1, float8
 # rounding by about 0.05)
 ERROR = 0.3
-MX_BLOCK = 32
-# (largest, smallest normal exponent, mantissa bits) of each float8 format
-FORMATS: dict[str, tuple[float, int, int]] = {
-    "float8_e4m3fn": (448.0, -6, 3),
-    "float8_e5m2": (57344.0, -14, 2),
-}
-# torchao's per-tensor and per-row scales are format max / max(amax, 1e-12)
-AMAX_FLOOR = 1e-12
+# below 2^3 x the flush line a float8 value keeps at most two significant bits (e4m3's subnormals
+# are m * 2^-9, e5m2's m * 2^-16): rounding there errs by 12% to 50%, as good as lost for a GEMM
+DEGRADED = 3
 
 
-def _scaled(a: torch.Tensor, scaling: str, fmax: float) -> torch.Tensor:
-    """``a``'s magnitudes (rows: scaled along their last dim) times the recipe's scale."""
-    if scaling == "tensorwise":
-        return a * (fmax / a.amax().clamp(min=AMAX_FLOOR))
-    if scaling == "rowwise":
-        # torchao's rowwise recipe floors its scales to a power of two
-        scale = torch.exp2(torch.floor(torch.log2(fmax / a.amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR))))
-        return a * scale
-    n = a.shape[-1]
-    padded = torch.nn.functional.pad(a, (0, (-n) % MX_BLOCK))
-    blocks = padded.reshape(padded.shape[0], -1, MX_BLOCK)
-    bmax = blocks.amax(dim=-1, keepdim=True).clamp(min=1e-38)
-    # e8m0: the block's amax over the format's largest, rounded up to a power of two (RCEIL)
-    scale = torch.exp2(torch.floor(math.log2(fmax) - torch.log2(bmax)))
-    return (blocks * scale).reshape(padded.shape)[:, :n]
+def scores(t: torch.Tensor, dtype: str, bottom: float) -> dict[str, torch.Tensor]:
+    """Per recipe, how many non-zero values of ``t`` flush once scaled into the float8 format
+    ``dtype`` (``bottom``: log2 of half its smallest subnormal), the non-zero count and the
+    dynamic range in powers of two; 0-d tensors (no host sync)."""
+    a = t.detach().abs().float()
+    a = a.reshape(-1, a.shape[-1]) if a.dim() >= 2 else a.reshape(1, -1)
+    nonzero = a > 0
+    out = {"nonzero": nonzero.sum(), "rows": torch.tensor(a.shape[0]), "cols": torch.tensor(a.shape[1])}
+    for r in RECIPES:
+        out[r] = (nonzero & _flushed(a, r, dtype, bottom)).sum()
+        out[f"lost_rows_{r}"] = _lost_lines(a, r, dtype, bottom)
+        out[f"lost_cols_{r}"] = _lost_lines(a.t(), r, dtype, bottom)
+    smallest = torch.where(nonzero, a, torch.inf).amin()
+    out["range_pow2"] = torch.where(nonzero.any(), torch.log2(a.amax() / smallest), torch.zeros(()))
+    return out
+
+
+def _flushed(a: torch.Tensor, scaling: str, dtype: str, bottom: float) -> torch.Tensor:
+    """Which values of ``a`` fall under 2^bottom once ``scaling`` scales it along its rows."""
+    flushed: torch.Tensor = a * scale(a, recipe_in(scaling, dtype)) < 2.0**bottom
+    return flushed
+
+
+def _lost_lines(a: torch.Tensor, scaling: str, dtype: str, bottom: float) -> torch.Tensor:
+    """How many rows of ``a`` hold more than half their energy in values flushed or kept with at
+    most two significant bits (under 2^DEGRADED x the flush line)."""
+    energy = _squares(a, 1)
+    gone = (energy * _flushed(a, scaling, dtype, bottom + DEGRADED)).sum(-1)
+    lost: torch.Tensor = (gone > 0.5 * energy.sum(-1)).sum()
+    return lost
 
 
 def _moments(a: torch.Tensor, scaling: str, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Per value of ``a`` (magnitudes, scaled along its rows), q/a and (q/a)^2 where q is the
     value as the recipe casts it (scaled, clamped to the format's largest, rounded): 0 where it
     flushes, near 1 where it keeps its bits."""
-    fmax, emin, mant = FORMATS[dtype]
-    s = _scaled(a, scaling, fmax).clamp(max=fmax)  # torchao saturates before the cast
+    fi = torch.finfo(getattr(torch, dtype))
+    s = (a * scale(a, recipe_in(scaling, dtype))).clamp(max=fi.max)  # torchao saturates before the cast
     # the cast, in float32 arithmetic (no float8 tensor: every device and tracer takes it): round
     # to nearest even on the value's binade's grid, the subnormals' grid below the smallest normal
     # 2^floor(log2 s) is s's float32 exponent bits alone
     binade = (s.view(torch.int32) & 0x7F800000).view(torch.float32)
-    ulp = binade.clamp(min=2.0**emin) * 2.0**-mant
+    ulp = binade.clamp(min=fi.smallest_normal) * fi.eps
     cast = torch.round(s / ulp) * ulp
     ratio = torch.where(s > 0, cast / torch.where(s > 0, s, torch.ones_like(s)), torch.ones_like(s))
     return ratio, ratio.square()
@@ -115,7 +120,8 @@ def _counts(ratios: torch.Tensor, error: float, line: str) -> dict[str, torch.Te
 
 
 def _squares(m: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """``m`` over its largest (along ``dim``; None: all of it), squared."""
+    """``m`` over its largest (along ``dim``; None: all of it), squared: float32 holds it (1e-21
+    squared would not)."""
     top = m.amax() if dim is None else m.amax(dim=dim, keepdim=True)
     return (m / top.clamp(min=torch.finfo(torch.float32).tiny)).square()
 
@@ -144,10 +150,19 @@ def _ratio(
 
 
 def shares(parts: dict[str, torch.Tensor]) -> dict[str, float]:
-    """``lost`` as shares of the result's columns (and rows) and the worst errors, on the host."""
-    got: dict[str, float] = {}
-    for line in ("cols", "rows"):
-        if line in parts:
-            got[f"lost_{line}"] = float(parts[f"lost_{line}"]) / max(int(parts[line]), 1)
-            got[f"worst_{line}"] = float(parts[f"worst_{line}"])
+    """``scores`` (an operand's) or ``lost`` (a GEMM's) on the host: shares of the non-zero
+    values or of the result's lines, the range and the worst errors."""
+    if "nonzero" not in parts:  # a GEMM's
+        got: dict[str, float] = {}
+        for line in ("cols", "rows"):
+            if line in parts:
+                got[f"lost_{line}"] = float(parts[f"lost_{line}"]) / max(int(parts[line]), 1)
+                got[f"worst_{line}"] = float(parts[f"worst_{line}"])
+        return got
+    n = float(parts["nonzero"])
+    got = {r: (float(parts[r]) / n if n else 0.0) for r in RECIPES}
+    got["range_pow2"] = float(parts["range_pow2"])
+    for r in RECIPES:
+        for line in ("rows", "cols"):
+            got[f"lost_{line}_{r}"] = float(parts[f"lost_{line}_{r}"]) / max(int(parts[line]), 1)
     return got
