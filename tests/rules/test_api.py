@@ -14,8 +14,6 @@ from castwise.rules.audit import _fixes
 from castwise.trace.events import Prov
 
 _ABOVE = ("castwise.auditor", "castwise.report", "castwise.trace", "castwise.applied", "castwise.policy")
-# CW131 and CW132 belong to the float8 work (issue 33, step 3), which moves their imports to rules.api
-_PENDING = {"castwise.rules.audit.cw131", "castwise.rules.audit.cw132"}
 
 
 def test_no_rule_module_imports_the_engine_not_even_for_types() -> None:
@@ -24,7 +22,7 @@ def test_no_rule_module_imports_the_engine_not_even_for_types() -> None:
         (m, x)
         for m in graph.find_descendants("castwise.rules") | {"castwise.rules"}
         for x in graph.find_modules_directly_imported_by(m)
-        if x.startswith(_ABOVE) and m not in _PENDING
+        if x.startswith(_ABOVE)
     }
     assert upward == set()
 

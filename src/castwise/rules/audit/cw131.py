@@ -10,7 +10,7 @@ from castwise.rules.audit._base import AuditRule, Check, Diag
 from castwise.rules.audit._text import where
 
 if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx
+    from castwise.rules.api import Ctx
 
 META = Rule(
     code="CW131",

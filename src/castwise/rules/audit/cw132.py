@@ -9,8 +9,7 @@ from castwise.rules._rule import Rule
 from castwise.rules.audit._base import AuditRule, Check, Diag
 
 if TYPE_CHECKING:
-    from castwise.auditor.context import Ctx, FixContext
-    from castwise.report import Finding
+    from castwise.rules.api import Ctx, Finding, FixContext
 
 META = Rule(
     code="CW132",
