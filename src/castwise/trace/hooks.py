@@ -113,7 +113,7 @@ def _grad_hook(tracer: Tracer, module: str, tensor: str, hook: Any) -> Any:
             out = _cast_like(out, grad)
         if isinstance(out, torch.Tensor) and out.dtype != grad.dtype:
             fix = return_fix(hook, "grad")
-            tracer.trace.hook_changes.append(
+            tracer.recorder.hook_change(
                 HookChange("grad", module, tensor, name, grad.dtype, out.dtype, hook_source(hook), fix)
             )
         return out
@@ -139,7 +139,7 @@ def _forward_hook(tracer: Tracer, name: str, hook: Any) -> Any:
         after = _first_tensor(out)
         if before is not None and after is not None and after.dtype != before.dtype:
             fix = return_fix(hook, "output")
-            tracer.trace.hook_changes.append(
+            tracer.recorder.hook_change(
                 HookChange("forward", name, None, hook_name(hook), before.dtype, after.dtype, hook_source(hook), fix)
             )
         return out

@@ -37,6 +37,7 @@ class ModuleTreeObserver(Observer):
     """Records the module tree with parameter and activation dtypes (``trace.observed["modules"]``)."""
 
     name = "modules"
+    splices = True  # module exits are replayed for a reused block
 
     def __init__(self, model: nn.Module) -> None:
         # parameters are read once, before the run (the run does not change their dtypes)

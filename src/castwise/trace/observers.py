@@ -26,6 +26,7 @@ from castwise.trace.opinfo import OpInfo, info_of
 if TYPE_CHECKING:
     from castwise.trace.contracts import Violation
     from castwise.trace.events import Frame, Prov, Trace
+    from castwise.trace.record import Recorder
     from castwise.trace.tracer import Tracer
 
 _LOW_NAMES = ("bfloat16", "float16")
@@ -68,6 +69,11 @@ class OpCall:
     def trace(self) -> Trace:
         return self.tracer.trace
 
+    @property
+    def record(self) -> Recorder:
+        """The run record's writer (what an observer adds to the record goes through it)."""
+        return self.tracer.recorder
+
     # what an observer may ask of the run beyond the op itself (not the tracer's own state)
 
     def prov_of(self, t: torch.Tensor) -> Prov | None:
@@ -100,6 +106,10 @@ class Observer:
     # origin (contract checks' events, an audit's findings). A run whose observers all leave it out
     # gets a tracer that skips it in its per-op hot path (module attribution is always kept)
     needs: frozenset[str] = frozenset({"provenance"})
+    # whether a reused block's record stands for what this observer records of the block's ops
+    # (``trace/reuse.py``): true where it writes only through the record (ops, events, activation
+    # bytes, upcasts at module exits, which are replayed). False: every block runs for it
+    splices = False
 
     def check(self, call: OpCall) -> Violation | None:
         """Before the op runs: the violation a real kernel would raise, or None."""
@@ -161,6 +171,7 @@ class ContractObserver(Observer):
     """Checks every op against what the target device's real kernel accepts (trace/contracts)."""
 
     name = "contracts"
+    splices = True
 
     def check(self, call: OpCall) -> Violation | None:
         func = call.func
@@ -179,7 +190,7 @@ class ContractObserver(Observer):
         # one lookup (cached per op and device) answers both coverage and the check
         found = contracts.lookup(func, call.device)
         if not found.covered:
-            call.trace.uncovered.setdefault(call.name, set()).add(call.module)
+            call.record.uncovered(call.name, call.module)
         return found.check(call.args, call.kwargs)
 
 
@@ -187,22 +198,21 @@ class ActivationBytesObserver(Observer):
     """Bytes of floating activations made in forward, by dtype (views and in-place writes excluded)."""
 
     name = "activation_bytes"
+    splices = True
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         if call.phase != "forward" or call.info.is_view:
             return
-        counts = call.trace.activation_bytes
         for o in outputs:
-            if not o.is_floating_point() or o.is_nested or any(o is t for t in call.tensors):
-                continue
-            key = name_of(o.dtype)
-            counts[key] = counts.get(key, 0) + o.numel() * o.element_size()
+            if o.is_floating_point() and not o.is_nested and not any(o is t for t in call.tensors):
+                call.record.activation(name_of(o.dtype), o.numel() * o.element_size())
 
 
 class UpcastObserver(Observer):
     """Modules that take low-precision activations and return float32 outside autocast (CW120)."""
 
     name = "upcasts"
+    splices = True
 
     def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
         if frame.autocast is not None or not frame.name:
@@ -212,7 +222,7 @@ class UpcastObserver(Observer):
             return
         for t in flat_outputs(output):
             if name_of(t.dtype) == "float32":
-                tracer.trace.upcasts.append(Upcast(frame.name, ins[0].dtype, tracer.prov.get(t), shape_of(t)))
+                tracer.recorder.upcast(Upcast(frame.name, ins[0].dtype, tracer.prov.get(t), shape_of(t)))
                 break
 
 
