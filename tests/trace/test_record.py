@@ -3,6 +3,7 @@ again renamed, and an observer declares whether a reused block's record stands f
 
 from __future__ import annotations
 
+import grimp
 import torch
 import transformers
 
@@ -12,6 +13,7 @@ from castwise.trace import reuse
 from castwise.trace.events import Event, Prov
 from castwise.trace.observers import ActivationBytesObserver, ContractObserver, Observer, UpcastObserver
 from castwise.trace.record import Recorder
+from tests.test_layout import _cycles
 
 BF16 = torch.bfloat16
 
@@ -97,3 +99,13 @@ def _reused(observer: Observer) -> dict[str, str]:
 def test_block_reuse_follows_what_each_observer_declares() -> None:
     assert _reused(_Counter()) == {}  # not declared: every block runs for it
     assert _reused(_Splicing()) == {"model.layers.1": "model.layers.0", "model.layers.2": "model.layers.0"}
+
+
+def test_trace_has_no_import_cycle_even_counting_type_checking_imports() -> None:
+    """The eager producer is imported by nothing in ``trace/`` it imports: its parts (observers,
+    hooks, the backward walker, block reuse) name what they ask of it as protocols."""
+    graph = grimp.build_graph("castwise", exclude_type_checking_imports=False)
+    trace = {m for m in graph.modules if m.startswith("castwise.trace")}
+    adjacency = {m: {x for x in graph.find_modules_directly_imported_by(m) if x in trace} for m in trace}
+    assert _cycles(adjacency) == []
+    assert not any("castwise.trace.tracer" in adjacency[m] for m in trace if m != "castwise.trace.tracer")

@@ -277,7 +277,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         )
     if dtype_error:
         return _raised_in_python(r, module, kind, text, bad)
-    if r.fake and r.trace.observed.get("sizes"):
+    if r.fake and r.trace.sizes:
         # the run went on with assumed values (CW903): what they lead to need not happen for real
         return cw902.diagnose(
             module=fail.module if fail else module,

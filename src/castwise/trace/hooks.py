@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -24,7 +24,21 @@ from castwise.trace.events import Frame, HookChange, shape_of
 from castwise.trace.source import line_text, short_path
 
 if TYPE_CHECKING:
-    from castwise.trace.tracer import Tracer
+    from castwise.trace.attrmap import AttrMap
+    from castwise.trace.record import Recorder
+
+
+class Tracer(Protocol):
+    """What user hooks read of the eager producer (the module and hook stacks) and tell it."""
+
+    stack: list[Frame]
+    hook_stack: list[str]
+    device_type: str
+    creator: AttrMap
+    refused: tuple[str, list[torch.Tensor]] | None
+    recorder: Recorder
+
+    def module(self) -> str: ...
 
 
 # the hooks (by qualified name) whose results the run casts back to the dtype they were given: the

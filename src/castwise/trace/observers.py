@@ -14,7 +14,7 @@ override a hook you do not need (the tracer only calls the hooks an observer ove
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,10 +24,10 @@ from castwise.trace.events import Upcast, shape_of
 from castwise.trace.opinfo import OpInfo, info_of
 
 if TYPE_CHECKING:
+    from castwise.devices import Device
     from castwise.trace.contracts import Violation
     from castwise.trace.events import Frame, Prov, Trace
     from castwise.trace.record import Recorder
-    from castwise.trace.tracer import Tracer
 
 _LOW_NAMES = ("bfloat16", "float16")
 
@@ -35,11 +35,11 @@ _LOW_NAMES = ("bfloat16", "float16")
 class OpCall:
     """One op as the tracer sees it. A plain slotted object, not a dataclass: one is made per op."""
 
-    __slots__ = ("args", "func", "info", "is_fast", "kwargs", "module", "name", "phase", "tensors", "tracer")
+    __slots__ = ("args", "func", "info", "is_fast", "kwargs", "module", "name", "phase", "run", "tensors")
 
     def __init__(
         self,
-        tracer: Tracer,
+        run: Run,
         func: Any,
         name: str,
         module: str,
@@ -49,11 +49,11 @@ class OpCall:
         is_fast: bool,
         info: OpInfo | None = None,
     ) -> None:
-        self.tracer = tracer
+        self.run = run
         self.func = func  # the aten OpOverload
         self.name = name  # "aten.addmm"
         self.module = module  # named_modules() name ("" at the top level)
-        self.phase = tracer.phase
+        self.phase = run.phase
         self.args = args
         self.kwargs = kwargs
         self.tensors = tensors  # the op's tensor arguments, flattened
@@ -63,39 +63,54 @@ class OpCall:
     @property
     def device(self) -> Any:
         """The simulated target device (a ``castwise.devices.Device``)."""
-        return self.tracer.device
+        return self.run.device
 
     @property
     def trace(self) -> Trace:
-        return self.tracer.trace
+        return self.run.trace
 
     @property
     def record(self) -> Recorder:
         """The run record's writer (what an observer adds to the record goes through it)."""
-        return self.tracer.recorder
+        return self.run.recorder
 
     # what an observer may ask of the run beyond the op itself (not the tracer's own state)
 
     def prov_of(self, t: torch.Tensor) -> Prov | None:
         """The origin of ``t``'s dtype."""
-        return self.tracer.prov_of(t)
+        return self.run.prov_of(t)
 
     @property
     def autocast(self) -> torch.dtype | None:
         """The autocast dtype the caller of this op ran under (forward only; None when off)."""
-        return self.tracer.autocast_here()
+        return self.run.autocast_here()
 
     @property
     def stand(self) -> fastpath.Stand:
         """The fused fast paths' state for this run (which kernels the model's modules chose)."""
-        return self.tracer.stand
+        return self.run.stand
 
     def backward_node(self) -> Any:
         """In backward, the autograd node running this op (None in forward)."""
         if self.phase != "backward":
             return None
-        tracer = self.tracer
-        return tracer.current_node if not tracer.use_engine_node else torch._C._current_autograd_node()
+        run = self.run
+        return run.current_node if not run.use_engine_node else torch._C._current_autograd_node()
+
+
+class Run(Protocol):
+    """What an observer may ask of the run (the eager producer) beyond the op itself."""
+
+    device: Device
+    phase: Any
+    trace: Trace
+    recorder: Recorder
+    stand: fastpath.Stand
+    current_node: Any
+    use_engine_node: bool
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None: ...
+    def autocast_here(self) -> torch.dtype | None: ...
 
 
 class Observer:
@@ -118,7 +133,7 @@ class Observer:
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         """After the op ran (not called when it raised)."""
 
-    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
         """A module's forward returned ``output`` (forward phase only)."""
 
     def finish(self, trace: Trace) -> None:
@@ -214,7 +229,7 @@ class UpcastObserver(Observer):
     name = "upcasts"
     splices = True
 
-    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
         if frame.autocast is not None or not frame.name:
             return
         ins = [t for t in frame.inputs if t.is_floating_point()]
@@ -222,7 +237,7 @@ class UpcastObserver(Observer):
             return
         for t in flat_outputs(output):
             if name_of(t.dtype) == "float32":
-                tracer.recorder.upcast(Upcast(frame.name, ins[0].dtype, tracer.prov.get(t), shape_of(t)))
+                run.recorder.upcast(Upcast(frame.name, ins[0].dtype, run.prov_of(t), shape_of(t)))
                 break
 
 

@@ -1,6 +1,8 @@
 """The run record's one writer: a producer (the tracer, the graph walk), its observers and block
-reuse append to a :class:`Trace` only through a :class:`Recorder`, so a new field is written, and
-spliced for a reused block, in one place.
+reuse append ops, events, coverage, bytes, upcasts and hook changes to a :class:`Trace` only
+through a :class:`Recorder`, so a new field is written, and spliced for a reused block, in one
+place. (The fake run's value assumptions, ``Trace.branches``/``sizes``, are the values part's:
+a block that makes one is never reused.)
 
 A stretch of the record (a block's) is marked (:meth:`Recorder.mark`), taken (:meth:`since`) and
 spliced in again renamed for another block (:meth:`splice`, :meth:`insert`); the renaming is the

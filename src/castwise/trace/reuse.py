@@ -305,7 +305,7 @@ class BlockReuse(Observer):
     ) -> Any:
         tracer = self.tracer
         assert tracer is not None
-        branches = len(tracer.recorder.trace.observed.get("branches", {}))
+        branches = len(tracer.recorder.trace.branches)
         cap = _Capture(name, tracer.recorder.mark(), branches, tracer.assumed_now)
         store[key] = None  # until it returns: a failing template is no record
         self.captures.append(cap)
@@ -322,7 +322,7 @@ class BlockReuse(Observer):
         trace = tracer.recorder.trace
         unusual = (
             len(trace.hook_changes) != cap.mark.hook_changes
-            or len(trace.observed.get("branches", {})) != cap.branches
+            or len(trace.branches) != cap.branches
             or tracer.assumed_now != cap.assumed
             or tracer.refused is not None
             or trace.failure is not None
@@ -430,7 +430,7 @@ class BlockReuse(Observer):
 
     # -- observer hooks ---------------------------------------------------------------------------
 
-    def module_exit(self, tracer: Any, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Any, frame: Frame, output: Any) -> None:
         for cap in self.captures:
             if frame.name != cap.name and within(frame.name, cap.name):
                 cap.exits.append((frame, output))

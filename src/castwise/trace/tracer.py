@@ -11,9 +11,8 @@ Why this shape (each point was measured, see DESIGN.md "Engine principles"):
 - Backward ops are attributed through autograd-node metadata: each node is tagged with the
   module that created it (lazily, when its output is next used), and read back from the node
   that runs the backward op.
-- Provenance: every tensor maps to the origin of its current dtype. A dtype-changing op is an
-  origin; a dtype-preserving op passes on the origin of an input of that dtype (autocast's
-  casts first, then parameters and buffers, then the rest in argument order).
+- Provenance: every tensor maps to the origin of its current dtype, by the rule the compiled
+  producer shares (``trace/provenance.py``).
 
 - Per-op cost (a 405B audit runs ~60,000 ops): the op's fixed facts are looked up once by id
   (``trace/opinfo.py``), the contract once per (op, device), tensor metadata is read with
