@@ -3,10 +3,14 @@ again renamed, and an observer declares whether a reused block's record stands f
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import grimp
 import torch
 import transformers
 
+import castwise
 from castwise.auditor.session import run_audit
 from castwise.policy import Policy
 from castwise.trace import reuse
@@ -109,3 +113,20 @@ def test_trace_has_no_import_cycle_even_counting_type_checking_imports() -> None
     adjacency = {m: {x for x in graph.find_modules_directly_imported_by(m) if x in trace} for m in trace}
     assert _cycles(adjacency) == []
     assert not any("castwise.trace.tracer" in adjacency[m] for m in trace if m != "castwise.trace.tracer")
+
+
+def test_the_record_is_written_only_through_the_recorder_and_origins_only_by_provenance() -> None:
+    """What the record holds and where origins are made each have one writer (a new producer or
+    observer goes through them, so block reuse and both producers stay in step)."""
+    src = Path(castwise.__file__).parent
+    writes = re.compile(r"\.(ops|events|upcasts|hook_changes)\.(append|extend)\(|uncovered\.setdefault|\.failure = ")
+    made = re.compile(r"\bProv\(")
+    found: dict[str, list[str]] = {"writes": [], "made": []}
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        text = path.read_text()
+        if rel != "trace/record.py" and not rel.startswith("rules/") and writes.search(text):
+            found["writes"].append(rel)  # rules/ only read runs (into their own dicts)
+        if rel not in ("trace/provenance.py", "trace/events.py") and made.search(text):
+            found["made"].append(rel)
+    assert found == {"writes": [], "made": []}
