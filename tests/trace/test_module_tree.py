@@ -73,7 +73,7 @@ def test_modules_running_when_the_model_raised_are_marked() -> None:
     tracer = Tracer(model, "cpu", fake=False, observers=[*default_observers(), ModuleTreeObserver(model)])
     trace = run(tracer, model, (torch.randn(2, 4),), {}, "eval", engine_backward=True)
     assert trace.status == "error"
-    by = {m["name"]: m for m in trace.observed["modules"]}
+    by = {m["name"]: m for m in trace.modules}
     assert by["0"]["raised"] and by["0.inner"]["raised"] and by[""]["raised"]
     assert by["0.inner"]["inputs"] == ["f64[2, 4]"] and by["0.inner"]["outputs"] == []
 

@@ -17,7 +17,8 @@ from castwise.rules import audit as audit_rules
 from castwise.rules.audit import cw115, cw125, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
 from castwise.rules.audit._text import where
-from castwise.trace.events import Event, Mode, Origin, Prov
+from castwise.trace import provenance
+from castwise.trace.events import Event, Mode, Origin
 
 # what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"
 # (a KeyError("not a dtype problem") is not a dtype error)
@@ -192,9 +193,7 @@ def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, ba
         # the module's forward changed its input's dtype itself (`x.float()`) before the layer's
         # own check raised: that tensor, not the input it was given, met the weights
         tensors = made
-    provs = tuple(prov_of(t) for t in tensors) + tuple(
-        Prov("param", module, None, f"param {module + '.' if module else ''}{n}", d) for n, d in own.items()
-    )
+    provs = tuple(prov_of(t) for t in tensors) + tuple(provenance.param(module, n, d) for n, d in own.items())
     dtypes = tuple(t.dtype for t in tensors) + tuple(own.values())
     return classify(
         r,
@@ -278,7 +277,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         )
     if dtype_error:
         return _raised_in_python(r, module, kind, text, bad)
-    if r.fake and r.trace.observed.get("sizes"):
+    if r.fake and r.trace.sizes:
         # the run went on with assumed values (CW903): what they lead to need not happen for real
         return cw902.diagnose(
             module=fail.module if fail else module,

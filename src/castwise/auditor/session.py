@@ -400,9 +400,7 @@ def run_audit(
     with preserved_state():
         runs = [_run_once(model, inputs, policy, device, m, fake, compute, record_ops, observers) for m in modes]
         alternates = [
-            _alternate(model, inputs, policy, device, r, fake, compute, record_ops)
-            for r in runs
-            if r.trace.observed.get("branches")
+            _alternate(model, inputs, policy, device, r, fake, compute, record_ops) for r in runs if r.trace.branches
         ]
         graphs = [
             _run_once(model, inputs, policy, device, m, fake, compute, record_ops, compiled=compiled)
@@ -421,7 +419,7 @@ def run_audit(
             "params_by_dtype": dict(runs[0].param_dtypes) if runs else {},
             "activation_bytes_by_dtype": dict(runs[0].trace.activation_bytes) if runs else {},
             "ops_traced": {r.mode: len(r.trace.ops) for r in runs},
-            "modules": runs[0].trace.observed.get("modules", []) if runs else [],
+            "modules": runs[0].trace.modules if runs else [],
             **({"compiled": {r.mode: compiled_summary(r.trace) for r in graphs}} if graphs else {}),
         },
         title=f"castwise audit ({'torch.compile, ' if graphs else ''}{'fake' if fake else 'real'} tensors, "
@@ -459,11 +457,11 @@ def _alternate(
 ) -> RunRecord:
     """The mode run again with every branch the first run answered False answered True, so the
     other side of each is checked too; each site records whether it was (``other_checked``)."""
-    branches: dict[tuple[str, int], dict[str, Any]] = run.trace.observed["branches"]
+    branches = run.trace.branches
     alt = _run_once(model, inputs, policy, device, run.mode, fake, compute, record_ops, forced=frozenset(branches))
     # a site the second run never reached with True (it stopped before, or took another path) is
     # unchecked; where it stopped early its own CW902 says so
-    reached: dict[tuple[str, int], dict[str, Any]] = alt.trace.observed.get("branches", {})
+    reached = alt.trace.branches
     for key, site in branches.items():
         other = reached.get(key)
         site["other_checked"] = other is not None and other["answers"][True] > 0

@@ -11,13 +11,18 @@ import collections
 import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.utils.checkpoint
 
-if TYPE_CHECKING:
-    from castwise.trace.tracer import Tracer
+
+class Tracer(Protocol):
+    """What the walker tells the eager producer: the node running now (its ops' module)."""
+
+    current_node: Any
+    use_engine_node: bool
+    device_type: str
 
 
 def _edge(t: Any) -> tuple[Any, int]:

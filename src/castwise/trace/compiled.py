@@ -31,9 +31,11 @@ from torch import fx, nn
 from castwise._compiled import CompileOptions, compiled_parts
 from castwise._paths import short_path
 from castwise.devices import Device
-from castwise.trace.events import Compiled, GraphBreak, Mode, Prov, Trace
+from castwise.trace import provenance
+from castwise.trace.events import Compiled, GraphBreak, Mode, Phase, Prov, Trace
 from castwise.trace.graph import GraphWalk, autocast_regions
 from castwise.trace.observers import pick_loss
+from castwise.trace.record import Recorder
 from castwise.trace.simcuda import host_has_cuda
 
 
@@ -46,9 +48,10 @@ class CompiledProducer:
     recent: Sequence[tuple[str, torch.Tensor]] = ()
 
     def __init__(self, model: nn.Module, device: Device, autocast: torch.dtype | None, record_ops: bool) -> None:
-        self.trace = Trace(kind="compiled")
+        self.recorder = Recorder(Trace(kind="compiled"), record_ops=record_ops)
+        self.trace = self.recorder.trace
         known = frozenset(n for n, _m in model.named_modules())
-        self.walk = GraphWalk(self.trace, device, known, autocast, record_ops)
+        self.walk = GraphWalk(self.recorder, device, known, autocast)
         self._provs: dict[int, Prov] = {}
         self._kept: list[torch.Tensor] = []  # the tensors whose ids key _provs stay alive
         self.graphs = 0
@@ -57,15 +60,8 @@ class CompiledProducer:
         # (its decompositions can change an op's dtypes: addmm of one row into f32 mul + sum)
         self.decompositions: dict[Any, Any] | None = None
         self.breaks: list[tuple[str, str | None]] = []  # (reason, user's line) Dynamo gave the backend
-        for mname, module in model.named_modules():
-            dot = f"{mname}." if mname else ""
-            for kind, store in (("param", module._parameters), ("buffer", module._buffers)):
-                for tname, t in store.items():
-                    if t is not None and id(t) not in self._provs:
-                        self._note(t, Prov(kind, mname, None, f"{kind} {dot}{tname}", t.dtype))  # type: ignore[arg-type]
-            for aname, value in vars(module).items():
-                if isinstance(value, torch.Tensor) and not aname.startswith("_") and id(value) not in self._provs:
-                    self._note(value, Prov("attribute", mname, None, f"tensor attribute {dot}{aname}", value.dtype))
+        for t, p in provenance.seeds(model):
+            self._note(t, p)
 
     def _note(self, t: torch.Tensor, prov: Prov) -> None:
         self._provs[id(t)] = prov
@@ -73,7 +69,7 @@ class CompiledProducer:
 
     def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
-            self._note(t, Prov("input", "", None, f"model input `{name}`", t.dtype))
+            self._note(t, provenance.model_input(name, t))
 
     def prov_of(self, t: torch.Tensor) -> Prov | None:
         return self._provs.get(id(t))
@@ -309,21 +305,21 @@ def run_compiled(
             _off_the_host_device() if simulated else contextlib.nullcontext(),
             _old_objects_frozen(),
         ):
-            error = _call(compiled, args, kwargs, mode, trace, backward=untraced is None)
+            error = _call(compiled, args, kwargs, mode, producer.recorder, backward=untraced is None)
     finally:
         handle.remove()
         entries.drop()
-    if trace.events:
-        trace.status = "error"
-    trace.compiled = Compiled(
-        producer.graphs,
-        producer.backward_graphs,
-        breaks.found(producer),
-        options.fullgraph,
-        producer.walk.ops,
-        error,
-        "inductor" if producer.decompositions is not None else None,
-        untraced,
+    producer.recorder.ended(
+        Compiled(
+            producer.graphs,
+            producer.backward_graphs,
+            breaks.found(producer),
+            options.fullgraph,
+            producer.walk.ops,
+            error,
+            "inductor" if producer.decompositions is not None else None,
+            untraced,
+        )
     )
     return trace
 
@@ -368,10 +364,11 @@ def _off_the_host_device() -> Iterator[None]:
 
 
 def _call(
-    compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, trace: Trace, backward: bool = True
+    compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mode: Mode, recorder: Recorder, backward: bool = True
 ) -> str | None:
     """One call (and backward in train mode, unless not ``backward``: the train-mode forward under
-    no_grad); what it raised is recorded on ``trace``."""
+    no_grad); what it raised is recorded."""
+    phase: Phase = "forward"
     try:
         if mode == "eval" or not backward:
             with torch.no_grad():
@@ -381,14 +378,12 @@ def _call(
                 out = compiled(*args, **kwargs)
                 loss = pick_loss(out)
                 if loss is not None:
-                    trace.error_phase = "backward"
+                    phase = "backward"
                     loss.backward()  # type: ignore[no-untyped-call]
     except Exception as exc:  # the model's error, or torch.compile's
-        trace.error = exc
-        trace.status = "error"
+        recorder.raised(exc, [], phase)
         text = str(exc).strip()
         return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
-    trace.error_phase = "forward"
     return None
 
 

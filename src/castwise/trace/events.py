@@ -166,7 +166,12 @@ class Trace:
     error_phase: Phase = "forward"
     status: RunStatus = "ok"
     hook_changes: list[HookChange] = field(default_factory=list)
-    # what observers beyond the built-in ones recorded, by observer name (numerics, module tree...)
+    # what a fake run took for values it could not know (trace/values.py; CW903): each branch site
+    # by (file, line) with its answers, and each assumed size
+    branches: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    sizes: list[dict[str, Any]] = field(default_factory=list)
+    modules: list[dict[str, Any]] = field(default_factory=list)  # the module tree (trace/module_tree.py)
+    # what observers of one's own recorded, by observer name (castwise's own read the fields above)
     observed: dict[str, Any] = field(default_factory=dict)
     kind: RunKind = "eager"
     compiled: Compiled | None = None  # set by the compiled producer

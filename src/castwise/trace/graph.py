@@ -4,8 +4,7 @@ Dynamo and AOTAutograd leave on each graph node the user's module (``nn_module_s
 backward ``fwd_nn_module_stack``), the source line (``stack_trace``) and a fake value (``val``:
 dtype, shape). Walking a graph's nodes in order gives what the dispatch-mode tracer records of
 the eager program: each aten op checked against the same contract table, the provenance of
-every value (the same rule as the tracer's: an output keeps the origin of an operand of its
-dtype, else it is where its dtype was made), and the ops as rows. Pure functions of the graph:
+every value (``trace/provenance.py``, the functions the tracer calls), and the ops as rows. Pure functions of the graph:
 nothing here runs an op.
 """
 
@@ -18,20 +17,18 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils._pytree import tree_leaves
 
-from castwise._dtypes import fmt_tensor, name_of
 from castwise._paths import short_path
 from castwise.devices import Device
-from castwise.trace import contracts, source
-from castwise.trace.events import Event, Phase, Prov, Trace, shape_of
+from castwise.trace import contracts, provenance, source
+from castwise.trace.events import Event, Phase, Prov, shape_of
 from castwise.trace.opinfo import info_of
+from castwise.trace.record import Recorder
 
 _HEAD = re.compile(r"^[LG]\['[^']*'\]")  # L['self']: the compiled frame's local the path starts at
 _INDEX = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")  # [0] / ['layers'] -> .0 / .layers
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
-_RANK = {"autocast": 0, "param": 1, "buffer": 1}  # the tracer's: which operand's origin an output keeps
-# a cast: `.to()` / `.float()` in the user's code, or autocast's cast of an op's operands
-_CASTS = frozenset({"aten._to_copy", "prims.convert_element_type", "aten.to"})
 
 
 def module_name(fqn: str, known: Container[str]) -> str:
@@ -109,24 +106,15 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, fx.Node) else node
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _tensors(x)]
-    return []
-
-
 @dataclass
 class GraphWalk:
-    """Walks one run's graphs in execution order into its :class:`Trace`; ``provs`` by node name
+    """Walks one run's graphs in execution order into its record; ``provs`` by node name
     per graph, so a backward graph's saved values keep their forward origins."""
 
-    trace: Trace
+    recorder: Recorder
     device: Device
     known: frozenset[str]
     autocast: torch.dtype | None  # the autocast dtype the compiled program ran under (the policy's)
-    record_ops: bool = True
     ops: int = 0
     on_op: list[Callable[[str, Phase, fx.Node], None]] = field(default_factory=list)
     # per Dynamo node, the autocast it ran under (``autocast_regions`` of the graph being compiled)
@@ -162,25 +150,16 @@ class GraphWalk:
         tensors = [_val(a) for a in ins]
         found = contracts.lookup(func, self.device)
         if not found.covered:
-            self.trace.uncovered.setdefault(name, set()).add(module)
+            self.recorder.uncovered(name, module)
         # the real program raises at its first refused op: nothing after it runs, so nothing after
         # it is checked (Dynamo's fake propagation goes on where a real kernel would not)
-        violation = found.check(args, kwargs) if not self.trace.events else None
+        violation = found.check(args, kwargs) if not self.recorder.trace.events else None
         self.ops += 1
         if violation is not None:
-            self.trace.events.append(self._event(node, phase, module, name, violation, provs))
-        outs = _tensors(node.meta.get("val"))
+            self.recorder.event(self._event(node, phase, module, name, violation, provs))
+        outs = [t for t in tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
         prov = self._propagate(node, phase, module, name, ins, outs, provs)
-        if self.record_ops:
-            self.trace.ops.append(
-                (
-                    module,
-                    name,
-                    phase,
-                    tuple((t.dtype, shape_of(t)) for t in tensors),
-                    tuple((o.dtype, shape_of(o)) for o in outs),
-                )
-            )
+        self.recorder.op(module, name, phase, tensors, outs)
         for hook in self.on_op:
             hook(module, phase, node)
         return prov
@@ -188,7 +167,8 @@ class GraphWalk:
     def _event(
         self, node: fx.Node, phase: Phase, module: str, name: str, violation: Any, provs: dict[str, Prov | None]
     ) -> Event:
-        operands = [a for a in _flat_nodes((node.args, node.kwargs)) if isinstance(_val(a), torch.Tensor)]
+        leaves = tree_leaves((node.args, node.kwargs))
+        operands = [a for a in leaves if isinstance(a, fx.Node) and isinstance(_val(a), torch.Tensor)]
         vals = [_val(a) for a in operands]
         return Event(
             phase,
@@ -215,45 +195,24 @@ class GraphWalk:
     ) -> Prov | None:
         if not outs:
             return None
-        dtype = outs[0].dtype
-        chosen: Prov | None = None
-        rank = 9
-        for a in ins:
-            p = provs.get(a.name)
-            if p is None or _val(a).dtype != dtype:
-                continue
-            r = _RANK.get(p.kind, 2)
-            if r < rank:
-                chosen, rank = p, r
+        out = outs[0]
+        forward = phase == "forward"
+        cast = name in provenance.CASTS
+        operands = [(provs.get(a.name), _val(a)) for a in ins]
+        found = [(p, t) for p, t in operands if p is not None and t.dtype == out.dtype]
+        chosen = provenance.kept(found, len(ins) > 1, name, module, out, cast=cast, forward=forward)
         if chosen is not None:
             return chosen
-        desc = fmt_tensor(name_of(dtype), shape_of(outs[0]))
-        if phase != "forward":
-            return Prov("backward", module, name, desc, dtype)
-        line = user_line(node.meta.get("stack_trace")) if outs[0].is_floating_point() else None
-        if name in _CASTS and ins:
-            # inside autocast a cast is autocast's (the tracer says the same of a cast it sees there)
-            if self.autocast_of(node) is not None:
-                return Prov("autocast", module, name, desc, dtype)
-            return Prov("cast", module, name, desc, dtype, line)
-        if not ins:
-            return Prov("created", module, name, desc, dtype, line)
-        mixed = tuple(
-            p
-            for a in ins
-            if _val(a).is_floating_point() and _val(a).dtype != dtype and (p := provs.get(a.name)) is not None
+        return provenance.made(
+            name,
+            module,
+            out,
+            operands,
+            cast=cast,
+            forward=forward,
+            autocast=self.autocast_of(node) if forward else None,
+            line=lambda: user_line(node.meta.get("stack_trace")),
         )
-        return Prov("op", module, name, desc, dtype, line, promoted=mixed)
-
-
-def _flat_nodes(obj: Any) -> list[fx.Node]:
-    if isinstance(obj, fx.Node):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [n for x in obj for n in _flat_nodes(x)]
-    if isinstance(obj, dict):
-        return [n for x in obj.values() for n in _flat_nodes(x)]
-    return []
 
 
 __all__ = ["GraphWalk", "autocast_regions", "module_name", "user_line"]

@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -24,7 +24,21 @@ from castwise.trace.events import Frame, HookChange, shape_of
 from castwise.trace.source import line_text, short_path
 
 if TYPE_CHECKING:
-    from castwise.trace.tracer import Tracer
+    from castwise.trace.attrmap import AttrMap
+    from castwise.trace.record import Recorder
+
+
+class Tracer(Protocol):
+    """What user hooks read of the eager producer (the module and hook stacks) and tell it."""
+
+    stack: list[Frame]
+    hook_stack: list[str]
+    device_type: str
+    creator: AttrMap
+    refused: tuple[str, list[torch.Tensor]] | None
+    recorder: Recorder
+
+    def module(self) -> str: ...
 
 
 # the hooks (by qualified name) whose results the run casts back to the dtype they were given: the
@@ -113,7 +127,7 @@ def _grad_hook(tracer: Tracer, module: str, tensor: str, hook: Any) -> Any:
             out = _cast_like(out, grad)
         if isinstance(out, torch.Tensor) and out.dtype != grad.dtype:
             fix = return_fix(hook, "grad")
-            tracer.trace.hook_changes.append(
+            tracer.recorder.hook_change(
                 HookChange("grad", module, tensor, name, grad.dtype, out.dtype, hook_source(hook), fix)
             )
         return out
@@ -139,7 +153,7 @@ def _forward_hook(tracer: Tracer, name: str, hook: Any) -> Any:
         after = _first_tensor(out)
         if before is not None and after is not None and after.dtype != before.dtype:
             fix = return_fix(hook, "output")
-            tracer.trace.hook_changes.append(
+            tracer.recorder.hook_change(
                 HookChange("forward", name, None, hook_name(hook), before.dtype, after.dtype, hook_source(hook), fix)
             )
         return out

@@ -16,6 +16,8 @@ from typing import Any
 from torch._ops import HigherOrderOperator
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from castwise.trace.record import Recorder
+
 
 def is_hop(func: Any) -> bool:
     return isinstance(func, HigherOrderOperator)
@@ -35,9 +37,9 @@ def run_hop(mode: TorchDispatchMode, func: HigherOrderOperator, args: tuple[Any,
             out = true_fn(*operands)
             false_fn(*operands)
         return out
-    uncovered = getattr(getattr(mode, "trace", None), "uncovered", None)
-    if isinstance(uncovered, dict):
-        uncovered.setdefault(f"higher_order.{name}", set()).add("")
+    recorder = getattr(mode, "recorder", None)
+    if isinstance(recorder, Recorder):
+        recorder.uncovered(f"higher_order.{name}", "")
     return func(*args, **kwargs)
 
 

@@ -1,7 +1,7 @@
 """The report's module tree: each module's parameter dtypes and the dtypes it took and returned.
 
 :class:`ModuleTreeObserver` hooks ``module_exit`` only (once per module call, never per op), so an
-audit pays next to nothing for it. It stores a JSON-ready list in ``trace.observed["modules"]``,
+audit pays next to nothing for it. It stores a JSON-ready list in ``trace.modules``,
 one dict per module in ``named_modules()`` order (parents before children)::
 
     {"name": "encoder.layers.0", "type": "TransformerEncoderLayer",
@@ -28,15 +28,16 @@ if TYPE_CHECKING:
     from torch import nn
 
     from castwise.trace.events import Frame, Trace
-    from castwise.trace.tracer import Tracer
+    from castwise.trace.observers import Run
 
 _MAX_TENSORS = 4  # tensors listed per side: a module returning 40 cache tensors stays one line
 
 
 class ModuleTreeObserver(Observer):
-    """Records the module tree with parameter and activation dtypes (``trace.observed["modules"]``)."""
+    """Records the module tree with parameter and activation dtypes (``trace.modules``)."""
 
     name = "modules"
+    splices = True  # module exits are replayed for a reused block
 
     def __init__(self, model: nn.Module) -> None:
         # parameters are read once, before the run (the run does not change their dtypes)
@@ -50,7 +51,7 @@ class ModuleTreeObserver(Observer):
             self._order.append((mname, type(module).__name__, params))
         self._seen: dict[str, dict[str, Any]] = {}
 
-    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
         seen = self._seen.get(frame.name)
         if seen is not None:
             seen["calls"] += 1
@@ -97,7 +98,7 @@ class ModuleTreeObserver(Observer):
                     "raised": mname in raised,
                 }
             )
-        trace.observed[self.name] = tree
+        trace.modules = tree
 
 
 def _describe(tensors: list[Any]) -> list[str]:

@@ -14,7 +14,7 @@ override a hook you do not need (the tracer only calls the hooks an observer ove
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -25,19 +25,20 @@ from castwise.trace.events import Upcast, shape_of
 from castwise.trace.opinfo import OpInfo, info_of
 
 if TYPE_CHECKING:
+    from castwise.devices import Device
     from castwise.trace.contracts import Violation
     from castwise.trace.events import Frame, Prov, Trace
-    from castwise.trace.tracer import Tracer
+    from castwise.trace.record import Recorder
 
 
 class OpCall:
     """One op as the tracer sees it. A plain slotted object, not a dataclass: one is made per op."""
 
-    __slots__ = ("args", "func", "info", "is_fast", "kwargs", "module", "name", "phase", "tensors", "tracer")
+    __slots__ = ("args", "func", "info", "is_fast", "kwargs", "module", "name", "phase", "run", "tensors")
 
     def __init__(
         self,
-        tracer: Tracer,
+        run: Run,
         func: Any,
         name: str,
         module: str,
@@ -47,11 +48,11 @@ class OpCall:
         is_fast: bool,
         info: OpInfo | None = None,
     ) -> None:
-        self.tracer = tracer
+        self.run = run
         self.func = func  # the aten OpOverload
         self.name = name  # "aten.addmm"
         self.module = module  # named_modules() name ("" at the top level)
-        self.phase = tracer.phase
+        self.phase = run.phase
         self.args = args
         self.kwargs = kwargs
         self.tensors = tensors  # the op's tensor arguments, flattened
@@ -61,34 +62,54 @@ class OpCall:
     @property
     def device(self) -> Any:
         """The simulated target device (a ``castwise.devices.Device``)."""
-        return self.tracer.device
+        return self.run.device
 
     @property
     def trace(self) -> Trace:
-        return self.tracer.trace
+        return self.run.trace
+
+    @property
+    def record(self) -> Recorder:
+        """The run record's writer (what an observer adds to the record goes through it)."""
+        return self.run.recorder
 
     # what an observer may ask of the run beyond the op itself (not the tracer's own state)
 
     def prov_of(self, t: torch.Tensor) -> Prov | None:
         """The origin of ``t``'s dtype."""
-        return self.tracer.prov_of(t)
+        return self.run.prov_of(t)
 
     @property
     def autocast(self) -> torch.dtype | None:
         """The autocast dtype the caller of this op ran under (forward only; None when off)."""
-        return self.tracer.autocast_here()
+        return self.run.autocast_here()
 
     @property
     def stand(self) -> fastpath.Stand:
         """The fused fast paths' state for this run (which kernels the model's modules chose)."""
-        return self.tracer.stand
+        return self.run.stand
 
     def backward_node(self) -> Any:
         """In backward, the autograd node running this op (None in forward)."""
         if self.phase != "backward":
             return None
-        tracer = self.tracer
-        return tracer.current_node if not tracer.use_engine_node else torch._C._current_autograd_node()
+        run = self.run
+        return run.current_node if not run.use_engine_node else torch._C._current_autograd_node()
+
+
+class Run(Protocol):
+    """What an observer may ask of the run (the eager producer) beyond the op itself."""
+
+    device: Device
+    phase: Any
+    trace: Trace
+    recorder: Recorder
+    stand: fastpath.Stand
+    current_node: Any
+    use_engine_node: bool
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None: ...
+    def autocast_here(self) -> torch.dtype | None: ...
 
 
 class Observer:
@@ -99,6 +120,10 @@ class Observer:
     # origin (contract checks' events, an audit's findings). A run whose observers all leave it out
     # gets a tracer that skips it in its per-op hot path (module attribution is always kept)
     needs: frozenset[str] = frozenset({"provenance"})
+    # whether a reused block's record stands for what this observer records of the block's ops
+    # (``trace/reuse.py``): true where it writes only through the record (ops, events, activation
+    # bytes, upcasts at module exits, which are replayed). False: every block runs for it
+    splices = False
 
     def check(self, call: OpCall) -> Violation | None:
         """Before the op runs: the violation a real kernel would raise, or None."""
@@ -107,7 +132,7 @@ class Observer:
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         """After the op ran (not called when it raised)."""
 
-    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
         """A module's forward returned ``output`` (forward phase only)."""
 
     def finish(self, trace: Trace) -> None:
@@ -160,6 +185,7 @@ class ContractObserver(Observer):
     """Checks every op against what the target device's real kernel accepts (trace/contracts)."""
 
     name = "contracts"
+    splices = True
 
     def check(self, call: OpCall) -> Violation | None:
         func = call.func
@@ -178,7 +204,7 @@ class ContractObserver(Observer):
         # one lookup (cached per op and device) answers both coverage and the check
         found = contracts.lookup(func, call.device)
         if not found.covered:
-            call.trace.uncovered.setdefault(call.name, set()).add(call.module)
+            call.record.uncovered(call.name, call.module)
         return found.check(call.args, call.kwargs)
 
 
@@ -186,24 +212,23 @@ class ActivationBytesObserver(Observer):
     """Bytes of floating activations made in forward, by dtype (views and in-place writes excluded)."""
 
     name = "activation_bytes"
+    splices = True
 
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         if call.phase != "forward" or call.info.is_view:
             return
-        counts = call.trace.activation_bytes
         for o in outputs:
-            if not o.is_floating_point() or o.is_nested or any(o is t for t in call.tensors):
-                continue
-            key = name_of(o.dtype)
-            counts[key] = counts.get(key, 0) + o.numel() * o.element_size()
+            if o.is_floating_point() and not o.is_nested and not any(o is t for t in call.tensors):
+                call.record.activation(name_of(o.dtype), o.numel() * o.element_size())
 
 
 class UpcastObserver(Observer):
     """Modules that take low-precision activations and return float32 outside autocast (CW120)."""
 
     name = "upcasts"
+    splices = True
 
-    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
         if frame.autocast is not None or not frame.name:
             return
         ins = [t for t in frame.inputs if t.is_floating_point()]
@@ -211,7 +236,7 @@ class UpcastObserver(Observer):
             return
         for t in flat_outputs(output):
             if name_of(t.dtype) == "float32":
-                tracer.trace.upcasts.append(Upcast(frame.name, ins[0].dtype, tracer.prov.get(t), shape_of(t)))
+                run.recorder.upcast(Upcast(frame.name, ins[0].dtype, run.prov_of(t), shape_of(t)))
                 break
 
 

@@ -38,23 +38,48 @@ import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from castwise._dtypes import fmt_tensor, name_of
+from castwise.trace import provenance
 from castwise.trace.blocks import PLAIN, find_blocks, global_hooks, renamed, static_key, tensor_key, within
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer
+from castwise.trace.record import Mark, Recorder, Row, Stretch, renamed_event, renamed_row
 
 if TYPE_CHECKING:
-    from castwise.trace.tracer import Tracer
+    from contextlib import AbstractContextManager
+
+    from castwise.trace.attrmap import AttrMap
+    from castwise.trace.fastpath import Stand
 
 _OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("castwise_reuse_off", default=False)
-# observers whose records a block's record stands for (ops, events, bytes, module exits)
-_KNOWN_OBSERVERS = frozenset({"contracts", "upcasts", "activation_bytes", "modules", "reuse"})
+
+
+class Host(Protocol):
+    """What block reuse asks of the eager producer running the blocks (and tells it)."""
+
+    fake: bool
+    phase: str
+    device_type: str
+    hook_stack: list[str]
+    assumed_now: int
+    refused: Any
+    stand: Stand
+    shadow: AttrMap
+    recipe: AttrMap
+    recorder: Recorder
+    observers: list[Observer]
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None: ...
+    def creator_of(self, t: torch.Tensor) -> str: ...
+    def adopt(self, t: torch.Tensor, prov: Prov | None, creator: str | None = None) -> None: ...
+    def quiet(self) -> AbstractContextManager[None]: ...
+    def module_exited(self, frame: Frame, output: Any) -> None: ...
+    def tag_outputs(self, out: Any) -> None: ...
 
 
 def enabled() -> bool:
@@ -80,13 +105,9 @@ class _Capture:
     """A template block being traced: where its records start."""
 
     name: str
-    ops: int
-    events: int
-    upcasts: int
-    hook_changes: int
+    mark: Mark
     branches: int
     assumed: int
-    act: dict[str, int]
     exits: list[tuple[Frame, Any]] = dataclasses.field(default_factory=list)
 
 
@@ -110,9 +131,7 @@ class _Record:
     params: dict[str, Prov | None]  # its parameters', buffers' and tensor attributes', by name
     outs: list[Any]  # output leaves: _Out, a plain value, or ("input", leaf index)
     spec: Any
-    ops: list[Any]
-    events: list[Event]
-    act: dict[str, int]
+    stretch: Stretch
     exits: list[tuple[Frame, Any]]
 
 
@@ -162,14 +181,6 @@ class _Mapping:
     def name(self, module: str) -> str:
         return renamed(module, self.old, self.new)
 
-    def event(self, e: Event) -> Event:
-        disabled = None if e.disabled_by is None else self.name(e.disabled_by)
-        provs = tuple(self.prov(p) for p in e.provs)
-        return dataclasses.replace(e, module=self.name(e.module), provs=provs, disabled_by=disabled)
-
-    def op(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (self.name(row[0]), *row[1:])
-
 
 class _Replay(torch.autograd.Function):
     """A reused block's outputs, made from its record; backward gives each input a gradient in
@@ -199,23 +210,24 @@ class BlockReuse(Observer):
     """Keys, records and replays the repeated blocks of one traced run."""
 
     name = "reuse"
+    splices = True
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.tracer: Tracer | None = None
+        self.tracer: Host | None = None
         self.keys: dict[int, tuple[Any, ...]] = {}
         self.records: dict[Any, _Record | None] = {}  # call key -> the first block's record
         self.back: dict[Any, _Record | None] = {}  # call key -> the last block's (its backward's source)
         self.last: set[int] = set()  # the last block of each static key
         self.captures: list[_Capture] = []
-        self.pending: list[tuple[int, int, _Mapping]] = []  # backward splices: (op, event, mapping)
+        self.pending: list[tuple[tuple[int, int], _Mapping]] = []  # backward splices: (where, mapping)
         self.reused: dict[str, str] = {}  # block -> the template it reused
 
-    def attach(self, tracer: Tracer) -> None:
+    def attach(self, tracer: Host) -> None:
         """Key every repeated block of the model and route its calls through :meth:`call`."""
         self.tracer = tracer
-        if not tracer.fake or any(o.name not in _KNOWN_OBSERVERS for o in tracer.observers):
-            return  # an observer of its own may need every op: nothing is reused
+        if not tracer.fake or not all(o.splices for o in tracer.observers):
+            return  # an observer whose record a block's cannot stand for needs every op: none is reused
         last: dict[Any, int] = {}
         for name, block in find_blocks(self.model).items():
             key = static_key(block)
@@ -293,17 +305,8 @@ class BlockReuse(Observer):
     ) -> Any:
         tracer = self.tracer
         assert tracer is not None
-        trace = tracer.trace
-        cap = _Capture(
-            name,
-            len(trace.ops),
-            len(trace.events),
-            len(trace.upcasts),
-            len(trace.hook_changes),
-            len(trace.observed.get("branches", {})),
-            tracer.assumed_now,
-            dict(trace.activation_bytes),
-        )
+        branches = len(tracer.recorder.trace.branches)
+        cap = _Capture(name, tracer.recorder.mark(), branches, tracer.assumed_now)
         store[key] = None  # until it returns: a failing template is no record
         self.captures.append(cap)
         try:
@@ -316,10 +319,10 @@ class BlockReuse(Observer):
     def _record(self, cap: _Capture, block: nn.Module, leaves: list[Any], out: Any) -> _Record | None:
         tracer = self.tracer
         assert tracer is not None
-        trace = tracer.trace
+        trace = tracer.recorder.trace
         unusual = (
-            len(trace.hook_changes) != cap.hook_changes
-            or len(trace.observed.get("branches", {})) != cap.branches
+            len(trace.hook_changes) != cap.mark.hook_changes
+            or len(trace.branches) != cap.branches
             or tracer.assumed_now != cap.assumed
             or tracer.refused is not None
             or trace.failure is not None
@@ -340,22 +343,21 @@ class BlockReuse(Observer):
                     # made by a custom Function (a reentrant checkpoint): its backward runs Python
                     # (the block again) whose ops no module name marks as the block's
                     return None
-                made = _Out(shape_of(x), x.stride(), x.dtype, x.device, x.requires_grad, tracer.prov.get(x), "")
-                outs.append(dataclasses.replace(made, creator=str(tracer.creator.get(x, ""))))
+                prov = tracer.prov_of(x)
+                outs.append(
+                    _Out(shape_of(x), x.stride(), x.dtype, x.device, x.requires_grad, prov, tracer.creator_of(x))
+                )
             elif isinstance(x, PLAIN) or type(x) is int:
                 outs.append(x)
             else:
                 return None  # an object made in the block: it cannot be made again from a record
-        act = {k: v - cap.act.get(k, 0) for k, v in trace.activation_bytes.items() if v != cap.act.get(k, 0)}
         return _Record(
             cap.name,
-            [tracer.prov.get(x) if isinstance(x, torch.Tensor) else None for x in leaves],
-            {n: tracer.prov.get(t) for n, t in _owned_tensors(block).items()},
+            [tracer.prov_of(x) if isinstance(x, torch.Tensor) else None for x in leaves],
+            {n: tracer.prov_of(t) for n, t in _owned_tensors(block).items()},
             outs,
             spec,
-            list(trace.ops[cap.ops :]),
-            list(trace.events[cap.events :]),
-            act,
+            tracer.recorder.since(cap.mark),
             list(cap.exits),
         )
 
@@ -364,8 +366,8 @@ class BlockReuse(Observer):
     def _replay(self, rec: _Record, name: str, block: nn.Module, leaves: list[Any]) -> Any:
         tracer = self.tracer
         assert tracer is not None
-        ins = [tracer.prov.get(x) if isinstance(x, torch.Tensor) else None for x in leaves]
-        mapping = _Mapping(rec, name, ins, {n: tracer.prov.get(t) for n, t in _owned_tensors(block).items()})
+        ins = [tracer.prov_of(x) if isinstance(x, torch.Tensor) else None for x in leaves]
+        mapping = _Mapping(rec, name, ins, {n: tracer.prov_of(t) for n, t in _owned_tensors(block).items()})
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         grads = [p for p in block.parameters() if p.requires_grad] if torch.is_grad_enabled() else []
         if torch.is_grad_enabled():
@@ -373,7 +375,7 @@ class BlockReuse(Observer):
         made_outs = [o for o in rec.outs if isinstance(o, _Out)]
         made: Any = ()
         if made_outs:
-            with self.quiet():
+            with tracer.quiet():
                 _Replay.given = (self, made_outs, mapping)
                 made = _Replay.apply(*tensors, *grads)
         made_iter = iter(made)
@@ -381,10 +383,8 @@ class BlockReuse(Observer):
         for o in rec.outs:
             if isinstance(o, _Out):
                 t = next(made_iter)
-                tracer.prov[t] = mapping.prov(o.prov) or Prov(
-                    "op", name, None, fmt_tensor(name_of(o.dtype), o.shape), o.dtype
-                )
-                tracer.creator[t] = mapping.name(o.creator)
+                prov = mapping.prov(o.prov) or provenance.replayed(name, t, forward=True)
+                tracer.adopt(t, prov, mapping.name(o.creator))
                 out_leaves.append(t)
             elif isinstance(o, tuple) and o and o[0] == "input":
                 out_leaves.append(leaves[o[1]])
@@ -395,46 +395,27 @@ class BlockReuse(Observer):
         return tree_unflatten(out_leaves, rec.spec)
 
     def _splice(self, rec: _Record, mapping: _Mapping, block: nn.Module) -> None:
-        """The template's forward record, renamed, as if this block had run."""
+        """The template's forward record, renamed, as if this block had run (its module exits too)."""
         tracer = self.tracer
         assert tracer is not None
-        trace = tracer.trace
-        trace.ops.extend(mapping.op(r) for r in rec.ops if r[2] == "forward")
-        trace.events.extend(mapping.event(e) for e in rec.events if e.phase == "forward")
-        for k, v in rec.act.items():
-            trace.activation_bytes[k] = trace.activation_bytes.get(k, 0) + v
-        start = len(trace.upcasts)
         subs = dict(block.named_modules())
-        for frame, output in rec.exits:
-            rel = frame.name[len(rec.name) + 1 :]
-            again = Frame(mapping.name(frame.name), subs.get(rel, frame.module), frame.autocast, frame.inputs)
-            for obs in tracer._exits:
-                obs.module_exit(tracer, again, output)
-        trace.upcasts[start:] = [
-            dataclasses.replace(u, module=mapping.name(u.module), prov=mapping.prov(u.prov))
-            for u in trace.upcasts[start:]
-        ]
 
-    @contextmanager
-    def quiet(self) -> Iterator[None]:
-        """Ops that only make a reused block's tensors: neither checked nor recorded."""
-        tracer = self.tracer
-        assert tracer is not None
-        before = tracer.quiet
-        tracer.quiet = True
-        try:
-            yield
-        finally:
-            tracer.quiet = before
+        def exits() -> None:
+            for frame, output in rec.exits:
+                rel = frame.name[len(rec.name) + 1 :]
+                again = Frame(mapping.name(frame.name), subs.get(rel, frame.module), frame.autocast, frame.inputs)
+                tracer.module_exited(again, output)
+
+        tracer.recorder.splice(rec.stretch, mapping, exits)
 
     def backward(self, mapping: _Mapping, metas: list[Any], grads: list[Any]) -> list[Any]:
         """A reused block's input gradients (each in its input's dtype), and a mark where the
         template's backward record goes."""
         tracer = self.tracer
         assert tracer is not None
-        self.pending.append((len(tracer.trace.ops), len(tracer.trace.events), mapping))
+        self.pending.append((tracer.recorder.at(), mapping))
         out: list[Any] = []
-        with self.quiet():
+        with tracer.quiet():
             for shape, dtype, device, needs in metas:
                 out.append(torch.empty(shape, dtype=dtype, device=device) if needs else None)
         for g in out:
@@ -442,15 +423,14 @@ class BlockReuse(Observer):
                 # a gradient keeps the origin of the incoming one of its dtype, as a chain of
                 # dtype-preserving backward ops would; else the block made it
                 same = next(
-                    (tracer.prov.get(x) for x in grads if isinstance(x, torch.Tensor) and x.dtype == g.dtype), None
+                    (tracer.prov_of(x) for x in grads if isinstance(x, torch.Tensor) and x.dtype == g.dtype), None
                 )
-                desc = fmt_tensor(name_of(g.dtype), shape_of(g))
-                tracer.prov[g] = same or Prov("backward", mapping.new, None, desc, g.dtype)
+                tracer.adopt(g, same or provenance.replayed(mapping.new, g, forward=False))
         return out
 
     # -- observer hooks ---------------------------------------------------------------------------
 
-    def module_exit(self, tracer: Tracer, frame: Frame, output: Any) -> None:
+    def module_exit(self, run: Any, frame: Frame, output: Any) -> None:
         for cap in self.captures:
             if frame.name != cap.name and within(frame.name, cap.name):
                 cap.exits.append((frame, output))
@@ -459,10 +439,11 @@ class BlockReuse(Observer):
         """Splice the templates' backward records where the reused blocks' backward ran; name
         the reused blocks among the modules with ops no contract covers."""
         if self.pending:
-            ops: dict[str, list[Any]] = {}
+            assert self.tracer is not None
+            ops: dict[str, list[Row]] = {}
             events: dict[str, list[Event]] = {}
-            marks: list[tuple[int, int, _Mapping]] = []
-            for op_at, ev_at, m in self.pending:
+            places: list[tuple[tuple[int, int], list[Row], list[Event]]] = []
+            for at, m in self.pending:
                 key = next(k for k, r in self.records.items() if r is m.rec)
                 source = self.back.get(key) or m.rec
                 if source.name not in ops:
@@ -470,22 +451,11 @@ class BlockReuse(Observer):
                     events[source.name] = [
                         e for e in trace.events if e.phase == "backward" and within(e.module, source.name)
                     ]
-                marks.append((op_at, ev_at, m.to(source)))
-            trace.ops[:] = _spliced(trace.ops, [(o, [m.op(r) for r in ops[m.old]]) for o, _e, m in marks])
-            trace.events[:] = _spliced(trace.events, [(e, [m.event(x) for x in events[m.old]]) for _o, e, m in marks])
+                m = m.to(source)
+                rows = [renamed_row(r, m) for r in ops[m.old]]
+                places.append((at, rows, [renamed_event(e, m) for e in events[m.old]]))
+            self.tracer.recorder.insert(places)
             self.pending.clear()
         for block, template in self.reused.items():
             for modules in trace.uncovered.values():
                 modules.update([renamed(m, template, block) for m in modules if within(m, template)])
-
-
-def _spliced(items: list[Any], inserts: list[tuple[int, list[Any]]]) -> list[Any]:
-    """``items`` with each insert's items placed before position ``at`` (inserts in order)."""
-    out: list[Any] = []
-    start = 0
-    for at, more in inserts:
-        out.extend(items[start:at])
-        out.extend(more)
-        start = at
-    out.extend(items[start:])
-    return out

@@ -11,9 +11,8 @@ Why this shape (each point was measured, see DESIGN.md "Engine principles"):
 - Backward ops are attributed through autograd-node metadata: each node is tagged with the
   module that created it (lazily, when its output is next used), and read back from the node
   that runs the backward op.
-- Provenance: every tensor maps to the origin of its current dtype. A dtype-changing op is an
-  origin; a dtype-preserving op passes on the origin of an input of that dtype (autocast's
-  casts first, then parameters and buffers, then the rest in argument order).
+- Provenance: every tensor maps to the origin of its current dtype, by the rule the compiled
+  producer shares (``trace/provenance.py``).
 
 - Per-op cost (a 405B audit runs ~60,000 ops): the op's fixed facts are looked up once by id
   (``trace/opinfo.py``), the contract once per (op, device), tensor metadata is read with
@@ -37,10 +36,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from castwise import _autocast
-from castwise._dtypes import fmt_tensor, name_of
 from castwise.devices import Device
 from castwise.devices import get as get_device
-from castwise.trace import fastpath, hooks, source
+from castwise.trace import fastpath, hooks, provenance, source
 from castwise.trace.attrmap import AttrMap
 from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
@@ -57,6 +55,7 @@ from castwise.trace.observers import (
     pick_loss,
 )
 from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
+from castwise.trace.record import Recorder
 from castwise.trace.values import NO_VALUE, ShadowValues, one_thread
 
 _aten = torch.ops.aten
@@ -97,8 +96,6 @@ def _flat_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
 
 _NO_SUBCLASS_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _ADD = torch.ops.aten.add.Tensor  # nn.Linear's bias add on its matmul path (see _linear_bias_add)
-# provenance preference among same-dtype inputs: autocast's casts, then weights, then the rest
-_RANK = {"autocast": 0, "param": 1, "buffer": 1}
 
 
 _OWN_TYPES = frozenset({FakeTensor, torch.Tensor})
@@ -128,8 +125,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.device = get_device(device)
         self.device_type = self.device.autocast_type
         self.fake = fake
-        self.record_ops = record_ops
-        self.quiet = False  # ops that only make a reused block's tensors pass unchecked (trace/reuse.py)
+        self._quiet = False  # ops that only make a reused block's tensors pass unchecked (see quiet())
         # tensor -> Prov, tensor -> module that made it (kept on the run's own tensors)
         self.prov: Any = AttrMap("prov")
         self.creator: Any = AttrMap("creator")
@@ -138,7 +134,8 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.root_autocast: torch.dtype | None = None
         self.current_node: Any = None  # set by the Python backward walker
         self.use_engine_node = True
-        self.trace = Trace()
+        self.recorder = Recorder(record_ops=record_ops)  # the run record's one writer
+        self.trace = self.recorder.trace
         self.stand = fastpath.Stand()
         self.shadow: Any = AttrMap("value")  # fake tensor -> real CPU tensor with its values
         self.shadow_count = 0
@@ -196,43 +193,34 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     # -- provenance seeds --------------------------------------------------------------------
 
     def _seed(self, model: nn.Module) -> None:
-        self._seed_params(model)
-        for mname, module in model.named_modules():
-            for bname, b in module._buffers.items():
-                if b is not None and b not in self.prov:
-                    full = f"{mname}.{bname}" if mname else bname
-                    self.prov[b] = Prov("buffer", mname, None, f"buffer {full}", b.dtype)
-            for aname, value in vars(module).items():
-                if isinstance(value, torch.Tensor) and not aname.startswith("_") and value not in self.prov:
-                    full = f"{mname}.{aname}" if mname else aname
-                    self.prov[value] = Prov("attribute", mname, None, f"tensor attribute {full}", value.dtype)
-
-    def _seed_params(self, model: nn.Module) -> None:
-        """Parameters' provenance. A parameter shared by several modules (tied weights) is named
-        after the last module that holds it, the one that ties itself to the first (an output head
-        to its embedding, as ``tie_weights`` does), with every other holder listed."""
-        owners: dict[int, list[tuple[str, str, Any]]] = {}
-        for mname, module in model.named_modules(remove_duplicate=False):
-            for pname, p in module._parameters.items():
-                if p is not None:
-                    entry = owners.setdefault(id(p), [])
-                    if all(m != mname for m, _n, _p in entry):
-                        entry.append((mname, pname, p))
-        for entry in owners.values():
-            mname, pname, p = entry[-1]
-            full = f"{mname}.{pname}" if mname else pname
-            shared = [f"{m}.{n}" if m else n for m, n, _p in entry[:-1]]
-            text = f"param {full}" + (f" (shared with {', '.join(shared)})" if shared else "")
-            holders = tuple(dict.fromkeys(m for m, _n, _p in entry[:-1] if m != mname))
-            self.prov[p] = Prov("param", mname, None, text, p.dtype, shared=holders)
+        for t, p in provenance.seeds(model):
+            self.prov[t] = p
 
     def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, t in named:
-            self.prov[t] = Prov("input", "", None, f"model input `{name}`", t.dtype)
+            self.prov[t] = provenance.model_input(name, t)
 
     def prov_of(self, t: torch.Tensor) -> Prov | None:
         found: Prov | None = self.prov.get(t)
         return found
+
+    def creator_of(self, t: torch.Tensor) -> str:
+        return str(self.creator.get(t, ""))
+
+    def adopt(self, t: torch.Tensor, prov: Prov | None, creator: str | None = None) -> None:
+        """``t`` was made for the run without its ops (a reused block's, ``trace/reuse.py``)."""
+        self.prov[t] = prov
+        if creator is not None:
+            self.creator[t] = creator
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Ops that only make tensors a record stands for: neither checked nor recorded."""
+        before, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = before
 
     # -- module stack (global hooks) ---------------------------------------------------------
 
@@ -256,8 +244,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                 break
         else:
             return
-        if self.phase != "forward":
-            return
+        if self.phase == "forward":
+            self.module_exited(frame, output)
+
+    def module_exited(self, frame: Frame, output: Any) -> None:
         for obs in self._exits:
             obs.module_exit(self, frame, output)
 
@@ -297,7 +287,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             if mode is not None and not mode.in_kernel_invocation:
                 return args[0].fake_device
             return func(*args, **(kwargs or {}))
-        if self.quiet:
+        if self._quiet:
             return func(*args, **(kwargs or {}))
         if is_hop(func):  # torch.cond and kin (supports_higher_order_operators)
             return run_hop(self, func, args, kwargs or {})
@@ -332,7 +322,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         for obs in self._checkers:
             violation = obs.check(call)
             if violation is not None:
-                self.trace.events.append(self._event(func, name, module, args, kwargs, violation, None, is_fast))
+                self.recorder.event(self._event(func, name, module, args, kwargs, violation, None, is_fast))
         try:
             if is_fast and self.fake and fastpath.needs_fake_run(func, args, self.stand):
                 mask = self.value_of(args[1]) if func in fastpath.LEFT_ALIGNED and len(args) > 1 else None
@@ -349,8 +339,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                     # out of place, promoting it: the fake run follows the real tensors' branch
                     out = out.to(args[0].dtype)
         except Exception as exc:
-            if self.trace.failure is None:
-                self.trace.failure = self._event(func, name, module, args, kwargs, None, exc, is_fast)
+            self.recorder.failure(self._event(func, name, module, args, kwargs, None, exc, is_fast))
             raise
         outs = self._propagate(func, name, module, tensors, out, forward)
         if self.shadow_count and not is_fast:
@@ -474,39 +463,19 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                     odict = o.__dict__
                     if pkey not in odict:  # in-place (or a seeded parameter): it keeps what it had
                         odict.setdefault(ckey, module)
-            self._record(name, module, tensors, outs)
+            self.recorder.op(module, name, self.phase, tensors, outs)
             return outs
+        several = len(tensors) > 1
+        cast = info_of(func).to_copy
         for o in outs:
             odict = o.__dict__
             if pkey in odict:  # in-place: the tensor keeps its origin
                 continue
             dtype = o.dtype
-            chosen: Prov | None = None
-            rank = 9
-            for t in tensors:
-                if t.dtype is not dtype:
-                    continue
-                p = t.__dict__.get(pkey)
-                if p is None:
-                    continue
-                r = _RANK.get(p.kind, 2)
-                if r == 2 and len(tensors) > 1 and any(type(n) is int and n == 0 for n in t.shape):
-                    r = 3  # an empty tensor (a cache's start in a cat) carries no values: last resort
-                if r < rank:
-                    chosen, rank = p, r
-                    if r == 0:
-                        break
+            found = [(p, t) for t in tensors if t.dtype is dtype and (p := t.__dict__.get(pkey)) is not None]
+            chosen = provenance.kept(found, several, name, module, o, cast=cast, forward=forward) if found else None
             if chosen is None:
-                chosen = self._new_origin(func, name, module, tensors, o)
-            elif (
-                rank == 0
-                and chosen.op == "aten._to_copy"
-                and not info_of(func).to_copy
-                and chosen.module == module
-                and forward
-            ):
-                # autocast casts the operands of the op it manages: name that op, not the cast
-                chosen = Prov("autocast", module, name, fmt_tensor(name_of(dtype), shape_of(o)), dtype)
+                chosen = self._new_origin(name, module, tensors, o, cast)
             odict[pkey] = chosen
             if forward:
                 odict[ckey] = module
@@ -514,32 +483,23 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                     # the last tensors made here: the operands of a call that raises before it
                     # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
                     self.recent.append((module, o))
-        self._record(name, module, tensors, outs)
+        self.recorder.op(module, name, self.phase, tensors, outs)
         return outs
 
-    def _record(self, name: str, module: str, tensors: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        if self.record_ops:  # raw (dtype, shape) pairs: formatting waits until someone reads them
-            ins = tuple([(t.dtype, shape_of(t)) for t in tensors])
-            self.trace.ops.append((module, name, self.phase, ins, tuple([(o.dtype, shape_of(o)) for o in outs])))
-
-    def _new_origin(self, func: Any, name: str, module: str, tensors: list[torch.Tensor], o: torch.Tensor) -> Prov:
-        desc = fmt_tensor(name_of(o.dtype), shape_of(o))
-        if self.phase != "forward":
-            return Prov("backward", module, name, desc, o.dtype)
-        to_copy = info_of(func).to_copy
-        if to_copy and tensors and self.autocast_here() is not None:
-            return Prov("autocast", module, name, desc, o.dtype)
-        # where the dtype was made in the user's code: only here, never per op (it walks the stack)
-        line = source.where(2) if o.is_floating_point() else None
-        if self.hook_stack:  # made inside a user's forward hook: name the hook
-            name = f"{name} in forward hook {self.hook_stack[-1]}"
-        if not tensors:
-            return Prov("created", module, name, desc, o.dtype, line)
-        if to_copy:
-            return Prov("cast", module, name, desc, o.dtype, line)
-        # type promotion of mixed operands: keep their origins (rare: only dtype-changing ops get here)
-        mixed = [p for t in tensors if t.is_floating_point() and t.dtype != o.dtype and (p := self.prov.get(t))]
-        return Prov("op", module, name, desc, o.dtype, line, promoted=tuple(mixed))
+    def _new_origin(self, name: str, module: str, tensors: list[torch.Tensor], o: torch.Tensor, cast: bool) -> Prov:
+        pkey = self.prov.key
+        return provenance.made(
+            name,
+            module,
+            o,
+            [(t.__dict__.get(pkey), t) for t in tensors],
+            cast=cast,
+            forward=self.phase == "forward",
+            autocast=self.autocast_here(),
+            # where the dtype was made in the user's code: only here, never per op (it walks the stack)
+            line=source.where,
+            hook=self.hook_stack[-1] if self.hook_stack else None,
+        )
 
 
 # -- running a model under the tracer ---------------------------------------------------------
@@ -590,10 +550,6 @@ def run(
                                 with engine_replaced(tracer):
                                     loss.backward()  # type: ignore[no-untyped-call]
         except Exception as exc:  # the model's own error: becomes a finding
-            trace.error = exc
-            trace.stack = list(tracer.stack)
-            trace.error_phase = tracer.phase
-            trace.status = "error"
-    if trace.events:
-        trace.status = "error"
+            tracer.recorder.raised(exc, list(tracer.stack), tracer.phase)
+    tracer.recorder.ended()
     return trace

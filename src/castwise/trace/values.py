@@ -14,7 +14,7 @@ loops end.
 Sizes and numbers no shadow knows (``x[mask]``, ``nonzero``, ``int(n.sum().item())``) are computed
 from what made the tensor (a *recipe*, kept for masks, counts and ids and what is made from them)
 when the values behind it are known; a mask whose values nobody knows is taken as all True (the
-largest result), a number as 1. Each assumption is recorded (``trace.observed["sizes"]``, CW903)
+largest result), a number as 1. Each assumption is recorded (``trace.sizes``, CW903)
 and the run goes on: ``trace/datadep.py`` runs the ops whose output size depends on values.
 """
 
@@ -173,7 +173,7 @@ class ShadowValues:
 
     def note_assumption(self, op: str, what: str, shape: tuple[int, ...]) -> None:
         """Record a value the run assumed (CW903 lists them; an error after one is not the model's)."""
-        sizes: list[dict[str, Any]] = self.trace.observed.setdefault("sizes", [])
+        sizes = self.trace.sizes
         entry = {"module": self.module(), "op": op, "shape": shape, "assumed": what}
         if len(sizes) < _SIZES_MAX and entry not in sizes:
             sizes.append(entry)
@@ -181,7 +181,7 @@ class ShadowValues:
     def branch_value(self, func: Any, tensors: list[torch.Tensor], module: str) -> Any:
         """A value no shadow knows (``.item()``, ``bool()``), computed from its recipe when the
         values behind it are known. Else a truth value is a branch: False, or True at a ``forced``
-        site; the site is recorded in ``trace.observed["branches"]``. A number is computed with
+        site; the site is recorded in ``trace.branches``. A number is computed with
         unknown masks taken as all True, else taken as 1 (recorded). NO_VALUE for a tensor that is
         not fake or a value of another kind: those stop the run as before."""
         if func._opname not in _BOOL_SCALARS or len(tensors) != 1:
@@ -196,7 +196,7 @@ class ShadowValues:
         if func._opname == "_local_scalar_dense" and t.dtype != torch.bool:
             return self._number(func, t)
         file, line, text = branch_site()
-        sites: dict[tuple[str, int], dict[str, Any]] = self.trace.observed.setdefault("branches", {})
+        sites = self.trace.branches
         site = sites.get((file, line))
         if site is None:
             site = sites[(file, line)] = {

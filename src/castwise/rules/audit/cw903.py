@@ -44,8 +44,7 @@ def _sites(session: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     sizes: dict[str, dict[str, Any]] = {}
     modes: list[Mode] = []
     for r in session.runs:
-        branches: dict[Any, dict[str, Any]] = r.trace.observed.get("branches", {})
-        assumed: list[dict[str, Any]] = r.trace.observed.get("sizes", [])
+        branches, assumed = r.trace.branches, r.trace.sizes
         if branches or assumed:
             modes.append(r.mode)
         for key, site in branches.items():
