@@ -108,7 +108,9 @@ class TraceLike(Protocol):  # what scans read of one run's record (trace.events.
     @property
     def activation_bytes(self) -> Mapping[str, int]: ...
     @property
-    def observed(self) -> Mapping[str, Any]: ...
+    def branches(self) -> Mapping[tuple[str, int], dict[str, Any]]: ...  # data-dependent branch sites
+    @property
+    def sizes(self) -> Sequence[dict[str, Any]]: ...  # data-dependent sizes assumed
 
 
 class RunLike(Protocol):  # one run of the model and the copy it ran (auditor.context.RunRecord)
