@@ -176,6 +176,21 @@ def test_model_to_bf16_and_a_true_policy_leave_integer_buffers_integer() -> None
     assert castwise.audit(_Swin(), torch.randn(2, 4), policy="bf16-true", mode="eval").errors == []
 
 
+class _Gather(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(4, 2))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return x + self.table[idx].sum()
+
+
+def test_a_float_index_given_as_a_model_input_says_pass_integers_not_cast_the_source() -> None:
+    f = _cw116(_Gather(), torch.randn(2, 4), torch.tensor([1.0, 2.0]))
+    assert f.origin is not None and "model input `idx`" in (f.origin.tensor or "")
+    assert "integer data given as floats" in f.message and "int64" in (f.fix or "")
+
+
 def test_float_ids_given_as_a_model_input_stay_with_the_embedding_rule() -> None:
     # no place in the model made them floating: CW110's "pass int64 ids" (no cast to drop)
     model = nn.Sequential(nn.Embedding(10, 4))

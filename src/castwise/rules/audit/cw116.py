@@ -68,7 +68,13 @@ def _became(first: ProvLike, dt: str) -> tuple[str, str] | None:
             f"made {dt} by{op} in {at}{line} (true division `/` or a float operand makes floats)",
             "keep the arithmetic integral (`//`, integer operands)",
         )
-    return None  # a model input as given, or backward: no place in the model where it changed
+    if first.kind == "input":
+        return (
+            f"{first.tensor} is {dt}: integer data given as floats (a batch cast to the model's dtype, or built "
+            "as floats)",
+            "pass it as int64, and cast only the floating inputs (`v.to(dtype) if v.is_floating_point() else v`)",
+        )
+    return None  # made in backward: the forward's finding says where
 
 
 def _match(ctx: Ctx) -> Diag | None:
@@ -76,7 +82,9 @@ def _match(ctx: Ctx) -> Diag | None:
     if ctx.expected not in _INTEGRAL or first is None or not (first.dtype.is_floating_point or first.dtype.is_complex):
         return None
     dt = short_of(first.dtype)
-    became = _became(first, dt)
+    # a model input has its own rules where one speaks for it: CW108 (masks), CW110.embedding (ids)
+    own = first.kind == "input" and (ctx.kind == "mask" or "embedding" in (ctx.op or ""))
+    became = None if own else _became(first, dt)
     if became is None:
         return None
     what, fix = became
