@@ -18,7 +18,8 @@ META = Rule(
         "Indexing, index_select, gather/scatter, embedding ids, masked_fill or where receive a "
         "floating tensor where the kernel takes integers (or bools), and the tensor became floating "
         "in the model: a cast (`.to(bf16)`, `.half()`, `.float()`, `type_as`), a buffer cast with the "
-        "weights (a loader, a hand cast of every buffer), a factory or `/` that made floats."
+        "weights (a loader, a hand cast of every buffer), a factory or `/` that made floats, or integer "
+        "data given to the model as floats."
     ),
     why=(
         "`model.to(dtype)` casts floating tensors only, but a hand-written cast of every buffer (or "
