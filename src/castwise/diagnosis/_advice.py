@@ -198,3 +198,24 @@ FIXES: dict[str, tuple[str, ...]] = {
         "Keep bf16 for the matmuls only (autocast), not as the storage dtype of everything.",
     ),
 }
+
+# Wordings that name their cause outright, a cause outside the fitted model's categories (those
+# are the report corpus's; a new one would need a refit): title, cause, fixes and the rule.
+FAMILY_CAUSES: dict[str, tuple[str, str, tuple[str, ...], str]] = {
+    "index-dtype": (
+        "a dtype error: an integer tensor was made floating",
+        "An op that takes integer (or bool) indices - indexing, embedding ids, index_select, gather/scatter, "
+        "one_hot - got a floating tensor. The integer tensor became floating on the way: a cast of the index "
+        "(`.to(bf16)`, `.half()`, `.float()`, `type_as`), a loader or engine casting every buffer or input to "
+        "the model's dtype (Swin's relative_position_index, token ids under an fp16 engine), or a float made "
+        "where an integer was meant (`/` for `//`, a factory without `dtype=torch.long`).",
+        (
+            "Keep the tensor integral: drop the cast of the index or ids, and cast only floating tensors "
+            "(`if t.is_floating_point()`); `model.to(dtype)` already leaves integer buffers alone.",
+            "Or make it integral at the use: `.long()` (`.bool()` for a mask). Casting it to the other "
+            "operand's dtype does not help.",
+            "`castwise audit` (CW116) names where it became floating, with the line.",
+        ),
+        "CW116",
+    ),
+}

@@ -59,7 +59,7 @@ class Signal:
 # every wording in PATTERNS contains one of these words; lines without any are skipped
 _MAYBE = re.compile(
     r"type|dtype|half|float|bf16|fp16|fp32|implemented|unscale|overflow|autocast|support|nan\b|"
-    r"same|cublas|operator|got|found|mat2|scalar|mixed|primitive|precision|loss scale|requires",
+    r"same|cublas|operator|got|found|mat2|scalar|mixed|primitive|precision|loss scale|requires|indices",
     re.I,
 )
 _PAIR_FAMILIES = (

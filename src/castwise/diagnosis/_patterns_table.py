@@ -396,6 +396,20 @@ PATTERNS: tuple[Pattern, ...] = (
     ),
     # the norm kernels' backward (group_norm): the saved input X against the incoming gradient dY
     _p("norm-arg-type", r"Expected scalar types of X and dY are same", lambda m: {"op": "norm", "roles": ("X", "dY")}),
+    # -- an index or label that is not integral: an integer tensor made floating (CW116) --------
+    _p("index-dtype", r"tensors used as indices must be long, (?:int, )?byte or bool tensors", _const("index")),
+    _p(
+        "index-dtype",
+        r"Expected tensor for argument #\d+ 'indices' to have one of the following scalar types: Long, Int; "
+        r"but got (\S+) instead(?: \(while checking arguments for (\w+)\))?",
+        lambda m: {"first": dtype_name(m.group(1)), "roles": ("indices", ""), "op": m.group(2) or "embedding"},
+    ),
+    _p(  # index_select / gather / scatter / index_add_ / index_copy_ (TensorAdvancedIndexing.cpp)
+        "index-dtype",
+        r"(\w+)\(\): Expected (?:dtype int32(?: or |/)int64|a long tensor) for index(?:,? but got:? (\w+))?",
+        lambda m: {"op": m.group(1).rstrip("_"), "first": dtype_name(m.group(2)), "roles": ("index", "")},
+    ),
+    _p("index-dtype", r"one_hot is only applicable to index tensor", _const("one_hot")),
     # -- strict same-dtype ops ------------------------------------------------------------------
     _p(
         "index-put-dtype",

@@ -321,12 +321,13 @@ def _cause_notes(explanation: Explanation, finding: Finding | None) -> list[str]
     category = finding.rule.category if finding is not None else explanation.category
     if category is None:
         return notes
-    title = CATEGORIES[category].title
+    # a wording that names its own cause (outside the fitted categories) says it, not the category's title
+    head = f"{category}: {CATEGORIES[category].title}" if explanation.category or not explanation.rule else None
     code = finding.code if finding is not None else explanation.rule
     rule = f" ({code}; `castwise rules {code}`)" if code else ""
     dtypes = ", ".join(short(d) for d in explanation.dtypes)
     seen = f" [{dtypes}]" if dtypes else ""
-    notes.append(f"{_PREFIX} cause: {category}: {title}{rule}{seen}")
+    notes.append(f"{_PREFIX} cause: {head or explanation.title.removeprefix('a dtype error: ')}{rule}{seen}")
     fix = (
         (finding.fix or finding.rule.fix)
         if finding is not None

@@ -22,7 +22,7 @@ from typing import Any
 from castwise._dtypes import short
 from castwise._wrap import wrap
 from castwise.categories import CATEGORIES
-from castwise.diagnosis._advice import CAUSES, FIXES
+from castwise.diagnosis._advice import CAUSES, FAMILY_CAUSES, FIXES
 from castwise.diagnosis._features import Evidence, extract
 from castwise.diagnosis._frames import Frame, locus_frame, parse_frames
 from castwise.diagnosis._model import Model
@@ -286,9 +286,12 @@ def explain(error: BaseException | str) -> Explanation:
     block_signals = read_signals(block) if block is not text else signals
     found = block_signals or signals
     sig: Signal | None = found[-1] if found else None
+    # a wording that names its cause outright, outside the fitted categories: answered as written
+    decided = FAMILY_CAUSES.get(sig.family) if sig is not None else None
 
     no_cause = (
-        not _informative(x)
+        decided is not None
+        or not _informative(x)
         or (sig is not None and sig.family == "device-mismatch" and not dtype_signal)
         or _integer_clash(sig)
     )
@@ -298,7 +301,9 @@ def explain(error: BaseException | str) -> Explanation:
     settle: tuple[str, ...] = ()
     fixes: tuple[str, ...] = ()
     why: tuple[str, ...] = ()
-    if category is None:
+    if decided is not None:
+        title, cause, fixes, _ = decided
+    elif category is None:
         title, cause = _no_cause(sig)
     else:
         title = CATEGORIES[category].title
@@ -319,13 +324,16 @@ def explain(error: BaseException | str) -> Explanation:
         fixes=fixes,
         locus=locus,
         confidence=confidence,
-        rule=_rule_for(category),
+        rule=decided[3] if decided is not None else _rule_for(category),
         error=_error_line(block if block is not text else text, block_signals or signals),
         signal=sig.describe() if sig else None,
         dtypes=dtypes,
         evidence=why,
-        is_dtype_error=category is not None
-        and (dtype_signal or (has_dtype_words and confidence >= 0.5 and evidence.has_error_line)),
+        is_dtype_error=decided is not None
+        or (
+            category is not None
+            and (dtype_signal or (has_dtype_words and confidence >= 0.5 and evidence.has_error_line))
+        ),
         unsure=unsure,
         settle=settle,
         frames=tuple(real_frames),
@@ -401,6 +409,18 @@ def _field(label: str, text: str, width: int = WIDTH) -> list[str]:
     return wrap(" ".join(text.split()), width, f"  {label:<{_LABEL}}", " " * (2 + _LABEL), split_plain=True)
 
 
+def _rule_and_fixes(e: Explanation, width: int, *, rule: bool = True, fixes: bool = True) -> list[str]:
+    lines: list[str] = []
+    if rule and e.rule:
+        from castwise.rules import REGISTRY
+
+        name = REGISTRY[e.rule].name if e.rule in REGISTRY else ""
+        lines += _field("rule", f"{e.rule} {name} (`castwise rules {e.rule}` for the page)", width)
+    for i, fix in enumerate(e.fixes if fixes else (), 1):
+        lines += _field("fix" if i == 1 else "", f"{i}. {fix}", width)
+    return lines
+
+
 def render(e: Explanation, width: int = WIDTH) -> str:
     """The explanation as text for a terminal ``width`` columns wide (100 by default)."""
     if e.category is None:
@@ -408,17 +428,13 @@ def render(e: Explanation, width: int = WIDTH) -> str:
         if e.error:
             lines += _field("error", e.error, width)
         lines += _field("note", e.cause, width)
-        return "\n".join(lines)
+        return "\n".join(lines + _rule_and_fixes(e, width))
     if e.unsure:
         lines = [f"castwise explain: unsure; most likely {e.category}  (confidence {e.confidence:.2f})"]
     else:
         lines = [f"castwise explain: {e.category}  (confidence {e.level}, {e.confidence:.2f})"]
     lines += textwrap.wrap(e.title, width=width, initial_indent="  ", subsequent_indent="  ")
-    if e.rule:
-        from castwise.rules import REGISTRY
-
-        name = REGISTRY[e.rule].name if e.rule in REGISTRY else ""
-        lines += _field("rule", f"{e.rule} {name} (`castwise rules {e.rule}` for the page)", width)
+    lines += _rule_and_fixes(e, width, fixes=False)
     if e.error:
         lines += _field("error", e.error, width)
     if e.signal:
@@ -428,8 +444,7 @@ def render(e: Explanation, width: int = WIDTH) -> str:
         if e.locus.code:
             lines += _field("", e.locus.code, width)
     lines += _field("cause", e.cause, width)
-    for i, fix in enumerate(e.fixes, 1):
-        lines += _field("fix" if i == 1 else "", f"{i}. {fix}", width)
+    lines += _rule_and_fixes(e, width, rule=False)
     for i, why in enumerate(e.evidence[:4]):
         lines += _field("evidence" if i == 0 else "", why, width)
     others = [c for c in e.candidates if c.category != e.category]

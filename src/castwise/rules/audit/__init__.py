@@ -13,6 +13,8 @@ Precedence, and why:
    CW115 a user hook changed the dtype: the hook, not the layers around it.
 3. CW113 a module's own weights cast by hand: the weights are the odd ones, not the inputs.
 4. CW103 a fused fast path: the kernel, not the operands, is the problem.
+   CW116 an integer (or bool) operand made floating: the index, not a precision clash (a
+   model input's float mask or ids stay with CW108 / CW110.embedding, which speak for them).
 5. CW108 a mask: its own fix (dtype=q.dtype, or bool).
 6. CW110.embedding float indices into an embedding.
 7. CW107 ops that never promote (index_put, scatter, lerp...).
@@ -39,6 +41,7 @@ PRECEDENCE: tuple[str, ...] = (
     "CW115",
     "CW113",
     "CW103",
+    "CW116",
     "CW108",
     "CW110.embedding",
     "CW107",
