@@ -33,6 +33,10 @@ KernelFamily = Literal["cpu", "cuda"]
 # where one op's kernel comes from, inside a family: the contract rules branch on this
 KernelPath = Literal["cpu.native", "cpu.onednn", "cuda.native", "cuda.cudnn"]
 
+# the compute capability of FP8 tensor cores (Ada, Hopper: torch._scaled_mm's check) and of MX
+# block-scaled (E8M0) float8 GEMMs (Blackwell)
+FP8_SM = (8, 9)
+MX_SM = (10, 0)
 # a contract rule: (op name "aten.mm", args, kwargs, device) -> Violation | torch.dtype | None
 ContractRule = Callable[[str, tuple[Any, ...], dict[str, Any], "Device"], Any]
 
@@ -104,6 +108,12 @@ class Device:
         """The compute capability a simulated CUDA device reports to model code that asks
         (``torch.cuda.get_device_capability``; transformers' MoE picks its grouped GEMM by it)."""
         return self.caps.sm if self.caps is not None else None
+
+    def runs_float8(self, mx: bool = False) -> bool:
+        """Whether float8 GEMMs (``mx``: MX block-scaled ones) run here: every CPU (its kernel
+        takes any), a GPU from compute capability ``FP8_SM`` (``MX_SM`` for MX)."""
+        sm = self.capability
+        return self.kernels != "cuda" or sm is None or sm >= (MX_SM if mx else FP8_SM)
 
     def legacy_type(self, scalar: str) -> str:
         """``legacy_type("FloatTensor")`` -> ``"torch.cuda.FloatTensor"`` on CUDA."""
