@@ -33,10 +33,6 @@ KernelFamily = Literal["cpu", "cuda"]
 # where one op's kernel comes from, inside a family: the contract rules branch on this
 KernelPath = Literal["cpu.native", "cpu.onednn", "cuda.native", "cuda.cudnn"]
 
-# the compute capability of FP8 tensor cores (Ada, Hopper: torch._scaled_mm's check) and of MX
-# block-scaled (E8M0) float8 GEMMs (Blackwell)
-FP8_SM = (8, 9)
-MX_SM = (10, 0)
 # a contract rule: (op name "aten.mm", args, kwargs, device) -> Violation | torch.dtype | None
 ContractRule = Callable[[str, tuple[Any, ...], dict[str, Any], "Device"], Any]
 
@@ -110,10 +106,9 @@ class Device:
         return self.caps.sm if self.caps is not None else None
 
     def runs_float8(self, mx: bool = False) -> bool:
-        """Whether float8 GEMMs (``mx``: MX block-scaled ones) run here: every CPU (its kernel
-        takes any), a GPU from compute capability ``FP8_SM`` (``MX_SM`` for MX)."""
-        sm = self.capability
-        return self.kernels != "cuda" or sm is None or sm >= (MX_SM if mx else FP8_SM)
+        """Whether float8 GEMMs (``mx``: MX block-scaled ones) run here: on every CPU (its kernel takes
+        any), on FP8 tensor cores from compute capability 8.9 (Ada, Hopper), MX from 10.0 (Blackwell)."""
+        return self.kernels != "cuda" or self.capability is None or self.capability >= ((10, 0) if mx else (8, 9))
 
     def legacy_type(self, scalar: str) -> str:
         """``legacy_type("FloatTensor")`` -> ``"torch.cuda.FloatTensor"`` on CUDA."""

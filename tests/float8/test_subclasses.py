@@ -163,7 +163,7 @@ def test_apply_says_when_a_float8_recipe_converts_nothing() -> None:
     assert "up    left out: a Doubled that overrides forward" in text and "down  left out: a Doubled" in text
     assert applied.float8 is not None and applied.float8.converted == ()
     applied.remove()
-    with pytest.warns(UserWarning, match="converts nothing: the model has no nn.Linear"):
+    with pytest.warns(UserWarning, match="converts no Linear; the model has no nn.Linear"):
         castwise.apply(nn.Sequential(nn.Conv1d(4, 4, 3)), "fp8").remove()
 
 

@@ -99,11 +99,8 @@ class Float8Plan:
 
     def none_converted(self) -> str | None:
         """What apply warns when the recipe converts no Linear (None: it converts some)."""
-        if self.converted:
-            return None
-        if not self.left_out:
-            return f"castwise: fp8={self.recipe} converts nothing: the model has no nn.Linear"
-        return f"castwise: fp8={self.recipe} converts no Linear; each is left out:\n{self.table()}"
+        why = f"each is left out:\n{self.table()}" if self.left_out else "the model has no nn.Linear"
+        return None if self.converted else f"castwise: fp8={self.recipe} converts no Linear; {why}"
 
 
 def _shared(model: nn.Module) -> dict[int, str]:

@@ -35,23 +35,18 @@ META = Rule(
 )
 
 
-def _fix(kernel: str, on: str, has_fp8: bool) -> str:
-    if kernel == "e5m2":
-        return "Cast one operand to e4m3: a hybrid recipe (e4m3 forward, e5m2 gradients) never multiplies two e5m2."
-    if kernel == "mx" and has_fp8:
-        return (
-            f"Use fp8 with tensorwise or rowwise scaling on {on} (policy fp8); MX formats need Blackwell (cuda:b200)."
-        )
-    return f"Train in bf16 on {on} (policy bf16-mixed), or target a GPU with FP8 (cuda:l4, cuda, cuda:b200)."
-
-
-def _on(device: Device) -> str:
+def _verdict(kernel: str, device: Device) -> tuple[str, str, tuple[tuple[str, object], ...]]:
+    """The GPU as messages name it, the fix, and the details, for a ``kernel`` it refuses."""
     sm = device.capability
-    return f"{device.name} (compute capability {sm[0]}.{sm[1]})" if sm else device.name
-
-
-def _details(kernel: str, device: Device) -> tuple[tuple[str, object], ...]:
-    return (("fp8_kernel", kernel), ("gpu_has_fp8", device.capability is not None and device.runs_float8()))
+    on = f"{device.name} (compute capability {sm[0]}.{sm[1]})" if sm else device.name
+    has_fp8 = sm is not None and device.runs_float8()
+    if kernel == "e5m2":
+        fix = "Cast one operand to e4m3: a hybrid recipe (e4m3 forward, e5m2 gradients) never multiplies two e5m2."
+    elif kernel == "mx" and has_fp8:
+        fix = f"Use fp8 with tensorwise or rowwise scaling on {on} (policy fp8); MX formats need Blackwell (cuda:b200)."
+    else:
+        fix = f"Train in bf16 on {on} (policy bf16-mixed), or target a GPU with FP8 (cuda:l4, cuda, cuda:b200)."
+    return on, fix, (("fp8_kernel", kernel), ("gpu_has_fp8", has_fp8))
 
 
 def _match(ctx: Ctx) -> Diag | None:
@@ -59,10 +54,8 @@ def _match(ctx: Ctx) -> Diag | None:
         return None
     mx = any("e8m0" in str(d) for d in ctx.dtypes)  # E8M0 block scales: the operands say MX, not the message
     # the contract's order: the GPU's compute capability first, then two e5m2 operands
-    kernel = "e5m2" if ctx.device.runs_float8(mx) else "mx" if mx else "fp8"
-    details = _details(kernel, ctx.device)
-    fix = _fix(kernel, _on(ctx.device), bool(details[1][1]))
-    diag = ctx.diag("CW132", f"{ctx.at} is a float8 GEMM {_on(ctx.device)} cannot run: {ctx.text}", fix, None, None)
+    on, fix, details = _verdict("e5m2" if ctx.device.runs_float8(mx) else "mx" if mx else "fp8", ctx.device)
+    diag = ctx.diag("CW132", f"{ctx.at} is a float8 GEMM {on} cannot run: {ctx.text}", fix, origin=None, source=None)
     return dataclasses.replace(diag, details=details)
 
 
@@ -74,9 +67,8 @@ NEEDS = {
 
 
 def _scan(session: Session) -> list[Finding]:
-    """The policy's recipe against the target GPU, whatever ran: a model whose Linears apply's
-    filter left out (or the run never reached) runs no float8 GEMM for the event check to see,
-    and the recipe still cannot run there. Once: an event finding already says it."""
+    """The policy's recipe against the GPU, whatever ran: with every Linear left out by apply's
+    filter (or not reached) no float8 GEMM ran for the check above to see. Once: not beside it."""
     recipe = getattr(session.policy, "float8", None)
     device = session.runs[0].device if session.runs else None
     if recipe is None or device is None or device.kernels != "cuda" or any(f.code == "CW132" for f in session.findings):
@@ -85,12 +77,11 @@ def _scan(session: Session) -> list[Finding]:
     kernel = ("mx" if mx else "fp8") if not device.runs_float8(mx) else "e5m2" if recipe.format == "e5m2" else None
     if kernel is None:
         return []
-    details = _details(kernel, device)
+    on, fix, details = _verdict(kernel, device)
     message = (
-        f"policy {session.policy} trains fp8={recipe} ({recipe.describe()}), which needs {NEEDS[kernel]}: "
-        f"{_on(device)} cannot run it (found from the recipe and the GPU: no float8 GEMM ran in this audit)"
+        f"policy {session.policy} trains fp8={recipe}, which needs {NEEDS[kernel]}: {on} cannot run it "
+        "(found from the recipe and the GPU: no float8 GEMM ran in this audit)"
     )
-    fix = _fix(kernel, _on(device), bool(details[1][1]))
     modes = tuple(r.mode for r in session.runs)
     return [Finding("CW132", message, module="", modes=modes, fix=fix, details=(*details, ("recipe", str(recipe))))]
 
