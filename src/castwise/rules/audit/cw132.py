@@ -80,7 +80,7 @@ def _scan(session: Session) -> list[Finding]:
     on, fix, details = _verdict(kernel, device)
     message = (
         f"policy {session.policy} trains fp8={recipe}, which needs {NEEDS[kernel]}: {on} cannot run it "
-        "(found from the recipe and the GPU: no float8 GEMM ran in this audit)"
+        "(found from the recipe and the GPU: none of its float8 GEMMs ran in this audit)"
     )
     modes = tuple(r.mode for r in session.runs)
     return [Finding("CW132", message, module="", modes=modes, fix=fix, details=(*details, ("recipe", str(recipe))))]
