@@ -105,6 +105,11 @@ class Device:
         (``torch.cuda.get_device_capability``; transformers' MoE picks its grouped GEMM by it)."""
         return self.caps.sm if self.caps is not None else None
 
+    def runs_float8(self, mx: bool = False) -> bool:
+        """Whether float8 GEMMs (``mx``: MX block-scaled ones) run here: on every CPU (its kernel takes
+        any), on FP8 tensor cores from compute capability 8.9 (Ada, Hopper), MX from 10.0 (Blackwell)."""
+        return self.kernels != "cuda" or self.capability is None or self.capability >= ((10, 0) if mx else (8, 9))
+
     def legacy_type(self, scalar: str) -> str:
         """``legacy_type("FloatTensor")`` -> ``"torch.cuda.FloatTensor"`` on CUDA."""
         return f"{self.tensor_prefix}{scalar}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
@@ -33,7 +34,7 @@ from torch import nn
 from castwise import _autocast, _dtypes
 from castwise._compiled import uncompiled
 from castwise._dtypes import short_of
-from castwise.applied.inspection import Decision, resolve, unmatched_rules, warn_unmatched
+from castwise.applied.inspection import Decision, _user_stacklevel, resolve, unmatched_rules, warn_unmatched
 from castwise.errors import ApplyError
 from castwise.float8.convert import Float8Conversion, Float8Plan
 from castwise.float8.convert import convert as float8_convert
@@ -518,6 +519,8 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     warn_unmatched(policy, model)
     # float8 first: the layers it swaps are the ones the base policy's wrappers then see
     conversion = float8_convert(model, policy.float8, decisions) if policy.float8 is not None else None
+    if conversion is not None and (idle := conversion.plan.none_converted()):
+        warnings.warn(idle, UserWarning, stacklevel=_user_stacklevel())  # a float8 policy doing nothing is said
     applied = Applied(model, policy, decisions)
     applied.float8_conversion = conversion
     owner = _owner_dtypes(model, policy, decisions)

@@ -10,8 +10,11 @@ reads it too) leaves a Linear out where a policy island holds it (``keep[...]``)
 are not multiples of 16 (32 for MX blocks: ``torch._scaled_mm`` refuses them); it is the output
 head (``get_output_embeddings()``, or named as torchtitan's default ``filter_fqns``) or its weight
 is tied to another module's (the logits' rounding goes straight into the loss); it is tiny (under
-1024 weights: scaling costs more than the GEMM saves); it is not a plain ``nn.Linear``; or, for
-mxfp8, it has a bias that the installed torchao's MX layer drops (``mx_drops_bias``, measured).
+1024 weights: scaling costs more than the GEMM saves); it is not an ``nn.Linear``, or a subclass
+that overrides ``forward`` (torchao converts subclasses: its ``Float8Linear`` would drop that math,
+its MX weight runs an MX GEMM only where that forward calls ``F.linear``), or nn.MultiheadAttention's
+``out_proj``; or, for mxfp8, it has a bias that the installed torchao's MX layer drops
+(``mx_drops_bias``, measured).
 
 Undo is exact: the original ``nn.Linear`` objects go back into their parents. Float8Linear
 holds the very ``Parameter`` objects of the layer it replaced, so a step trained meanwhile
@@ -94,6 +97,11 @@ class Float8Plan:
         rows += [f"{n:<{width}}  left out: {why}" for n, why in self.left_out]
         return "\n".join(rows)
 
+    def none_converted(self) -> str | None:
+        """What apply warns when the recipe converts no Linear (None: it converts some)."""
+        why = f"each is left out:\n{self.table()}" if self.left_out else "the model has no nn.Linear"
+        return None if self.converted else f"castwise: fp8={self.recipe} converts no Linear; {why}"
+
 
 def _shared(model: nn.Module) -> dict[int, str]:
     """id(parameter) -> the first module that holds it, for parameters two modules hold."""
@@ -141,8 +149,18 @@ def _reasons(
     """Every reason castwise's filter leaves this Linear out of float8, the first the strongest."""
     if not name:
         return ["the model itself: apply converts layers inside a model, in place"]
-    if type(module) is not nn.Linear:
-        return [f"a {type(module).__name__}, not a plain nn.Linear: torchao converts nn.Linear only"]
+    if not isinstance(module, nn.Linear):
+        return [f"a {type(module).__name__}, not an nn.Linear: torchao converts nn.Linear (and subclasses) only"]
+    if isinstance(module, nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return ["nn.MultiheadAttention's out_proj: the attention multiplies by its weight itself, not by its forward"]
+    if type(module).forward is not nn.Linear.forward:
+        # MX swaps the weight only: FalconLinear's `x @ w.T` unwraps it (measured), F.linear does not
+        lost = (
+            "MX weight runs an MX GEMM only in F.linear, which that forward may not call"
+            if recipe.scaling == "mxfp8"
+            else "Float8Linear would replace it"
+        )
+        return [f"a {type(module).__name__} that overrides forward: torchao's {lost}"]
     island = _island(name, decisions)
     if island is not None:
         owner, dtype = island

@@ -27,8 +27,6 @@ import torch
 from castwise.devices import Device
 from castwise.trace.contracts._base import Args, Kwargs, _arg, _viol
 
-FP8_SM = (8, 9)
-MX_SM = (10, 0)
 MULTIPLE = 16
 
 
@@ -43,9 +41,8 @@ def _scaled_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return out
     scale_a = _arg(args, kwargs, 2, "scale_a")
     mx = isinstance(scale_a, torch.Tensor) and "e8m0" in str(scale_a.dtype)
-    need = MX_SM if mx else FP8_SM
     sm = dev.capability
-    if sm is not None and sm < need:
+    if sm is not None and not dev.runs_float8(mx):
         if mx:
             msg = "MX block-scaled float8 GEMMs need CUDA devices with compute capability >= 10.0"
         else:
