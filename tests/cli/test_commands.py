@@ -239,3 +239,18 @@ def test_audit_refuses_an_unwritable_html_path_before_any_work(
     code = main(["audit", "castwise.stories:build_encoder", "--html", str(tmp_path / "missing" / "r.html")])
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_torchaos_import_deprecation_is_not_in_castwises_output(tmp_path: Path) -> None:
+    """torch's pytree logs a deprecation per Enum torchao registers, on every import of torchao
+    (transformers imports it): what this machine's torch prints for it alone, castwise's output
+    leaves out."""
+    (tmp_path / "target.py").write_text(
+        "import torch, torchao\n\ndef build():\n    return torch.nn.Linear(4, 4), torch.randn(2, 4)\n"
+    )
+    alone = subprocess.run([sys.executable, "-c", "import torchao"], capture_output=True, text=True, check=True)
+    noise = [line.split("] ", 1)[-1] for line in alone.stderr.splitlines() if "Enum subclass" in line]
+    audited = _cli("audit", f"{tmp_path / 'target.py'}:build", "--mode", "eval")
+    assert audited.returncode == 0, audited.stderr
+    assert "Enum subclass" not in audited.stderr + audited.stdout
+    assert not any(message in audited.stderr for message in noise)

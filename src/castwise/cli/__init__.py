@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import re
 import shutil
@@ -199,11 +200,34 @@ def cli() -> None:
     """castwise: mixed precision in PyTorch, made boring."""
 
 
+class _ImportNoise(logging.Filter):
+    """torch's pytree logs a deprecation for each Enum torchao registers, on every import of
+    torchao (which transformers' quantizers import): advice to torchao's maintainers, printed
+    in castwise's own output. Dropped there; `castwise run` leaves the user's script as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_imports(argv: list[str]) -> Iterator[None]:
+    if argv[:1] == ["run"]:
+        yield
+        return
+    logger, noise = logging.getLogger("torch.utils._pytree"), _ImportNoise()
+    logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        logger.removeFilter(noise)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script: run castwise with ``argv`` (default: the process's) and return the
     exit code."""
     try:
-        code = cli.main(args=argv, prog_name="castwise", standalone_mode=False)
+        with _quiet_imports(sys.argv[1:] if argv is None else argv):
+            code = cli.main(args=argv, prog_name="castwise", standalone_mode=False)
     except click.exceptions.Abort:  # Ctrl-C while click itself was reading arguments
         return interrupted()
     except KeyboardInterrupt:
