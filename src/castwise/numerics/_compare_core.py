@@ -14,7 +14,6 @@ from castwise.errors import CastwiseError
 from castwise.numerics._compare_iso import NO_ERR, Err, err, grad_err, isolated, sensitivity, unit_roundoff
 from castwise.numerics._compare_run import (
     Call,
-    Inputs,
     Recording,
     loss_of,
     loss_scale,
@@ -24,6 +23,7 @@ from castwise.numerics._compare_run import (
 )
 from castwise.numerics._compare_target import Target, prepared
 from castwise.numerics._failed import raised_in
+from castwise.run import Inputs
 
 # what rounding explains: a module that rounds its inputs, weights and output to a format with
 # unit roundoff u moves its output by about u (relative L2); ops that amplify rounding a little
