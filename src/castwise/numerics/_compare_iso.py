@@ -108,7 +108,7 @@ def unit_roundoff(call: Call, callees: list[Call]) -> float:
     inputs, outputs, own parameters, autocast, emulated float8, and what its callees returned."""
     dtypes = {t.dtype for t in float_tensors((call.args, call.kwargs, call.out, [c.out for c in callees]))}
     dtypes |= {p.dtype for p in call.module.parameters(recurse=False) if p.is_floating_point()}
-    for device in ("cpu", "cuda"):
+    for device in _autocast.DEVICE_TYPES:
         auto = call.autocast.enabled_for(device)
         if auto is not None:
             dtypes.add(auto)

@@ -27,7 +27,6 @@ from castwise.errors import CastwiseError
 from castwise.numerics._compare_core import (
     Measurement,
     ModuleNumerics,
-    check_mode,
     loss_error,
     loss_only,
     measure,
@@ -283,8 +282,7 @@ def _prune(
     return kept, error
 
 
-def _check(budget: float, metric: str, mode: str) -> None:
-    check_mode(mode)
+def _check(budget: float, metric: str) -> None:
     if metric not in METRICS:
         raise CastwiseError(f"metric={metric!r} is not valid; valid: {', '.join(sorted(METRICS))}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0 < budget < math.inf):
@@ -317,7 +315,7 @@ def tune(
     """
     from castwise.auditor import preserved_state
 
-    _check(budget, metric, mode)
+    _check(budget, metric)
     request = check_args("tune", model, inputs, None, None, mode)
     target, ref = parse_target(policy), parse_target(reference)
     try:

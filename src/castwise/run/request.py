@@ -83,25 +83,24 @@ def _policy(policy: Any) -> Policy | None:
 
 def _check_real(what: str, model: nn.Module, target: devices.Device, meta_ok: bool) -> None:
     """A real run uses this machine's kernels: only a device this machine is, and values."""
+    # the audit can run any device and size on fake tensors instead
+    fake = f", or fake=True (the default) to audit {target.name}" if what == "audit" else ""
     if target.kernels == "cuda" and not torch.cuda.is_available():
         raise AuditError(
-            f"{what} on real tensors runs on this machine, which has no CUDA device; pass device='cpu'"
-            + (f", or audit device={target.name!r} with fake=True (the default)" if what == "audit" else "")
+            f"{what} on real tensors runs on this machine, which has no CUDA device; pass device='cpu'{fake}"
         )
     here = devices.other_cpu(target)
     if here is not None and target.caps is not None:
         raise AuditError(
             f"{what} on real tensors runs this machine's CPU kernels ({here.describe()}), not those of "
-            f"{target.name} ({target.caps.describe()}); pass device='cpu'"
-            + (f", or audit device={target.name!r} with fake=True (the default)" if what == "audit" else "")
+            f"{target.name} ({target.caps.describe()}); pass device='cpu'{fake}"
         )
     from castwise.trace.fake import on_meta
 
     if not meta_ok and on_meta(model):
         raise AuditError(
-            f"{type(model).__name__} is on the meta device: {what} on real tensors needs values; materialise "
-            "it first"
-            + (", or audit it with fake=True (the default)" if what == "audit" else ", or pass a shrunk config")
+            f"{type(model).__name__} is on the meta device: {what} on real tensors needs values; materialise it "
+            f"first{fake or ', or pass a shrunk config'}"
         )
 
 
