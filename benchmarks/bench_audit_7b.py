@@ -80,7 +80,7 @@ def bare(model: torch.nn.Module, ids: torch.Tensor) -> float:
     for mode in ("train", "eval"):
         fmode = fake_mod.new_mode()
         copy = fake_mod.fake_model(model, fmode, "cuda")
-        fids = fake_mod.fake_inputs(ids, fmode, "cuda", {})
+        fids = fake_mod.fake_input(ids, fmode, "cuda", {})
         with fmode:
             if mode == "train":
                 copy.train()

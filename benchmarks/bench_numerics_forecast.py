@@ -41,6 +41,7 @@ from numerics_zoo import MODELS, call, half_inputs, loss_of
 from castwise.numerics import _run
 from castwise.numerics.forecast import forecast
 from castwise.numerics.observe import _UNINITIALISED, _widen
+from castwise.run import Inputs
 from castwise.trace.observers import Observer, OpCall
 
 F16_MAX = float(torch.finfo(torch.float16).max)
@@ -125,7 +126,7 @@ def truth(model: nn.Module, inputs: Any) -> set[tuple[str, str]]:
     sites = OverflowSites()
     half = model.half()
     with _run.kept_as_is(half):
-        _run.traced(half, _run.Capture(half), _run.real_inputs(half_inputs(inputs), "cpu"), "train", "cpu", [sites])
+        _run.traced(half, _run.Capture(half), Inputs.of(half_inputs(inputs)).real("cpu"), "train", "cpu", [sites])
     return sites.sites
 
 
@@ -228,7 +229,7 @@ def truth_every_site(
     for _ in range(rounds):
         sites = OverflowSites()
         with _run.kept_as_is(half):
-            args = _run.real_inputs(half_inputs(inputs), "cpu")
+            args = Inputs.of(half_inputs(inputs)).real("cpu")
             _run.traced(half, _run.Capture(half), args, "train", "cpu", [sites])
         new = {s for s in sites.sites if s[1] in phases} - found
         if not new:

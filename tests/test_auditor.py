@@ -512,7 +512,7 @@ def test_a_candidate_that_runs_every_op_as_before_is_never_suggested() -> None:
     assert fixed is not None and fixed != policy  # a different spelling...
     claimed = castwise.Report(findings=[claim], runs=report.runs)
     assert (
-        auditor.suggest_policy(auditor.AuditRequest(model, x, policy, "cpu", "eval", True), claimed, runs) is None
+        auditor.suggest_policy(auditor.RunRequest(model, x, policy, "cpu", "eval", True), claimed, runs) is None
     )  # ...not a fix
 
 

@@ -108,17 +108,13 @@ def _cast_out(dtype: torch.dtype | None, saturate: bool) -> Callable[[Callable[.
 
 
 def _clamp_f16(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        wide = obj.is_floating_point() and obj.dtype in (torch.float32, torch.float64)
-        return obj.clamp(-_F16_MAX, _F16_MAX) if wide else obj
-    if isinstance(obj, tuple):
-        items = [_clamp_f16(x) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [_clamp_f16(x) for x in obj]
-    if type(obj) is dict:
-        return {k: _clamp_f16(v) for k, v in obj.items()}
-    return obj
+    from castwise.run import map_tensors
+
+    def clamp(t: torch.Tensor) -> torch.Tensor:
+        wide = t.is_floating_point() and t.dtype in (torch.float32, torch.float64)
+        return t.clamp(-_F16_MAX, _F16_MAX) if wide else t
+
+    return map_tensors(obj, clamp)
 
 
 def _cast_in(dtype: torch.dtype) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 import castwise
 import castwise.fsdp2
-from castwise.distributed.audit import audit_sharded
+from castwise.auditor.entry import audit_sharded
 from castwise.errors import AuditError
 from tests.distributed._group import fake_process_group
 from tests.distributed._workers import tiny_llama

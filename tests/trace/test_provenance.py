@@ -104,7 +104,7 @@ def _ids() -> torch.Tensor:
 def _eager(model: nn.Module, x: torch.Tensor, autocast: torch.dtype | None) -> tuple[list[Prov | None], list[Event]]:
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, "cpu")
-    fx = fake_mod.fake_inputs(x, fmode, "cpu", {})
+    fx = fake_mod.fake_input(x, fmode, "cpu", {})
     tracer = Tracer(copy, "cpu", fake=True)
     tracer.seed_inputs([("x", fx)])
     tracer.root_autocast = autocast
@@ -122,7 +122,7 @@ def _compiled(
     warm_up()
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, "cpu")
-    fx = fake_mod.fake_inputs(x, fmode, "cpu", {})
+    fx = fake_mod.fake_input(x, fmode, "cpu", {})
     producer = CompiledProducer(copy, get_device("cpu"), autocast, record_ops=True)
     producer.seed_inputs([("x", fx)])
     if CompileOptions(backend=backend).inductor:  # the graphs Inductor lowers: casts decomposed

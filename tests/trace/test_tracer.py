@@ -33,7 +33,7 @@ def _trace(
 ) -> tuple[Tracer, object]:
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, device)
-    fx = fake_mod.fake_inputs(x, fmode, device, {})
+    fx = fake_mod.fake_input(x, fmode, device, {})
     tracer = Tracer(copy, device, fake=True)
     tracer.seed_inputs([("x", fx)])
     with fmode:
@@ -70,7 +70,7 @@ def _live(
     """Run under the tracer and keep intermediate tensors alive (forward hooks of our own)."""
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, "cpu")
-    fx = fake_mod.fake_inputs(x, fmode, "cpu", {})
+    fx = fake_mod.fake_input(x, fmode, "cpu", {})
     tracer = Tracer(copy, "cpu", fake=True)
     tracer.seed_inputs([("x", fx)])
     kept: dict[str, torch.Tensor] = {"x": fx}

@@ -18,17 +18,17 @@ some modules take (TransformerEncoderLayer's fast path checks for both).
 
 from __future__ import annotations
 
-import copy
 import functools
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from castwise import _autocast, _dtypes
@@ -68,28 +68,11 @@ def _cast_tensor(t: torch.Tensor, dtype: torch.dtype, saturate: bool) -> torch.T
 
 
 def cast_floating(obj: Any, dtype: torch.dtype, saturate: bool = False) -> Any:
-    """Cast every floating tensor in a nested structure (tuples, lists, dicts, ModelOutputs)."""
+    """Every floating tensor in a nested structure cast, rebuilt by torch's pytree (tuples, lists,
+    dicts, namedtuples, ModelOutputs: new containers of the same type; the caller's are never mutated)."""
     if isinstance(obj, torch.Tensor):
         return _cast_tensor(obj, dtype, saturate)
-    if isinstance(obj, tuple):
-        items = [cast_floating(x, dtype, saturate) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [cast_floating(x, dtype, saturate) for x in obj]
-    if type(obj) is dict:
-        return {k: cast_floating(v, dtype, saturate) for k, v in obj.items()}
-    if isinstance(obj, Mapping) and hasattr(obj, "__setitem__"):
-        # ModelOutput, OrderedDict and other dict subclasses: a shallow copy of the same type with
-        # the cast values, so the caller's object (an input, a cached output) is never mutated
-        casts = {key: cast_floating(value, dtype, saturate) for key, value in obj.items()}
-        if all(casts[key] is obj[key] for key in casts):
-            return obj
-        new = copy.copy(obj)
-        for key, value in casts.items():
-            if value is not obj[key]:
-                new[key] = value  # type: ignore[index]
-        return new
-    return obj
+    return pytree.tree_map(lambda x: _cast_tensor(x, dtype, saturate) if isinstance(x, torch.Tensor) else x, obj)
 
 
 def _lossless(src: torch.dtype, dst: torch.dtype) -> bool:

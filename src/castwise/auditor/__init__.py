@@ -8,7 +8,8 @@ into findings; a suggested policy is searched for by re-auditing the rules' fixe
 model and every global setting are left exactly as they were.
 
 Layout: ``session`` (copy, apply, run each mode), ``context`` (what rules read), ``findings``
-(events through the rules), ``suggest`` (the verified policy), ``target`` (CLI targets).
+(events through the rules), ``suggest`` (the verified policy), ``entry`` (a request, a sharded
+model), ``target`` (CLI targets).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from torch import nn
 
 from castwise._compiled import compiled_parts
 from castwise._state import preserved_state
-from castwise.auditor.offered import check_offered
-from castwise.auditor.session import MODES, check_args, run_audit
-from castwise.auditor.suggest import AuditRequest, suggest_policy, verify_code_fixes
+from castwise.auditor.entry import audited
+from castwise.auditor.session import MODES
+from castwise.auditor.suggest import suggest_policy
 from castwise.policy import Policy
 from castwise.report import Report
+from castwise.run import RunRequest, check
 
 
 def audit(
@@ -37,7 +39,10 @@ def audit(
 ) -> Report:
     """Run ``model`` on ``inputs`` (forward, and backward in train mode) and report its dtype flow.
 
-    ``inputs``: a tensor, a tuple of positional args or a dict of keyword args. ``policy``: a
+    ``inputs``: what the model is called on, the same rule for every castwise entry: a dict is
+    keyword arguments (``model(**inputs)``), a plain tuple or list positional arguments
+    (``model(*inputs)``), any other object (a tensor, a namedtuple, a dataclass, a ModelOutput,
+    a batch object) one argument (``model(inputs)``). ``policy``: a
     Policy or any string ``Policy.parse`` accepts (None: the model as it is, no autocast).
     ``device``: the target device to simulate (a registered name: "cpu", "cuda"; default where
     the model is). ``mode``: "train" (forward + backward), "eval" (eval() under no_grad) or
@@ -50,19 +55,14 @@ def audit(
     from castwise.distributed.audit import is_sharded
 
     if is_sharded(model):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
-        from castwise.distributed.audit import audit_sharded
+        from castwise.auditor.entry import audit_sharded
 
         return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)
     parts = compiled_parts(model)
     if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
         model = parts[0]
-    pol, dev = check_args(model, policy, device, mode, fake)
-    report, runs = run_audit(model, inputs, pol, dev, mode, fake, compiled=parts[1] if parts is not None else None)
-    request = AuditRequest(model, inputs, pol, dev, mode, fake)
-    if report.errors:  # an incomplete run alone has nothing for a policy to fix
-        report.suggested_policy = suggest_policy(request, report, runs)
-        report = verify_code_fixes(request, report)
-    return check_offered(request, report, runs)
+    request = check("audit", model, inputs, policy=policy, device=device, mode=mode, fake=fake)
+    return audited(request, parts[1] if parts is not None else None)
 
 
-__all__ = ["MODES", "AuditRequest", "audit", "preserved_state", "suggest_policy"]
+__all__ = ["MODES", "RunRequest", "audit", "preserved_state", "suggest_policy"]

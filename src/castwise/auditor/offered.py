@@ -19,11 +19,12 @@ from typing import Any
 from torch import nn
 
 from castwise.auditor.context import RunRecord
-from castwise.auditor.suggest import AuditRequest
+from castwise.auditor.session import run_request
 from castwise.errors import CastwiseError
 from castwise.policy import Policy
 from castwise.report import Finding, Report
 from castwise.rules.audit._text import is_ancestor
+from castwise.run import RunRequest
 
 _CLAUSE = re.compile(r"`((?:keep|out)\[[^\]`]+\]=\w+)`")
 
@@ -48,7 +49,7 @@ def _idle(rule: Any, model: nn.Module, ran: set[str]) -> str | None:
 class _Reaudit:
     """Re-audits of the user's audit with clauses added, at most ``budget`` of them."""
 
-    request: AuditRequest
+    request: RunRequest
     budget: int = 2
     done: dict[tuple[Any, ...], Report | None] = dataclasses.field(default_factory=dict)
 
@@ -68,13 +69,13 @@ class _Reaudit:
         req = self.request
         base = _base_policy(req.policy, _compute_dtype(req.model, req.policy))
         try:
-            again, _runs = req.under(base.with_rules(*rules)).run()
+            again, _runs = run_request(req.under(base.with_rules(*rules)))
         except CastwiseError:
             return None
         return again
 
 
-def check_offered(request: AuditRequest, report: Report, runs: list[RunRecord]) -> Report:
+def check_offered(request: RunRequest, report: Report, runs: list[RunRecord]) -> Report:
     """Each finding's offered clauses checked (``fix_verified`` in its JSON, a note in its fix
     text); returns the report, updated."""
     ran = {m for r in runs for m, *_ in r.trace.ops}

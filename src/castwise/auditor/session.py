@@ -4,7 +4,6 @@ run under the tracer, and the runs' records turned into a report by the rules.""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 from typing import Any
 
@@ -19,11 +18,12 @@ from castwise._dtypes import name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
 from castwise.auditor.findings import diags_of_run, eager_only, merge, phased_diags
-from castwise.errors import AuditError, CastwiseError, PolicyError
 from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
 from castwise.rules import audit as audit_rules
 from castwise.rules.audit import cw902
+from castwise.run import Inputs, RunRequest
+from castwise.run.request import AUDIT_MODES
 from castwise.trace import fake as fake_mod
 from castwise.trace import hop, simcuda
 from castwise.trace.compiled import CompiledProducer, run_compiled, warm_up
@@ -34,31 +34,7 @@ from castwise.trace.reuse import BlockReuse
 from castwise.trace.reuse import enabled as reuse_enabled
 from castwise.trace.tracer import Tracer, run
 
-MODES = ("both", "eval", "train")
-
-
-def _split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, tuple):
-        return inputs, {}
-    if isinstance(inputs, list):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
-def _parse_policy(policy: Any) -> Policy | None:
-    if policy is None:
-        return None
-    if isinstance(policy, (str, Policy)):
-        return Policy.parse(policy)
-    raise AuditError(f"policy must be a castwise.Policy, a policy string or None, not {type(policy).__name__}")
-
-
-def _model_device(model: nn.Module) -> str:
-    for t in (*model.parameters(), *model.buffers()):
-        return "cpu" if t.device.type == "meta" else t.device.type
-    return "cpu"
+MODES = AUDIT_MODES
 
 
 def dominant_dtype(model: nn.Module) -> torch.dtype:
@@ -82,52 +58,18 @@ def dominant_dtype(model: nn.Module) -> torch.dtype:
     return max(sizes, key=lambda d: (sizes[d], d == torch.float32)) if sizes else torch.float32
 
 
-def _input_names(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(model.forward).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
-    named = [(params[i] if i < len(params) else f"arg{i}", a) for i, a in enumerate(args)]
-    return named + list(kwargs.items())
-
-
-def _named_tensors(name: str, obj: Any) -> list[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        return [(name, obj)]
-    if isinstance(obj, (list, tuple)):
-        return [x for i, v in enumerate(obj) for x in _named_tensors(f"{name}[{i}]", v)]
-    if isinstance(obj, dict):
-        return [x for k, v in obj.items() for x in _named_tensors(f"{name}[{k!r}]", v)]
-    return []
-
-
 # -- one run ------------------------------------------------------------------------------------
 
 
 def _copies(
-    model: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    device: str,
-    fmode: FakeTensorMode | None,
-    memo: dict[int, torch.Tensor],
-) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any], list[tuple[str, Any]]]:
-    """The run's copy of the model, its inputs and the inputs' names: fake tensors on ``device``
-    made by ``fmode`` (``memo``: each real input's fake, by id), or real copies (``fmode`` None).
-    The user's objects are only read."""
-    named = _input_names(model, args, kwargs)
+    model: nn.Module, inputs: Inputs, device: str, fmode: FakeTensorMode | None, memo: dict[int, torch.Tensor]
+) -> tuple[nn.Module, Inputs]:
+    """The run's copy of the model and of its inputs: fake tensors on ``device`` made by ``fmode``
+    (``memo``: each real input's fake, by id), or real copies (``fmode`` None). The user's objects
+    are only read."""
     if fmode is None:
-        copy = fake_mod.real_model(model)
-        args, kwargs = fake_mod.real_inputs(args), fake_mod.real_inputs(kwargs)
-        return copy, args, kwargs, _input_names(copy, args, kwargs)
-    copy = fake_mod.fake_model(model, fmode, device)
-    args = fake_mod.fake_inputs(args, fmode, device, memo)
-    kwargs = fake_mod.fake_inputs(kwargs, fmode, device, memo)
-    return copy, args, kwargs, [(n, fake_mod.fake_inputs(v, fmode, device, memo)) for n, v in named]
+        return fake_mod.real_model(model), inputs.real()
+    return fake_mod.fake_model(model, fmode, device), inputs.fake(fmode, device, memo)
 
 
 def _run_once(
@@ -148,8 +90,7 @@ def _run_once(
     from castwise.applied import apply, iter_casts
 
     dev = devices.get(device)
-
-    args, kwargs = _split_inputs(inputs)
+    inputs = Inputs.of(inputs)  # parsed once per request: a no-op for the request's own
     with contextlib.ExitStack() as stack:
         fmode = None
         if fake:
@@ -158,7 +99,7 @@ def _run_once(
             stack.enter_context(simcuda.host_device_init())
             fmode = fake_mod.new_mode()
         memo: dict[int, torch.Tensor] = {}
-        copy, args, kwargs, named = _copies(model, args, kwargs, dev.fake_device, fmode, memo)
+        copy, ran = _copies(model, inputs, dev.fake_device, fmode, memo)
         result = RunRecord(mode, Trace(), compute, fake=fake, device=devices.get(device))
         # the run is defined by the policy alone, not by an autocast the caller happens to be in
         for device_type in _autocast.DEVICE_TYPES:
@@ -181,14 +122,14 @@ def _run_once(
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
-        named_tensors = [x for n, v in named for x in _named_tensors(n, v)]
+        named_tensors = ran.named(copy)
         _describe_copy(result, copy)
         if compiled is not None:  # the graphs torch.compile runs, not the eager program
             autocast = policy.compute_dtype if policy is not None and policy.is_mixed else None
             producer = CompiledProducer(copy, dev, autocast, record_ops)
             producer.seed_inputs(named_tensors)
             result.producer = producer
-            result.trace = run_compiled(producer, copy, args, kwargs, mode, compiled)
+            result.trace = run_compiled(producer, copy, ran.args, ran.kwargs, mode, compiled)
             return result
         chosen = observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)]
         # repeated blocks traced once (fake runs): its finish splices before the others read the trace
@@ -199,11 +140,9 @@ def _run_once(
         tracer.forced = forced  # branch sites answered True (the second run of a mode, trace/values.py)
         tracer.seed_inputs(named_tensors)
         if fmode is not None:
-            originals = _split_inputs(inputs)
-            real = [t for _n, t in _named_tensors("", originals)]
-            tracer.seed_values([(memo[id(t)], t) for t in real if id(t) in memo])
+            tracer.seed_values([(memo[id(t)], t) for t in inputs.tensors() if id(t) in memo])
         result.producer = tracer
-        result.trace = run(tracer, copy, args, kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
+        result.trace = run(tracer, copy, ran.args, ran.kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result
 
 
@@ -266,64 +205,6 @@ def _current_dtype(model: nn.Module, module: str, name: str) -> torch.dtype:
     m = model.get_submodule(module) if module else model
     t = getattr(m, name, None)
     return t.dtype if isinstance(t, torch.Tensor) else torch.float32
-
-
-def check_args(model: Any, policy: Any, device: Any, mode: Any, fake: Any) -> tuple[Policy | None, str]:
-    """The audit's arguments checked (clear errors naming the valid choices) and normalised."""
-    if not isinstance(model, nn.Module):
-        raise AuditError(f"audit needs a torch.nn.Module, got {type(model).__name__}")
-    if mode not in MODES:
-        raise AuditError(f"mode={mode!r} is not valid; valid: {', '.join(sorted(MODES))}")
-    if device is not None:
-        try:
-            devices.get(device)
-        except CastwiseError:
-            raise AuditError(
-                f"device={device!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
-            ) from None
-    from castwise.applied import applied_to
-
-    applied = applied_to(model)
-    if applied is not None:
-        # its forwards are wrapped by closures over this very object, which a copy would still call
-        raise AuditError(
-            f"{type(model).__name__} is under castwise.apply (policy {applied.policy}); audit the model as it "
-            f"was before applying, with policy='{applied.policy}', or call .remove() on the Applied first"
-        )
-    if not isinstance(fake, bool):
-        raise AuditError(f"fake={fake!r} is not valid; valid: False, True")
-    try:
-        pol = _parse_policy(policy)
-    except PolicyError as exc:
-        raise AuditError(f"policy: {exc}") from exc
-    where = str(device) if device is not None else _model_device(model)
-    try:
-        target = devices.get(where)
-    except CastwiseError:
-        raise AuditError(
-            f"the model is on {where!r}; castwise simulates {', '.join(devices.names())}: pass "
-            "device='cpu' or device='cuda'"
-        ) from None
-    _check_real(target, fake)
-    return pol, target.name
-
-
-def _check_real(target: devices.Device, fake: bool) -> None:
-    """A real-tensor audit runs this machine's kernels: only a device this machine is."""
-    if fake:
-        return
-    if target.kernels == "cuda" and not torch.cuda.is_available():
-        raise AuditError(
-            "a real-tensor audit (fake=False) runs on this machine, which has no CUDA device; "
-            f"audit device={target.name!r} with fake=True (the default)"
-        )
-    here = devices.other_cpu(target)
-    if here is not None and target.caps is not None:
-        raise AuditError(
-            f"a real-tensor audit (fake=False) runs this machine's CPU kernels ({here.describe()}), not those "
-            f"of {target.name} ({target.caps.describe()}); audit device={target.name!r} with fake=True "
-            "(the default), or device='cpu' for this machine"
-        )
 
 
 def _status(mode: str, findings: list[Finding], kind: str = "eager") -> RunStatus:
@@ -394,6 +275,7 @@ def run_audit(
     """Run every mode of the audit and build the report (no suggested policy yet). ``compiled``:
     the model is torch.compile'd with these options; each mode runs eagerly and compiled."""
     compute = policy.compute_dtype if policy is not None else dominant_dtype(model)
+    inputs = Inputs.of(inputs)  # once for every run below
     modes: list[Mode] = ["train", "eval"] if mode == "both" else [mode]  # type: ignore[list-item]
     if compiled is not None:
         warm_up()  # Dynamo's tables, built before the runs patch anything they key on
@@ -426,6 +308,12 @@ def run_audit(
         f"device {device}, policy {policy if policy is not None else 'none'})",
     )
     return report, runs
+
+
+def run_request(request: RunRequest, *, compiled: CompileOptions | None = None) -> tuple[Report, list[RunRecord]]:
+    """``run_audit`` of a checked request."""
+    r = request
+    return run_audit(r.model, r.inputs, r.policy, r.device, r.mode, r.fake, compiled=compiled)
 
 
 def compiled_summary(trace: Trace) -> dict[str, Any]:

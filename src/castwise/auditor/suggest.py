@@ -10,38 +10,17 @@ from torch import nn
 
 from castwise._dtypes import is_low
 from castwise.auditor.context import FixContext, RunRecord
+from castwise.auditor.session import dominant_dtype, run_request
 from castwise.errors import CastwiseError
 from castwise.policy import ModuleRule, Policy
 from castwise.report import Finding, Report
 from castwise.rules import audit as audit_rules
 from castwise.rules.audit._text import true_preset
+from castwise.run import RunRequest
 
 
 def _compute_dtype(model: nn.Module, policy: Policy | None) -> torch.dtype:
-    from castwise.auditor.session import dominant_dtype
-
     return policy.compute_dtype if policy is not None else dominant_dtype(model)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class AuditRequest:
-    """What one audit was asked (a checked policy and device name). A re-audit (a candidate
-    policy, an offered clause, a hook's code fix) asks the same with the policy changed."""
-
-    model: nn.Module
-    inputs: Any
-    policy: Policy | None
-    device: str
-    mode: str
-    fake: bool
-
-    def under(self, policy: Policy | None) -> AuditRequest:
-        return dataclasses.replace(self, policy=policy)
-
-    def run(self) -> tuple[Report, list[RunRecord]]:
-        from castwise.auditor.session import run_audit
-
-        return run_audit(self.model, self.inputs, self.policy, self.device, self.mode, self.fake)
 
 
 def _base_policy(policy: Policy | None, compute: torch.dtype) -> Policy:
@@ -84,7 +63,7 @@ def fixes(policy: Policy, findings: list[Finding], compute: torch.dtype, f64: fr
     return p
 
 
-def suggest_policy(request: AuditRequest, report: Report, runs: list[RunRecord], max_audits: int = 5) -> Policy | None:
+def suggest_policy(request: RunRequest, report: Report, runs: list[RunRecord], max_audits: int = 5) -> Policy | None:
     """A policy under which a re-audit finds no error, keeping the user's compute dtype.
 
     Candidates: the preset for the model's dtype (when it ran without a policy), then that with
@@ -115,7 +94,7 @@ def suggest_policy(request: AuditRequest, report: Report, runs: list[RunRecord],
         tried.add(str(candidate))
         audits += 1
         try:
-            again, again_runs = request.under(candidate).run()
+            again, again_runs = run_request(request.under(candidate))
         except CastwiseError:
             continue
         # a candidate whose run stops earlier than the user's (CW902) is not verified by it
@@ -163,7 +142,7 @@ def _hooks_to_cast_back(report: Report) -> frozenset[str]:
     )
 
 
-def verify_code_fixes(request: AuditRequest, report: Report) -> Report:
+def verify_code_fixes(request: RunRequest, report: Report) -> Report:
     """The hook findings' code fix (each hook's result cast back to the dtype it was given),
     simulated in a re-audit under the suggested policy (else the user's): when it finds no error,
     each such finding's ``code_fix`` says it was verified. Returns the report, updated."""
@@ -175,7 +154,7 @@ def verify_code_fixes(request: AuditRequest, report: Report) -> Report:
     under = report.suggested_policy if report.suggested_policy is not None else request.policy
     try:
         with casting_back(names):
-            again, _runs = request.under(under).run()
+            again, _runs = run_request(request.under(under))
     except CastwiseError:
         return report
     # a re-audit that stops earlier than the user's (CW902) does not verify it

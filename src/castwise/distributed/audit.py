@@ -20,7 +20,6 @@ FSDP1 (``FullyShardedDataParallel``), from its wrappers (fsdp1.py), with the sam
 
 from __future__ import annotations
 
-import contextvars
 import sys
 import types
 from collections import Counter
@@ -35,6 +34,7 @@ from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
 from castwise.report import Finding, Origin, Report
+from castwise.run import map_tensors, tensors_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -273,11 +273,6 @@ def _user_module(module: nn.Module) -> nn.Module:
 
 
 # unit name -> dtypes of its outputs before its output cast, while a distributed audit runs
-_COMPUTED: contextvars.ContextVar[dict[str, Counter[torch.dtype]] | None] = contextvars.ContextVar(
-    "castwise_fsdp2_computed", default=None
-)
-
-
 def _boundary(
     unit: str | None,
     inputs: torch.dtype | None,
@@ -285,11 +280,12 @@ def _boundary(
     saturate: bool,
     restore: bool = False,
     own: Callable[..., Any] | None = None,
+    seen: unit_runs.Seen | None = None,
 ) -> Callable[..., Any]:
     """A forward doing what FSDP2 does at a unit's boundary: floating inputs cast to the gather
     dtype (``cast_forward_inputs``), outputs to ``output_dtype`` (clamped first where castwise
     saturates an island's return to f16). It records what the unit computed, its output's dtype
-    before the cast, for the unit's record. Bound to the view's module, so deep copies rebind.
+    before the cast, in ``seen``. Bound to the view's module, so deep copies rebind (and share ``seen``).
     ``restore`` (FSDP1's modules run with mixed precision off): only positional inputs are cast,
     and the output goes back to the dtype of the last input that was cast. ``own``: the module's
     own forward function when one was set on the instance (Accelerate's, with its autocast),
@@ -312,10 +308,9 @@ def _boundary(
         out = (own or type(module).forward)(module, *args, **kwargs)
         if came_in is not None:
             out = cast_floating(out, came_in)
-        seen = _COMPUTED.get()
         first = _first_float(out) if seen is not None and unit is not None else None
         if first is not None and seen is not None and unit is not None:
-            seen.setdefault(unit, Counter())[first.dtype] += 1
+            seen.computed.setdefault(unit, Counter())[first.dtype] += 1
         if saturate:
             out = cast_floating(out, torch.float32)
             out = _clamp(out)
@@ -325,22 +320,14 @@ def _boundary(
 
 
 def _first_float(obj: Any) -> torch.Tensor | None:
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.is_floating_point() else None
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
-    for item in items:
-        found = _first_float(item)
-        if found is not None:
-            return found
-    return None
+    return next((t for t in tensors_of(obj) if t.is_floating_point()), None)
 
 
 def _clamp(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.clamp(-_F16_MAX, _F16_MAX) if obj.is_floating_point() and obj.dtype != torch.float16 else obj
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_clamp(x) for x in obj)
-    return obj
+    def clamp(t: torch.Tensor) -> torch.Tensor:
+        return t.clamp(-_F16_MAX, _F16_MAX) if t.is_floating_point() and t.dtype != torch.float16 else t
+
+    return map_tensors(obj, clamp)
 
 
 def build_view(
@@ -350,53 +337,43 @@ def build_view(
     output_rules: tuple[tuple[str, torch.dtype], ...] = (),
     wrapped: fsdp1.Wrapped | None = None,
     reshards: dict[str, bool | None] | None = None,
+    seen: unit_runs.Seen | None = None,
 ) -> nn.Module:
     """The unsharded model computing in the units' dtypes (see the module docstring); ``wrapped``:
-    what FSDP1's wrappers do, for a model wrapped by FSDP1."""
+    what FSDP1's wrappers do, for a model wrapped by FSDP1; ``seen``: what its runs record."""
     view = _view_module(fsdp1.unwrap(model) if wrapped is not None else model, gather, {}, "", wrapped)
     restore = wrapped.restore if wrapped is not None else frozenset()
     for u in records:  # every unit gets one: it also records what the unit computed
         module = view.get_submodule(u.name) if u.name else view
         own = module.__dict__.get("forward")
         own_func = own.__func__ if isinstance(own, types.MethodType) and own.__self__ is module else None
-        boundary = _boundary(u.name, u.inputs, u.output, u.saturate, u.name in restore, own_func)
+        boundary = _boundary(u.name, u.inputs, u.output, u.saturate, u.name in restore, own_func, seen)
         module.forward = types.MethodType(boundary, module)  # type: ignore[method-assign]
     for name, dtype in output_rules:
         module = view.get_submodule(name) if name else view
         if "forward" not in module.__dict__:
             module.forward = types.MethodType(_boundary(None, None, dtype, False), module)  # type: ignore[method-assign]
-    unit_runs.watch(view, records, reshards or {})
+    unit_runs.watch(view, records, reshards or {}, seen)
     return view
 
 
 # -- the audit ---------------------------------------------------------------------------------
 
 
-def audit_sharded(
-    model: nn.Module,
-    inputs: Any,
-    *,
-    policy: Policy | str | None = None,
-    device: str | None = None,
-    mode: str = "both",
-    fake: bool = True,
-    world_size: int | None = None,
-    units: list[str] | None = None,
-    verify: bool = True,
-) -> Report:
-    """Audit a distributed setup on fake tensors: ``model`` sharded by FSDP2 (its units are read
-    from its FSDP states; ``policy`` must be None or the policy it was sharded with), or an
-    unsharded ``model`` with the ``policy`` that ``castwise.fsdp2.fully_shard`` would apply
-    (its plan, ``units`` as there). ``world_size``: ranks the parameters are sharded over, for
-    the per-rank bytes (default: the sharded model's mesh size, else 1).
+@dataclass(frozen=True)
+class Sharded:
+    """A distributed setup ready to audit: its ``setup``, the ``view`` to audit, and what the
+    view's runs record in ``seen`` (each unit's compute dtype, modules run outside their unit)."""
 
-    Returns a ``Report`` with the findings of the computation the units do and
-    ``to_dict()["units"]``: per unit the dtypes it stores, gathers, computes, reduces and outputs in.
-    Its ``suggested_policy``, when there is one, is for ``castwise.fsdp2.fully_shard`` (a re-audit of
-    its plan finds no error); ``verify=False`` skips looking for one.
-    """
-    from castwise import audit  # the public entry point (the engine's modules may move)
+    setup: _Setup
+    view: nn.Module
+    seen: unit_runs.Seen
 
+
+def prepare(
+    model: nn.Module, policy: Policy | str | None, world_size: int | None, units: list[str] | None, fake: bool
+) -> Sharded:
+    """The view of ``model`` sharded (FSDP2, FSDP1) or planned under ``policy`` (see the module docstring)."""
     if not fake:
         raise AuditError(
             "a distributed audit runs on fake tensors (the sharded weights are on other ranks); "
@@ -407,34 +384,28 @@ def audit_sharded(
         if is_sharded(model)
         else _planned_setup(model, policy, units, world_size)
     )
-    plan, records, world, what = setup.plan, setup.records, setup.world, setup.what
-    view = build_view(model, records, setup.gather, setup.output_rules, setup.wrapped, setup.reshards)
-    token, outside_token = _COMPUTED.set({}), unit_runs.OUTSIDE.set({})
-    try:
-        report = audit(view, inputs, policy=None, device=device or _device_of(model), mode=mode, fake=True)
-        computed = _COMPUTED.get() or {}
-        outside = unit_runs.OUTSIDE.get() or {}
-    finally:
-        _COMPUTED.reset(token)
-        unit_runs.OUTSIDE.reset(outside_token)
-    # what each unit computed in, as the audit's runs saw it (a unit the run never reached: as planned)
-    records = [replace(u, compute=computed[u.name].most_common(1)[0][0]) if u.name in computed else u for u in records]
+    seen = unit_runs.Seen()
+    view = build_view(model, setup.records, setup.gather, setup.output_rules, setup.wrapped, setup.reshards, seen)
+    return Sharded(setup, view, seen)
+
+
+def finish(model: nn.Module, sharded: Sharded, report: Report) -> Report:
+    """The audit of the view as the distributed setup's: per-unit records as its runs saw them
+    (a unit they never reached: as planned), titles and runs naming the engine, unit findings."""
+    setup, computed = sharded.setup, sharded.seen.computed
+    records = [
+        replace(u, compute=computed[u.name].most_common(1)[0][0]) if u.name in computed else u for u in setup.records
+    ]
     torch_own = "torch FullyShardedDataParallel" if setup.wrapped is not None else "torch fully_shard"
-    shown = str(plan.policy) if plan is not None else torch_own
-    report.title = report.title.replace("policy none", f"{what}, policy {shown}")
+    shown = str(setup.plan.policy) if setup.plan is not None else torch_own
+    report.title = report.title.replace("policy none", f"{setup.what}, policy {shown}")
     engine = "fsdp1" if setup.wrapped is not None else "fsdp2"
     report.runs = [replace(r, policy=f"{engine}:{shown}") for r in report.runs]
-    found = report.suggested_policy
-    report.suggested_policy = None
-    if found is not None and plan is not None and verify:
-        report.suggested_policy = _sharded_suggestion(
-            view, inputs, plan.policy, found, device or _device_of(model), mode
-        )
-    report.extra["units"] = [_unit_dict(u, world) for u in records]
+    report.extra["units"] = [_unit_dict(u, setup.world) for u in records]
     if is_sharded(model):
         modes = tuple(dict.fromkeys(r.mode for r in report.runs))
         report.findings = [*mixed_unit_findings(model, modes), *report.findings]
-    report.findings = [*unit_runs.outside_findings(outside), *report.findings]
+    report.findings = [*unit_runs.outside_findings(sharded.seen.outside), *report.findings]
     return report
 
 
@@ -512,20 +483,14 @@ def _planned_setup(
     return _Setup(plan, records, gather, plan.output_rules, world, f"FSDP2 plan over {world} ranks")
 
 
-def _sharded_suggestion(
-    view: nn.Module, inputs: Any, policy: Policy, found: Policy, device: str, mode: str
-) -> Policy | None:
+def candidate(policy: Policy, found: Policy) -> Policy | None:
     """The sharding policy with the rules the audit of the view points at (the view's own
-    suggestion is for castwise.apply on a model already in the gathered dtypes), kept only when a
-    re-audit of its plan finds no error: a policy for ``castwise.fsdp2.fully_shard``."""
+    suggestion is for castwise.apply on a model already in the gathered dtypes); None: nothing new."""
     extra = [r for r in found.rules if r not in policy.rules]
-    candidate = policy.with_rules(*extra) if extra else policy
+    out = policy.with_rules(*extra) if extra else policy
     if not found.fastpath:
-        candidate = candidate.replace(fastpath=False)
-    if candidate == policy:
-        return None
-    again = audit_sharded(view, inputs, policy=candidate, device=device, mode=mode, verify=False)
-    return candidate if again.ok else None
+        out = out.replace(fastpath=False)
+    return None if out == policy else out
 
 
 def _unit_dict(u: UnitPlan, world: int) -> dict[str, Any]:
@@ -542,9 +507,3 @@ def _mesh_size(model: nn.Module) -> int:
         if mesh is not None:
             return int(mesh.size())
     return 1
-
-
-def _device_of(model: nn.Module) -> str:
-    for p in model.parameters():
-        return "cpu" if p.device.type == "meta" else p.device.type
-    return "cpu"

@@ -14,9 +14,12 @@ recomputation) is left alone: FSDP gathers there in its pre-backward hook.
 from __future__ import annotations
 
 import contextlib
-import contextvars
+from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
 
 from castwise.report import Finding, Origin
 from castwise.rules.audit._text import module_expr
@@ -26,10 +29,15 @@ if TYPE_CHECKING:
 
     from castwise.distributed.plan import UnitPlan
 
-# (module, unit) -> the modes it was called in, while a distributed audit runs
-OUTSIDE: contextvars.ContextVar[dict[tuple[str, str], set[str]] | None] = contextvars.ContextVar(
-    "castwise_fsdp_outside", default=None
-)
+
+@dataclass
+class Seen:
+    """What the runs of one view record, shared by every copy a run makes of it (the forwards and
+    hooks hold it in closures, which a deepcopy shares): unit -> the dtypes it computed in, and
+    (module, unit) -> the modes it was called in outside its unit's forward."""
+
+    computed: dict[str, Counter[torch.dtype]] = field(default_factory=dict)
+    outside: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
 
 class _Pass:
@@ -60,11 +68,11 @@ def unit_of(name: str, units: list[str]) -> str:
     return best
 
 
-def watch(view: nn.Module, records: list[UnitPlan], reshards: dict[str, bool | None]) -> None:
+def watch(view: nn.Module, records: list[UnitPlan], reshards: dict[str, bool | None], seen: Seen | None) -> None:
     """Every module a non-root unit owns (not those of units inside it) gets ``_check``.
     ``reshards``: a unit that keeps its parameters gathered after forward maps to False; one never
     sharded (FSDP1's NO_SHARD) to None, and is not watched; a unit not in it reshards."""
-    if not records:
+    if not records or seen is None:
         return
     names = [u.name for u in records if u.name and u.params]
     pass_ = _Pass()
@@ -80,7 +88,7 @@ def watch(view: nn.Module, records: list[UnitPlan], reshards: dict[str, bool | N
             if name != unit and unit_of(name, names) == unit:  # not those of a unit inside
                 module.__dict__["_castwise_unit"] = state
                 module.__dict__["_castwise_name"] = name
-                module.register_forward_pre_hook(_check)
+                module.register_forward_pre_hook(lambda m, args: _check(m, seen.outside))
     outer = records[-1].name  # innermost first: the root is last
     (view.get_submodule(outer) if outer else view).__dict__["_castwise_units"] = (pass_, states)
 
@@ -108,10 +116,9 @@ def unit_call(module: nn.Module) -> Iterator[None]:
             pass_.open = False
 
 
-def _check(module: nn.Module, args: Any) -> None:
+def _check(module: nn.Module, seen: dict[tuple[str, str], set[str]]) -> None:
     unit = module.__dict__.get("_castwise_unit")
-    seen = OUTSIDE.get()
-    if not isinstance(unit, _UnitRun) or seen is None or not unit.pass_.open or unit.active:
+    if not isinstance(unit, _UnitRun) or not unit.pass_.open or unit.active:
         return
     if unit.entered and not unit.reshards:
         return  # gathered by its forward earlier in this pass, and kept
@@ -148,4 +155,4 @@ def outside_findings(seen: dict[tuple[str, str], set[str]]) -> list[Finding]:
     return found
 
 
-__all__ = ["OUTSIDE", "outside_findings", "unit_call", "unit_of", "watch"]
+__all__ = ["Seen", "outside_findings", "unit_call", "unit_of", "watch"]

@@ -14,7 +14,6 @@ wrappers are removed when the script ends.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import runpy
 import sys
@@ -25,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise._autocast import DEVICE_TYPES
 from castwise.errors import RunStopped
 from castwise.integrations._steps import audit_or_skip, random_streams_kept
 from castwise.report import Report
+from castwise.run import Inputs, model_device
 
 __all__ = ["RunStopped", "Watcher", "ambient_policy", "run_script"]
 
@@ -79,16 +78,12 @@ class Watcher:
             torch.amp.GradScaler.__init__ = scaler_init  # type: ignore[method-assign]
 
     def _first_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        inputs = _inputs(module, args, kwargs)
-        if inputs is None or not any(isinstance(p, torch.Tensor) for p in module.parameters()):
-            return  # nothing a dtype audit could check: no parameters, or arguments it cannot pass
+        if not any(isinstance(p, torch.Tensor) for p in module.parameters()):
+            return  # nothing a dtype audit could check
         from castwise.auditor import audit
 
-        policy = (
-            self.policy
-            if self.policy is not None
-            else ambient_policy(_device_type(module, args, kwargs), scaled=self.scaled)
-        )
+        inputs = Inputs.called(args, kwargs)  # the call as the script made it
+        policy = self.policy if self.policy is not None else ambient_policy(model_device(module), scaled=self.scaled)
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
             with random_streams_kept():  # the script's random streams stay as they were
@@ -122,37 +117,6 @@ def ambient_policy(device_type: str, *, scaled: bool = False) -> str | None:
     if dtype == torch.float16:
         return "16-mixed,keep_in_fp32=off" + ("" if scaled else ",loss_scale=off")
     return None
-
-
-def _device_type(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    for t in (*module.parameters(), *args, *kwargs.values()):
-        if isinstance(t, torch.Tensor) and t.device.type in DEVICE_TYPES:
-            return t.device.type
-    return "cpu"
-
-
-def _inputs(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The call's arguments as ``audit`` takes them: a tuple, or a dict when keywords are used
-    (positional ones bound to their names); None when they cannot be passed that way."""
-    if not kwargs:
-        return args
-    if not args:
-        return dict(kwargs)
-    try:
-        bound = inspect.signature(module.forward).bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return None
-    out: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = bound.signature.parameters[name].kind
-        if kind == inspect.Parameter.VAR_KEYWORD:  # forward(x, **kwargs): passed on as keywords
-            out.update(value)
-        elif kind == inspect.Parameter.VAR_POSITIONAL:
-            if value:
-                return None  # extra positionals have no name to pass them by
-        else:
-            out[name] = value
-    return out
 
 
 def run_script(target: str, argv: list[str], watcher: Watcher | None, *, module: bool = False) -> int:

@@ -36,9 +36,10 @@ from castwise import _autocast
 from castwise._compiled import CompileOptions
 from castwise.numerics._compare_core import TOLERANCE_FACTOR, _pair_calls, _short, reference_run
 from castwise.numerics._compare_iso import err, unit_roundoff
-from castwise.numerics._compare_run import Call, Inputs, Recording, float_tensors, map_tensors, record
+from castwise.numerics._compare_run import Call, Recording, float_tensors, record
 from castwise.numerics._compare_target import Target, parse_target, prepared
 from castwise.numerics._failed import raised_in
+from castwise.run import Inputs, map_tensors
 
 # one kernel each: eager and Inductor round their result once, so alone they cannot diverge
 # past rounding (a divergence needs several ops, or a reduction split differently)
@@ -252,11 +253,12 @@ def _emulated(session: _Session, low: Recording, row: CompiledRow) -> CompiledRo
 def _without_cache(model: nn.Module, inputs: Inputs) -> Inputs:
     """Keyword inputs with ``use_cache=False`` where the model takes it (transformers decoders): a
     module run alone would otherwise be handed the cache object the whole eager run has filled."""
-    if not isinstance(inputs, dict) or "use_cache" in inputs:
+    inputs = Inputs.of(inputs)
+    if not inputs.kwargs or "use_cache" in inputs.kwargs:
         return inputs
     if "use_cache" not in inspect.signature(model.forward).parameters:
         return inputs
-    return {**inputs, "use_cache": False}
+    return Inputs.called(inputs.args, {**inputs.kwargs, "use_cache": False})
 
 
 def eager_run(target: Target) -> str:

@@ -10,11 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise.errors import CastwiseError
 from castwise.numerics._compare_iso import NO_ERR, Err, err, grad_err, isolated, sensitivity, unit_roundoff
 from castwise.numerics._compare_run import (
     Call,
-    Inputs,
     Recording,
     loss_of,
     loss_scale,
@@ -24,13 +22,13 @@ from castwise.numerics._compare_run import (
 )
 from castwise.numerics._compare_target import Target, prepared
 from castwise.numerics._failed import raised_in
+from castwise.run import Inputs
 
 # what rounding explains: a module that rounds its inputs, weights and output to a format with
 # unit roundoff u moves its output by about u (relative L2); ops that amplify rounding a little
 # (softmax of large logits, GELU near its zero) stay inside 4 u on the models measured
 # (benchmarks/bench_numerics_compare.py); planted sensitive modules sit orders of magnitude above
 TOLERANCE_FACTOR = 4.0
-MODES = ("eval", "train")
 
 
 @dataclass(frozen=True)
@@ -107,11 +105,6 @@ class Measurement:
 def reference_run(reference: Target) -> str:
     """How a reference run is named where it raised."""
     return f"the reference run ({reference})"
-
-
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise CastwiseError(f"mode={mode!r} is not valid; valid: {', '.join(sorted(MODES))}")
 
 
 def _pair_calls(ref: Recording, low: Recording) -> list[tuple[Call, Call]]:

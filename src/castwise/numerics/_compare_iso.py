@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 from castwise import _autocast
-from castwise.numerics._compare_run import Call, cast_like, float_tensors, map_tensors
+from castwise.numerics._compare_run import Call, cast_like, float_tensors
 from castwise.numerics._compare_target import UNIT_ROUNDOFF
+from castwise.run import map_tensors
 
 
 @dataclass(frozen=True)

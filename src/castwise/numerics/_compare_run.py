@@ -9,47 +9,23 @@ reference's inputs exactly as it ran inside the model.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from castwise import _autocast
-
-Inputs = Any  # a tensor, a tuple of positional args or a dict of keyword args
-
-
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``obj`` with every tensor replaced by ``fn(tensor)`` (tuples, lists, dicts, ModelOutputs)."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple):
-        items = [map_tensors(x, fn) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, list):
-        return [map_tensors(x, fn) for x in obj]
-    if isinstance(obj, dict):
-        new = type(obj)() if type(obj) is dict else obj.__class__(**{})
-        for key, value in obj.items():
-            new[key] = map_tensors(value, fn)
-        return new
-    return obj
+from castwise.run import Inputs, map_tensors, tensors_of
 
 
 def float_tensors(obj: Any) -> list[torch.Tensor]:
-    """The floating tensors of a nested structure, in a stable order."""
-    out: list[torch.Tensor] = []
-
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            out.append(t)
-        return t
-
-    map_tensors(obj, keep)
-    return out
+    """The floating tensors of a nested structure, in the tree's order."""
+    return [t for t in tensors_of(obj) if t.is_floating_point()]
 
 
 def _saturating_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,20 +41,18 @@ def _saturating_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def cast_like(obj: Any, like: Any) -> Any:
     """``obj``'s floating tensors cast to the dtypes of the tensors at the same place in ``like``
-    (same keys, same positions); where ``like`` has no tensor, ``obj``'s stays as it is."""
-    if isinstance(obj, torch.Tensor):
-        return _saturating_cast(obj, like.dtype) if isinstance(like, torch.Tensor) and like.is_floating_point() else obj
-    if isinstance(obj, (tuple, list)) and isinstance(like, (tuple, list)):
-        items = [cast_like(x, y) for x, y in zip(obj, like, strict=False)] + list(obj[len(like) :])
-        if isinstance(obj, list):
-            return items
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, dict) and isinstance(like, dict):
-        new = type(obj)() if type(obj) is dict else obj.__class__(**{})
-        for key, value in obj.items():
-            new[key] = cast_like(value, like.get(key))
-        return new
-    return obj
+    (the same leaf of the same tree); where ``like`` has no tensor, ``obj``'s stays as it is."""
+    leaves, spec = pytree.tree_flatten(obj)
+    likes = pytree.tree_leaves(like)[: len(leaves)]
+    return pytree.tree_unflatten(
+        [
+            _saturating_cast(x, y.dtype)
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and y.is_floating_point()
+            else x
+            for x, y in itertools.zip_longest(leaves, likes)
+        ],
+        spec,
+    )
 
 
 def _clone(obj: Any) -> Any:
@@ -109,12 +83,8 @@ class Recording:
     param_grads: dict[str, torch.Tensor]  # qualified parameter name -> gradient (float32)
 
 
-def call_model(model: nn.Module, inputs: Inputs) -> Any:
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    if isinstance(inputs, tuple):
-        return model(*inputs)
-    return model(inputs)
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    return Inputs.of(inputs).call(model)  # the one rule of what the inputs mean (castwise.run)
 
 
 def _loss_tensor(out: Any) -> torch.Tensor | None:

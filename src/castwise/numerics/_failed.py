@@ -13,10 +13,9 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from torch import nn
-
 from castwise.errors import CastwiseError
 from castwise.report import Finding, Report
+from castwise.run import RunRequest
 
 
 class RunRaised(CastwiseError):
@@ -40,15 +39,18 @@ def raised_in(run: str, policy: Any) -> Iterator[None]:
         raise RunRaised(run, policy, exc) from exc
 
 
-def _audit_errors(model: nn.Module, inputs: Any, policy: Any, device: str | None, mode: str) -> list[Finding]:
-    """The audit's error findings under ``policy``: fake tensors first (fast, any size), real
-    ones when the fake run saw nothing (a value-dependent failure)."""
-    from castwise.auditor.session import check_args, run_audit
+def _audit_errors(request: RunRequest, policy: Any) -> list[Finding]:
+    """The audit's error findings for ``request`` under ``policy`` (the run's that raised): fake
+    tensors first (fast, any size), real ones when the fake run saw nothing (a value-dependent
+    failure). The same parsed inputs: the audit calls the model as the numerics run did."""
+    from castwise.auditor.session import run_request
+    from castwise.run import check
 
+    r = request
     try:
-        pol, dev = check_args(model, policy, device, mode, True)
+        req = check("audit", r.model, r.inputs, policy=policy, device=r.device, mode=r.mode)
         for fake in (True, False):
-            report, _ = run_audit(model, inputs, pol, dev, mode, fake)
+            report, _ = run_request(dataclasses.replace(req, fake=fake))
             errors = [f for f in report.findings if f.level == "error"]
             if errors:
                 return errors
@@ -57,13 +59,11 @@ def _audit_errors(model: nn.Module, inputs: Any, policy: Any, device: str | None
     return []
 
 
-def diagnosed(
-    model: nn.Module, inputs: Any, raised: RunRaised, *, mode: str, device: str | None = None, audit: bool = True
-) -> list[Finding]:
-    """The findings for a run that raised: the audit's (module, origin, fix), each saying which
-    run raised; a CW130 with the exception's text where the audit finds no error itself (or
-    ``audit`` is False: the run was not ``model(inputs)``, e.g. a training step's replay)."""
-    errors = _audit_errors(model, inputs, raised.policy, device, mode) if audit else []
+def diagnosed(request: RunRequest, raised: RunRaised, *, audit: bool = True) -> list[Finding]:
+    """The findings for a run of ``request`` that raised: the audit's (module, origin, fix), each
+    saying which run raised; a CW130 with the exception's text where the audit finds no error
+    itself (or ``audit`` is False: the run was not ``model(inputs)``, e.g. a training step's replay)."""
+    errors = _audit_errors(request, raised.policy) if audit else []
     lead = f"{raised.run[0].upper()}{raised.run[1:]} raised here; the audit of it: "
     if errors:
         return [dataclasses.replace(f, message=lead + f.message) for f in errors]
@@ -71,20 +71,11 @@ def diagnosed(
     from castwise.trace.events import as_mode
 
     d = cw130.diagnose(module="", op=None, exc=raised.exc)
-    return [Finding(code=d.code, message=lead + d.message, module=None, modes=(as_mode(mode),), fix=d.fix)]
+    return [Finding(code=d.code, message=lead + d.message, module=None, modes=(as_mode(request.mode),), fix=d.fix)]
 
 
-def add_diagnosis(
-    report: Report,
-    model: nn.Module,
-    inputs: Any,
-    raised: RunRaised,
-    *,
-    mode: str,
-    device: str | None,
-    audit: bool = True,
-) -> Report:
+def add_diagnosis(report: Report, request: RunRequest, raised: RunRaised, *, audit: bool = True) -> Report:
     """``report`` (of a run that stopped where the model raised) with the audit's findings added
     first: what the user has to fix before any number of the run means much."""
-    report.findings[:0] = diagnosed(model, inputs, raised, mode=mode, device=device, audit=audit)
+    report.findings[:0] = diagnosed(request, raised, audit=audit)
     return report

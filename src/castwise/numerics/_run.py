@@ -11,90 +11,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from castwise import devices
-from castwise.errors import AuditError, CastwiseError, PolicyError
-from castwise.trace.fake import on_meta
+from castwise.errors import AuditError, CastwiseError
+from castwise.run import Inputs, RunRequest, check, model_device
+from castwise.run.request import RUN_MODES
 from castwise.trace.observers import Observer, flat_outputs
 from castwise.trace.tracer import Tracer, run
 
-MODES = ("eval", "train")
 
-
-def split_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, tuple) and not hasattr(inputs, "_fields"):
-        return inputs, {}
-    if isinstance(inputs, list):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
-def model_device(model: nn.Module) -> str:
-    for t in (*model.parameters(), *model.buffers()):
-        return t.device.type
-    return "cpu"
-
-
-def real_device(name: str) -> str:
-    """The torch device a real run on ``name`` (a registered device) uses; a CPU class other
-    than this machine's is refused (its kernels are not the ones that would run)."""
-    try:
-        target = devices.get(name)
-    except CastwiseError:
-        raise AuditError(
-            f"device={name!r} is not valid; valid: {', '.join(devices.names())} (or None: where the model is)"
-        ) from None
-    here = devices.other_cpu(target)
-    if here is not None:
-        raise AuditError(
-            f"device={name!r}: a real run uses this machine's CPU kernels ({here.describe()}); pass device='cpu'"
-        )
-    return target.fake_device
-
-
-def check_args(what: str, model: Any, policy: Any, device: Any, mode: Any, *, meta_ok: bool = False) -> tuple[Any, str]:
-    """The parsed policy (or None) and the device to run on; a CastwiseError on bad arguments
-    (``meta_ok``: a layerwise run materialises the model's meta-device weights itself)."""
-    if not isinstance(model, nn.Module):
-        raise AuditError(f"{what} needs a torch.nn.Module, got {type(model).__name__}")
-    if mode not in MODES:
-        raise AuditError(f"mode={mode!r} is not valid; valid: {', '.join(MODES)}")
-    dev = device if device is not None else model_device(model)
-    if meta_ok and dev == "meta":
-        dev = "cpu"  # where its weights are materialised
-    dev = real_device(str(dev))
-    if dev == "cuda" and not torch.cuda.is_available():
-        raise AuditError(f"{what} runs on real tensors and this machine has no CUDA device; pass device='cpu'")
-    if not meta_ok and on_meta(model):
-        raise AuditError(
-            f"{type(model).__name__} is on the meta device: {what} needs values; materialise it "
-            "first, pass a shrunk config, or run forecast(..., layerwise=True, weights=FILE)"
-        )
-    if policy is None:
-        return None, dev
-    from castwise.policy import Policy
-
-    if not isinstance(policy, (str, Policy)):
-        raise AuditError(f"policy must be a castwise.Policy, a policy string or None, not {type(policy).__name__}")
-    try:
-        return Policy.parse(policy), dev
-    except PolicyError as exc:
-        raise AuditError(f"policy: {exc}") from exc
-
-
-def real_inputs(obj: Any, device: str) -> Any:
-    """The inputs cloned (an in-place model must not change the caller's) on ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to(device, copy=True).requires_grad_(obj.requires_grad)
-    if isinstance(obj, tuple):
-        items = [real_inputs(x, device) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, list):
-        return [real_inputs(x, device) for x in obj]
-    if isinstance(obj, dict):
-        return {k: real_inputs(v, device) for k, v in obj.items()}
-    return obj
+def check_args(
+    what: str, model: Any, inputs: Any, policy: Any, device: Any, mode: Any, *, meta_ok: bool = False
+) -> RunRequest:
+    """A numerics entry's request: one mode, real tensors, the user's model as it is (under
+    ``castwise.apply`` too); ``meta_ok``: a layerwise run materialises meta weights itself."""
+    return check(
+        what,
+        model,
+        inputs,
+        policy=policy,
+        device=device,
+        mode=mode,
+        fake=False,
+        modes=RUN_MODES,
+        meta_ok=meta_ok,
+        applied_ok=True,
+    )
 
 
 class Capture(nn.Module):
@@ -152,19 +92,6 @@ def widened(model: nn.Module) -> Iterator[None]:
             t.data = data
 
 
-def widen_inputs(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor) and obj.dtype in (torch.float16, torch.bfloat16):
-        return obj.detach().float().requires_grad_(obj.requires_grad)  # the rerun is in float32
-    if isinstance(obj, tuple):
-        items = [widen_inputs(x) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, list):
-        return [widen_inputs(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: widen_inputs(v) for k, v in obj.items()}
-    return obj
-
-
 @dataclass(frozen=True)
 class RunResult:
     trace: Any
@@ -174,12 +101,11 @@ class RunResult:
 
 
 def traced(
-    model: nn.Module, wrapper: Capture, inputs: Any, mode: str, device: str, observers: Sequence[Observer]
+    model: nn.Module, wrapper: Capture, inputs: Inputs, mode: str, device: str, observers: Sequence[Observer]
 ) -> RunResult:
     """One run of ``wrapper`` (forward, and backward in train mode) under a real-tensor tracer."""
-    args, kwargs = split_inputs(inputs)
     tracer = Tracer(model, device, fake=False, record_ops=False, observers=observers)
-    trace = run(tracer, wrapper, args, kwargs, mode, engine_backward=True)
+    trace = run(tracer, wrapper, inputs.args, inputs.kwargs, mode, engine_backward=True)
     out = wrapper.__dict__["out"]
     wrapper.__dict__["out"] = None
     bad = any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in flat_outputs(out))
@@ -210,27 +136,11 @@ def on_device(model: nn.Module, policy: Any, device: str) -> tuple[nn.Module, An
         raise AuditError(f"policy {policy}: {exc}") from exc
 
 
-def nonfinite_state(model: nn.Module, inputs: Any) -> list[str]:
+def nonfinite_state(model: nn.Module, inputs: Inputs) -> list[str]:
     """Parameters, buffers and inputs that already hold NaN/Inf (no op made them)."""
-    bad = [
-        f"parameter {n}"
-        for n, p in model.named_parameters()
-        if p.is_floating_point() and not bool(torch.isfinite(p).all())
+    named = [
+        *(("parameter", n, p) for n, p in model.named_parameters()),
+        *(("buffer", n, b) for n, b in model.named_buffers()),
+        *(("input", n, t) for n, t in inputs.named(model)),
     ]
-    bad += [
-        f"buffer {n}" for n, b in model.named_buffers() if b.is_floating_point() and not bool(torch.isfinite(b).all())
-    ]
-
-    def walk(name: str, obj: Any) -> None:
-        if isinstance(obj, torch.Tensor):
-            if obj.is_floating_point() and not bool(torch.isfinite(obj).all()):
-                bad.append(f"input {name}")
-        elif isinstance(obj, (list, tuple)):
-            for i, x in enumerate(obj):
-                walk(f"{name}[{i}]", x)
-        elif isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(f"{name}[{k!r}]" if name else str(k), v)
-
-    walk("", inputs)
-    return bad
+    return [f"{kind} {n}" for kind, n, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]

@@ -13,7 +13,7 @@ so a healthy model under bf16-mixed reports nothing. Errors are relative L2 norm
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from castwise.errors import CastwiseError
@@ -21,16 +21,16 @@ from castwise.numerics._compare_core import (
     TOLERANCE_FACTOR,
     Measurement,
     ModuleNumerics,
-    check_mode,
     measure,
     reference_run,
 )
-from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import Target, parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
+from castwise.numerics._run import check_args
 from castwise.numerics.compare_compiled import CompiledComparisonReport, compare_compiled
 from castwise.numerics.rows import RowsReport, fmt_err, where
 from castwise.report import Finding, Run
+from castwise.run import RunRequest
 from castwise.trace.events import Mode, RunStatus
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
@@ -159,7 +159,7 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
 
 
 def compare(
-    model: Any, inputs: Inputs, *, policy: Any, reference: Any = "32-true", mode: str = "train"
+    model: Any, inputs: Any, *, policy: Any, reference: Any = "32-true", mode: str = "train"
 ) -> ComparisonReport | CompiledComparisonReport:
     """Per-module error of ``policy`` against ``reference`` on real tensors, added vs inherited.
 
@@ -175,21 +175,20 @@ def compare(
     from castwise._compiled import compiled_parts, uncompiled
     from castwise.auditor import preserved_state
 
-    check_mode(mode)
-    _check_model(model)
+    request = check_args("compare", model, inputs, None, None, mode)
     if isinstance(reference, str) and reference.strip().lower() == "eager":
-        return compare_compiled(model, inputs, policy=policy, mode=mode)
+        return compare_compiled(model, request.inputs, policy=policy, mode=mode)
     target, ref = parse_target(policy), parse_target(reference)
     # a compiled model: its policy's program is compared as the eager module it wraps (hooks on
     # modules inside a compiled graph would change what it fuses); the report says so
     was_compiled = compiled_parts(model) is not None
-    model = uncompiled(model)
-    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), "cpu")
+    request = replace(request, model=uncompiled(model))
+    device = request.torch_device
     try:
         with preserved_state():
-            m = measure(model, inputs, target, ref, mode)
+            m = measure(request.model, request.inputs, target, ref, mode)
     except RunRaised as raised:
-        report = raised_report(model, inputs, raised, target, ref, mode, device)
+        report = raised_report(request, raised, target, ref, device)
     else:
         report = report_of(m, target, ref, mode, device)
     report.summary["program"] = EAGER_OF_COMPILED if was_compiled else "eager"
@@ -197,11 +196,12 @@ def compare(
 
 
 def raised_report(
-    model: Any, inputs: Inputs, raised: RunRaised, target: Target, reference: Target, mode: str, device: str
+    request: RunRequest, raised: RunRaised, target: Target, reference: Target, device: str
 ) -> ComparisonReport:
     """The report of a comparison the model could not run: the audit's findings for the run that
     raised, no numbers."""
-    findings = diagnosed(model, inputs, raised, mode=mode)
+    findings = diagnosed(request, raised)
+    mode = request.mode
     ref_failed = raised.run == reference_run(reference)
     status: list[RunStatus] = ["error", "incomplete"] if ref_failed else ["ok", "error"]
     summary: dict[str, Any] = {
@@ -220,16 +220,6 @@ def raised_report(
     runs = [Run(_mode(mode), device, str(reference), status[0]), Run(_mode(mode), device, str(target), status[1])]
     title = f"castwise numerics --compare (real tensors, policy {target}, reference {reference})"
     return ComparisonReport(findings=findings, runs=runs, summary=summary, title=title)
-
-
-def _check_model(model: Any) -> None:
-    from torch import nn
-
-    if not isinstance(model, nn.Module):
-        raise CastwiseError(
-            f"compare needs a torch.nn.Module, got {type(model).__name__}; pass the model "
-            "and its inputs: compare(model, inputs, policy='bf16-mixed')"
-        )
 
 
 __all__ = ["ComparisonReport", "CompiledComparisonReport", "ModuleNumerics", "compare"]

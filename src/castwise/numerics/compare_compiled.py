@@ -10,11 +10,12 @@ from typing import Any
 from castwise.errors import CastwiseError
 from castwise.numerics._compare_compiled import CompiledMeasurement, CompiledRow, measure_compiled
 from castwise.numerics._compare_core import TOLERANCE_FACTOR
-from castwise.numerics._compare_run import Inputs
 from castwise.numerics._compare_target import parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
+from castwise.numerics._run import check_args
 from castwise.numerics.rows import RowsReport, fmt_err, where
 from castwise.report import Finding, Run
+from castwise.run import RunRequest
 from castwise.trace.events import Mode
 
 PROGRAM = "compiled (Inductor) against eager, both under the policy"
@@ -105,7 +106,7 @@ def report_compiled(m: CompiledMeasurement, policy: str, mode: str) -> CompiledC
     )
 
 
-def compare_compiled(model: Any, inputs: Inputs, *, policy: Any, mode: str = "train") -> CompiledComparisonReport:
+def compare_compiled(model: Any, inputs: Any, *, policy: Any, mode: str = "train") -> CompiledComparisonReport:
     """``model`` (a ``torch.compile``'d module) compiled against eager under ``policy``, per module.
 
     Forward only (under no_grad; ``mode`` sets train/eval behaviour of the copies' modules).
@@ -127,18 +128,19 @@ def compare_compiled(model: Any, inputs: Inputs, *, policy: Any, mode: str = "tr
             f"reference='eager' compiles the policy's program; emulated float8 ({target}) is not compiled. "
             "Valid: a policy without float8 (bf16-true, bf16-mixed, 16-true, 16-mixed, ...)"
         )
-    module = uncompiled(parts[0])
+    request = check_args("compare", uncompiled(parts[0]), inputs, None, None, mode)
     try:
         with preserved_state():
-            m = measure_compiled(module, parts[1], inputs, target, mode)
+            m = measure_compiled(request.model, parts[1], request.inputs, target, mode)
     except RunRaised as raised:  # the model's own error: the audit's diagnosis, no numbers
-        return _raised(module, inputs, raised, str(target), mode)
+        return _raised(request, raised, str(target))
     return report_compiled(m, str(target), mode)
 
 
-def _raised(model: Any, inputs: Inputs, raised: RunRaised, policy: str, mode: str) -> CompiledComparisonReport:
+def _raised(request: RunRequest, raised: RunRaised, policy: str) -> CompiledComparisonReport:
     """The report of a comparison whose eager or float32 run raised: the audit's findings for that
     run, the compiled program never run."""
+    mode = request.mode
     run_mode: Mode = "train" if mode == "train" else "eval"
     eager_failed = raised.run.startswith("the eager run")
     runs = [
@@ -155,7 +157,7 @@ def _raised(model: Any, inputs: Inputs, raised: RunRaised, policy: str, mode: st
         "compiles": 0,
     }
     return CompiledComparisonReport(
-        findings=diagnosed(model, inputs, raised, mode=mode),
+        findings=diagnosed(request, raised),
         runs=runs,
         summary=summary,
         title=f"castwise numerics --compare (real tensors, policy {policy}, compiled against eager)",

@@ -37,6 +37,7 @@ from castwise.numerics.rows import forecast_rows
 from castwise.policy import Policy
 from castwise.policy.float8 import Float8Recipe
 from castwise.report import Finding, Report, Run
+from castwise.run import Inputs
 from castwise.trace.events import as_mode
 from castwise.trace.fake import on_meta
 
@@ -404,7 +405,8 @@ def forecast(
     from castwise.numerics import layerwise as lw
 
     meta = on_meta(model) if isinstance(model, nn.Module) else False
-    pol, dev = _run.check_args("forecast", model, policy, device, mode, meta_ok=layerwise is not False)
+    request = _run.check_args("forecast", model, inputs, policy, device, mode, meta_ok=layerwise is not False)
+    pol, dev = request.policy, request.torch_device
     if layerwise is None:
         layerwise = meta or lw.too_large(model)
     if layerwise and not lw.blocks_of(model):
@@ -424,22 +426,22 @@ def forecast(
         run_model, applied = _run.on_device(model, pol, dev) if not meta else (model, None)
         try:
             with _run.kept_as_is(run_model):
-                report, error = _forecast(run_model, inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
+                report, error = _forecast(run_model, request.inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
         finally:
             if applied is not None:
                 applied.remove()
     if error is not None:
         raised = RunRaised(f"forecast's run (policy {pol if pol is not None else 'none'})", pol, error)
-        add_diagnosis(report, model, inputs, raised, mode=mode, device=dev)
+        add_diagnosis(report, request, raised)
     return report
 
 
 def _forecast(
-    model: nn.Module, inputs: Any, t: Target, policy: Any, mode: str, device: str, plan: Any
+    model: nn.Module, inputs: Inputs, t: Target, policy: Any, mode: str, device: str, plan: Any
 ) -> tuple[Report, BaseException | None]:
     from castwise.numerics import layerwise as lw
 
-    inputs = _run.real_inputs(inputs, device)
+    inputs = inputs.real(device)
     with torch.no_grad():
         fixed = {
             id(x): x.detach().abs().float().amax()

@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from castwise.distributed.plan import repeated_children
 from castwise.errors import AuditError
+from castwise.run import Inputs
 from castwise.trace.fake import on_meta
 from castwise.trace.observers import Observer, pick_loss
 from castwise.trace.tracer import Tracer
@@ -356,18 +357,15 @@ def too_large(model: nn.Module) -> bool:
 
 
 def run(
-    model: nn.Module, inputs: Any, mode: str, device: str, observer: Any, weights: Weights
+    model: nn.Module, inputs: Inputs, mode: str, device: str, observer: Any, weights: Weights
 ) -> tuple[BaseException | None, dict[str, Any]]:
     """The layerwise run of ``model`` under ``observer``: (the model's error or None, how it ran)."""
-    from castwise.numerics._run import split_inputs
-
     blocks = blocks_of(model)
     source = Source(model, weights)
     runner = Runner(model, blocks, source, device, lambda on: setattr(observer, "paused", on))
     saved = materialise_skeleton(model, blocks, source, device)
     try:
-        args, kwargs = split_inputs(inputs)
-        _out, error = run_layerwise(model, model, args, kwargs, mode, device, [observer], runner)
+        _out, error = run_layerwise(model, model, inputs.args, inputs.kwargs, mode, device, [observer], runner)
     finally:
         restore_skeleton(saved)
     lazy = [name for name, lazy in runner.lazy.items() if lazy]

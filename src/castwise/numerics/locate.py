@@ -26,6 +26,7 @@ from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
 from castwise.numerics.rows import locate_rows
 from castwise.report import Finding, Report, Run
+from castwise.run import Inputs, RunRequest
 from castwise.trace.events import as_mode
 
 _LOW = low_dtypes()
@@ -43,7 +44,7 @@ def _set_rng(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
 
 
 def _wide_rerun(
-    model: nn.Module, wrapper: _run.Capture, inputs: Any, mode: str, device: str, p: Producer
+    model: nn.Module, wrapper: _run.Capture, inputs: Inputs, mode: str, device: str, p: Producer
 ) -> bool | None:
     """The whole run again in float32, autocast off: is the producer's op finite there? None: the
     rerun did not run that op (another code path in float32) and made nothing non-finite either
@@ -55,7 +56,7 @@ def _wide_rerun(
     with contextlib.ExitStack() as stack, _run.widened(model):
         for d in DEVICE_TYPES:
             stack.enter_context(autocast(d, None, enabled=False))
-        result = _run.traced(model, wrapper, _run.widen_inputs(inputs), mode, device, [watcher, finder])
+        result = _run.traced(model, wrapper, inputs.widen(), mode, device, [watcher, finder])
     if finder.finite is not None:
         return finder.finite
     return watcher.best is None and not result.final_nonfinite
@@ -144,31 +145,30 @@ def _state_finding(bad: list[str], mode: str) -> Finding:
     )
 
 
-def locate_in(
-    model: nn.Module, inputs: Any, *, policy: Any, mode: str, device: str, fn: Callable[..., Any] | None = None
-) -> Report:
-    """locate_nonfinite on checked arguments; ``fn(model, *args, **kwargs)`` replaces the forward
+def locate_in(request: RunRequest, fn: Callable[..., Any] | None = None) -> Report:
+    """locate_nonfinite of a checked request; ``fn(model, *args, **kwargs)`` replaces the forward
     call (a training step's own loss). Global state is left as it was (castwise.auditor)."""
     from castwise.auditor import preserved_state
 
+    model, policy, mode, device = request.model, request.policy, request.mode, request.torch_device
     with preserved_state():
         target, applied = _run.on_device(model, policy, device)
         try:
             with _run.kept_as_is(target):
-                report, error = _locate(target, inputs, policy, mode, device, fn)
+                report, error = _locate(target, request.inputs, policy, mode, device, fn)
         finally:
             if applied is not None:
                 applied.remove()
     if error is not None:
         raised = RunRaised(f"locate's run (policy {policy if policy is not None else 'none'})", policy, error)
-        add_diagnosis(report, model, inputs, raised, mode=mode, device=device, audit=fn is None)
+        add_diagnosis(report, request, raised, audit=fn is None)
     return report
 
 
 def _locate(
-    model: nn.Module, inputs: Any, policy: Any, mode: str, device: str, fn: Callable[..., Any] | None
+    model: nn.Module, inputs: Inputs, policy: Any, mode: str, device: str, fn: Callable[..., Any] | None
 ) -> tuple[Report, BaseException | None]:
-    inputs = _run.real_inputs(inputs, device)
+    inputs = inputs.real(device)
     findings: list[Finding] = []
     bad = _run.nonfinite_state(model, inputs)
     rng = _rng()
@@ -247,5 +247,4 @@ def locate_nonfinite(
     ``mode``: "train" or "eval". The model, its gradients, buffers and the random state are left
     as they were.
     """
-    pol, dev = _run.check_args("locate_nonfinite", model, policy, device, mode)
-    return locate_in(model, inputs, policy=pol, mode=mode, device=dev)
+    return locate_in(_run.check_args("locate_nonfinite", model, inputs, policy, device, mode))

@@ -27,17 +27,18 @@ from castwise.errors import CastwiseError
 from castwise.numerics._compare_core import (
     Measurement,
     ModuleNumerics,
-    check_mode,
     loss_error,
     loss_only,
     measure,
     reference_run,
 )
 from castwise.numerics._compare_iso import err
-from castwise.numerics._compare_run import Inputs, call_model, projection, seed_all
+from castwise.numerics._compare_run import call_model, projection, seed_all
 from castwise.numerics._compare_target import Target, parse_target, prepared
 from castwise.numerics._failed import RunRaised, diagnosed, raised_in
+from castwise.numerics._run import check_args
 from castwise.report import Finding
+from castwise.run import Inputs
 
 METRICS = ("loss", "output")
 
@@ -281,8 +282,7 @@ def _prune(
     return kept, error
 
 
-def _check(budget: float, metric: str, mode: str) -> None:
-    check_mode(mode)
+def _check(budget: float, metric: str) -> None:
     if metric not in METRICS:
         raise CastwiseError(f"metric={metric!r} is not valid; valid: {', '.join(sorted(METRICS))}")
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0 < budget < math.inf):
@@ -294,7 +294,7 @@ def _check(budget: float, metric: str, mode: str) -> None:
 
 def tune(
     model: Any,
-    inputs: Inputs,
+    inputs: Any,
     *,
     policy: Any,
     budget: float,
@@ -315,15 +315,14 @@ def tune(
     """
     from castwise.auditor import preserved_state
 
-    _check(budget, metric, mode)
-    if not isinstance(model, nn.Module):
-        raise CastwiseError(f"tune needs a torch.nn.Module, got {type(model).__name__}")
+    _check(budget, metric)
+    request = check_args("tune", model, inputs, None, None, mode)
     target, ref = parse_target(policy), parse_target(reference)
     try:
         with preserved_state():
-            return _tune(model, inputs, target, ref, float(budget), metric, mode)
+            return _tune(model, request.inputs, target, ref, float(budget), metric, mode)
     except RunRaised as raised:
-        return Tuned.failed(diagnosed(model, inputs, raised, mode=mode), target, ref, float(budget), metric)
+        return Tuned.failed(diagnosed(request, raised), target, ref, float(budget), metric)
 
 
 def _tune(

@@ -178,8 +178,8 @@ class Watch:
         return report
 
     def _replay(self, step: _Step, replay: Callable[[nn.Module], Any] | None) -> Report:
-        from castwise.numerics._run import model_device
         from castwise.numerics.locate import locate_in
+        from castwise.run import Inputs, RunRequest, model_device
 
         now_rng = torch.get_rng_state()
         now_autocast = _autocast.AutocastState.capture()
@@ -189,19 +189,11 @@ class Watch:
             if step.cuda_rng is not None:
                 torch.cuda.set_rng_state_all(step.cuda_rng)
             step.autocast.restore()
-            if replay is not None:
-                fn: Callable[..., Any] = lambda m, *a, **k: replay(m)  # noqa: E731
-                report = locate_in(self.model, (), policy=None, mode="train", device=model_device(self.model), fn=fn)
-            else:
-                inputs: Any = step.kwargs if step.kwargs and not step.args else step.args
-                if step.args and step.kwargs:
-                    fn = lambda m, *a, **k: m(*step.args, **step.kwargs)  # noqa: E731
-                    inputs = ()
-                else:
-                    fn = None  # type: ignore[assignment]
-                report = locate_in(
-                    self.model, inputs, policy=None, mode="train", device=model_device(self.model), fn=fn
-                )
+            # the step's own call, as it was made (no rule of what a batch means applies)
+            inputs = Inputs.called(step.args, step.kwargs) if replay is None else Inputs.of(())
+            request = RunRequest(self.model, inputs, None, model_device(self.model), "train", False)
+            fn: Callable[..., Any] | None = None if replay is None else (lambda m, *a, **k: replay(m))
+            report = locate_in(request, fn)
         finally:
             self._replaying = False
             now_autocast.restore()

@@ -81,23 +81,14 @@ def copy_tensor_hooks(model: nn.Module, memo: dict[int, Any]) -> None:
             twin.register_hook(hook)
 
 
-def fake_inputs(obj: Any, mode: FakeTensorMode, device: str, memo: dict[int, torch.Tensor]) -> Any:
-    """The inputs with every tensor replaced by a fake one on ``device`` (shared tensors stay shared)."""
-    if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            fake = fake_like(mode, obj.detach(), device)
-            if obj.requires_grad:
-                fake.requires_grad_(True)
-            memo[id(obj)] = fake
-        return memo[id(obj)]
-    if isinstance(obj, tuple):
-        items = [fake_inputs(x, mode, device, memo) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, list):
-        return [fake_inputs(x, mode, device, memo) for x in obj]
-    if isinstance(obj, dict):
-        return {k: fake_inputs(v, mode, device, memo) for k, v in obj.items()}
-    return obj
+def fake_input(t: torch.Tensor, mode: FakeTensorMode, device: str, memo: dict[int, torch.Tensor]) -> torch.Tensor:
+    """One input tensor as a fake one on ``device`` (``memo``: shared tensors stay shared)."""
+    if id(t) not in memo:
+        fake = fake_like(mode, t.detach(), device)
+        if t.requires_grad:
+            fake.requires_grad_(True)
+        memo[id(t)] = fake
+    return memo[id(t)]
 
 
 def on_meta(module: nn.Module) -> bool:
@@ -122,20 +113,6 @@ def real_model(model: nn.Module) -> nn.Module:
         ) from exc
     copy_tensor_hooks(model, memo)
     return copied
-
-
-def real_inputs(obj: Any) -> Any:
-    """Inputs for a real audit: tensors cloned, so an in-place model cannot change the caller's."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone().requires_grad_(obj.requires_grad)
-    if isinstance(obj, tuple):
-        items = [real_inputs(x) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, list):
-        return [real_inputs(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: real_inputs(v) for k, v in obj.items()}
-    return obj
 
 
 @contextlib.contextmanager

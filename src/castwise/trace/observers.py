@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+import torch.utils._pytree as pytree
 
 from castwise._dtypes import LOW as _LOW_NAMES
 from castwise._dtypes import name_of
@@ -150,19 +151,11 @@ def needs_provenance(observers: Sequence[Observer] | None) -> bool:
     return not observers or any("provenance" in o.needs for o in observers)
 
 
-def flat_outputs(obj: Any, depth: int = 0) -> list[torch.Tensor]:
-    """Tensors in a module's output (tensors, tuples, lists, dicts, ModelOutputs)."""
+def flat_outputs(obj: Any) -> list[torch.Tensor]:
+    """Tensors in a module's output, by torch's pytree (tuples, lists, dicts, ModelOutputs)."""
     if isinstance(obj, torch.Tensor):
         return [obj]
-    if depth > 4:
-        return []
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in flat_outputs(x, depth + 1)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in flat_outputs(x, depth + 1)]
-    if hasattr(obj, "to_tuple"):
-        return flat_outputs(obj.to_tuple(), depth + 1)
-    return []
+    return [x for x in pytree.tree_leaves(obj) if isinstance(x, torch.Tensor)]
 
 
 def pick_loss(out: Any) -> torch.Tensor | None:

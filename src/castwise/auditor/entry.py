@@ -1,0 +1,64 @@
+"""The audit of a checked request, and of a distributed setup: castwise.distributed.audit builds
+the view of the sharded (or planned) model and reads its units; the view is audited as any request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from castwise._compiled import CompileOptions
+from castwise.auditor.offered import check_offered
+from castwise.auditor.session import run_request
+from castwise.auditor.suggest import suggest_policy, verify_code_fixes
+from castwise.distributed.audit import candidate, finish, prepare
+from castwise.policy import Policy
+from castwise.report import Report
+from castwise.run import RunRequest, check, model_device
+
+
+def audited(request: RunRequest, compiled: CompileOptions | None = None) -> Report:
+    """The audit of a checked request: its runs, and where they found an error the suggested
+    policy and the fixes offered, each verified by a re-audit."""
+    report, runs = run_request(request, compiled=compiled)
+    if report.errors:  # an incomplete run alone has nothing for a policy to fix
+        report.suggested_policy = suggest_policy(request, report, runs)
+        report = verify_code_fixes(request, report)
+    return check_offered(request, report, runs)
+
+
+def audit_sharded(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    policy: Policy | str | None = None,
+    device: str | None = None,
+    mode: str = "both",
+    fake: bool = True,
+    world_size: int | None = None,
+    units: list[str] | None = None,
+    verify: bool = True,
+) -> Report:
+    """Audit a distributed setup on fake tensors: ``model`` sharded by FSDP2 (its units are read
+    from its FSDP states; ``policy`` must be None or the policy it was sharded with), or an
+    unsharded ``model`` with the ``policy`` that ``castwise.fsdp2.fully_shard`` would apply
+    (its plan, ``units`` as there). ``world_size``: ranks the parameters are sharded over, for
+    the per-rank bytes (default: the sharded model's mesh size, else 1).
+
+    Returns a ``Report`` with the findings of the computation the units do and
+    ``to_dict()["units"]``: per unit the dtypes it stores, gathers, computes, reduces and outputs in.
+    Its ``suggested_policy``, when there is one, is for ``castwise.fsdp2.fully_shard`` (a re-audit of
+    its plan finds no error); ``verify=False`` skips looking for one.
+    """
+    sharded = prepare(model, policy, world_size, units, fake)
+    request = check("audit", sharded.view, inputs, device=device or model_device(model), mode=mode)
+    report = finish(model, sharded, audited(request))
+    found, report.suggested_policy = report.suggested_policy, None
+    plan = sharded.setup.plan
+    again = candidate(plan.policy, found) if found is not None and plan is not None and verify else None
+    if again is not None:  # kept when a re-audit of its plan finds no error
+        verified = audit_sharded(
+            sharded.view, request.inputs, policy=again, device=request.device, mode=mode, verify=False
+        )
+        report.suggested_policy = again if verified.ok else None
+    return report
