@@ -4,6 +4,7 @@ precedence order, the model's own error, merged across modes and repeated blocks
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import re
 from typing import Any
 
@@ -50,7 +51,7 @@ _SCALAR_NAMES = {
 }
 _CUDA_RUNTIME = re.compile(
     r"nvidia driver|cuda driver|cuda error|torch not compiled with cuda|no cuda gpus|cudaerror|"
-    r"cuda runtime|cuda_visible_devices|cudnn",
+    r"cuda runtime|cuda_visible_devices|cudnn|hasprimarycontext",  # the C++ autograd engine's context check
     re.IGNORECASE,
 )
 _FAKE_LIMITS = frozenset(
@@ -178,13 +179,47 @@ def _region_off(stack: list[Any], dtypes: tuple[torch.dtype, ...]) -> str | None
     return str(stack[deepest].name) if autocast_layer and len(floats) > 1 and torch.float64 not in floats else None
 
 
-def _raised_in_python(r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None) -> Diag:
+_DTYPE_READ = re.compile(r"([A-Za-z_][\w.]*)\.dtype\b")
+
+
+def _dtype_reads(exc: BaseException) -> tuple[str, list[torch.Tensor]] | None:
+    """The raising line and the tensors whose ``.dtype`` it reads (a model's own ``assert q.dtype
+    == k.dtype``), resolved in the frame that raised; None when that line reads no dtype."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    frame = tb.tb_frame
+    line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno).strip()
+    names = _DTYPE_READ.findall(line)
+    if not names:
+        return None
+    found: list[torch.Tensor] = []
+    for dotted in dict.fromkeys(names):
+        head, *attrs = dotted.split(".")
+        value = frame.f_locals.get(head)
+        try:
+            for attr in attrs:
+                value = getattr(value, attr)
+        except Exception:  # a property that raises without the run around it: not readable here
+            continue
+        if isinstance(value, torch.Tensor) and all(value is not t for t in found):
+            found.append(value)
+    return (line, found) if found else None  # a dtype read off no tensor (a config's): not this case
+
+
+def _raised_in_python(
+    r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None, read: list[torch.Tensor] | None
+) -> Diag:
     """Code raised on dtypes before any op dispatched (a strict layer's own check, sdpa's q/k/v
-    check): the last operands made in the module if they mix dtypes, else its inputs and weights."""
+    check, the model's own dtype assert): the tensors whose dtypes the raising line reads (no
+    provenance for them: no origin, rather than an unrelated weight), else the last operands made
+    in the module if they mix dtypes, else its inputs and weights."""
     trace = r.trace
     frame = trace.stack[-1] if trace.stack else None
     prov_of = r.producer.prov_of if r.producer is not None else (lambda t: None)
-    recent = _recent_operands(r, module)
+    recent = read or _recent_operands(r, module)
     own = {} if recent else r.module_params.get(module, {})
     tensors = recent or ([t for t in frame.inputs if t.is_floating_point()] if frame else [])
     made = [t for m, t in r.producer.recent if m == module][-1:] if r.producer is not None and not recent else []
@@ -234,7 +269,9 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     bad = unsupported if isinstance(unsupported, torch.dtype) else None
     simulated_cuda = r.fake and r.device is not None and r.device.kernels == "cuda"
     cuda_limit = simulated_cuda and _cuda_runtime_error(exc)
-    if r.fake and (_fake_limit(exc) or cuda_limit) and kind is None:
+    # torch.compile inside the model (flex_attention's wrapper) refuses the tracer's own dispatch mode
+    own_mode = "non-infra torch dispatch mode present" in str(exc)
+    if ((r.fake and (_fake_limit(exc) or cuda_limit)) or own_mode) and kind is None:
         return cw902.diagnose(
             module=fail.module if fail else module,
             op=fail.op if fail else None,
@@ -242,6 +279,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
             cuda_limit=cuda_limit,
             data_dependent=_data_dependent(exc),
             simulated_cuda=simulated_cuda,
+            own_mode=own_mode,
         )
     dtype_error = kind is not None or is_dtype_error(exc)
     if dtype_error and fail is not None and r.fake and fail.op.startswith("aten."):
@@ -275,8 +313,11 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
             disabled_by=fail.disabled_by,
             region_module=r.submodule(fail.disabled_by),
         )
-    if dtype_error:
-        return _raised_in_python(r, module, kind, text, bad)
+    line_read = _dtype_reads(exc) if fail is None else None
+    if dtype_error or line_read is not None:
+        if line_read is not None and not str(exc):
+            text = f"{type(exc).__name__}: {line_read[0]}"  # a bare assert: its line says what failed
+        return _raised_in_python(r, module, kind, text, bad, line_read[1] if line_read else None)
     if r.fake and r.trace.sizes:
         # the run went on with assumed values (CW903): what they lead to need not happen for real
         return cw902.diagnose(

@@ -101,9 +101,17 @@ _ADD = torch.ops.aten.add.Tensor  # nn.Linear's bias add on its matmul path (see
 _OWN_TYPES = frozenset({FakeTensor, torch.Tensor})
 
 
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
 def _foreign(types: Sequence[type]) -> bool:
-    """Whether an op's overloaded types include a tensor subclass other than the fake run's own."""
-    return not _OWN_TYPES.issuperset(types)
+    """Whether an op's overloaded types include a tensor subclass other than the fake run's own.
+
+    A subclass without its own ``__torch_dispatch__`` (nn.Parameter, whose ``.data`` reaches the
+    mode as ``detach`` with the Parameter's type) is a plain tensor to the dispatcher: ours to run."""
+    if _OWN_TYPES.issuperset(types):
+        return False
+    return any(t not in _OWN_TYPES and getattr(t, "__torch_dispatch__", None) is not _PLAIN_DISPATCH for t in types)
 
 
 class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]

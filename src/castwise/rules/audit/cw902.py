@@ -32,6 +32,7 @@ def diagnose(
     data_dependent: bool,
     simulated_cuda: bool,
     assumed: bool = False,
+    own_mode: bool = False,
 ) -> Diag:
     """The fake run stopped at ``op`` in ``module`` for a reason of the simulation, not the model
     (``assumed``: after it took values fake tensors do not have as assumed, CW903)."""
@@ -40,6 +41,11 @@ def diagnose(
         why = (
             f"it raised {text} after the run assumed values fake tensors do not have (listed in CW903): "
             "with the real values it may not, so it is not reported as an error in the model"
+        )
+    elif own_mode:
+        why = (
+            f"the model's own torch.compile (flex_attention's) refuses to run under castwise's tracer ({text}): "
+            "a limit of the audit, not an error in the model"
         )
     elif cuda_limit:
         why = (
@@ -58,8 +64,8 @@ def diagnose(
         module,
         op,
         None,
-        f"PART OF THE MODEL WAS NOT CHECKED. The fake-tensor run stopped {where_}: {why}. No op after it "
-        "was checked, so this report cannot say the rest is free of dtype errors.",
+        f"PART OF THE MODEL WAS NOT CHECKED. The {'' if own_mode else 'fake-tensor '}run stopped {where_}: {why}. "
+        "No op after it was checked, so this report cannot say the rest is free of dtype errors.",
         "Check the rest on real tensors: `castwise audit <file.py:build> --real` (`fake=False` in "
         "castwise.audit) on a small configuration of the model (real CPU tensors, same policy)"
         + (" with device='cpu'" if simulated_cuda else "")
