@@ -102,7 +102,7 @@ def _check(name: str, width: int, text: str) -> None:
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_audit_report_matches_golden(name: str, width: int) -> None:
-    from castwise.report.text import render_report
+    from castwise.report import render_report
 
     report = _report(name)
     if width == 100:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from castwise.report import Finding, Report
-from castwise.report.text import render_finding, render_report
+from castwise.report import Finding, Report, render_finding, render_report
 
 POLICY = "bf16-mixed,keep[_orig_mod.transformer.h.*.ln_2]=f32,keep[_orig_mod.lm_head]=f32"
 CALL = "castwise.apply(model, castwise.Policy.parse(...))"

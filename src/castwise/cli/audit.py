@@ -91,7 +91,7 @@ def audit(
 
             with progress(f"auditing {target} on {'real' if real else 'fake'} tensors"):
                 report = run_audit(model, inputs, policy=policy, device=device, mode=mode, fake=not real)
-        from castwise.report.text import render_report
+        from castwise.report import render_report
 
         if html_path is not None:
             from castwise.report.html import write_html

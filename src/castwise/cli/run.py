@@ -35,8 +35,7 @@ def run(
     castwise's lines go to stderr; the script's stdout is left as it is. The exit code is the
     script's own, or 1 when it exited 0 and an audit found an error."""
     from castwise.integrations.run import RunStopped, Watcher, run_script
-    from castwise.report import Report
-    from castwise.report.text import render_report
+    from castwise.report import Report, render_report
 
     if json_path == "-":
         error("castwise run --json needs a file: the script's stdout is the script's own")

@@ -319,7 +319,7 @@ def _pack(units: list[str], head: str, width: int) -> list[str]:
 def render(report: Report, width: int = 100) -> str:
     """The report as `castwise lint-config` prints it: findings, then the precision model, at
     ``width`` columns (each setting's source wraps under the "from" column)."""
-    from castwise.report.text import render_report
+    from castwise.report import render_report
 
     text = render_report(report, width)
     precision: Any = report.summary.get("precision")

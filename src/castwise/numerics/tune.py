@@ -125,7 +125,7 @@ class Tuned:
         return json.dumps(self.to_dict(), indent=2)
 
     def __str__(self) -> str:
-        from castwise.report.text import render_finding
+        from castwise.report import render_finding
 
         if self.raised:
             head = f"castwise numerics --tune: nothing searched, the model raised (policy {self.policy})"
