@@ -127,7 +127,8 @@ def _compiled(
     producer.seed_inputs([("x", fx)])
     if CompileOptions(backend=backend).inductor:  # the graphs Inductor lowers: casts decomposed
         producer.decompositions = select_decomp_table()
-    compiled = torch.compile(copy, backend=producer.backend)
+    # torch.compile itself: Lightning Fabric, once imported, wraps it and deep-copies the backend
+    compiled = inspect.unwrap(torch.compile)(copy, backend=producer.backend)
     outs: Any = ()
     with fmode, torch.no_grad(), _autocast.autocast("cpu", autocast) if autocast is not None else nullcontext():
         outs = compiled(fx)

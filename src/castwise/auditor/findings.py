@@ -249,6 +249,19 @@ def _raised_in_python(
     )
 
 
+def _fake_kernel_refused(fail: Event, text: str, simulated_cuda: bool) -> Diag:
+    """torch's fake kernel refused dtypes the contract table does not say the real kernel refuses
+    (it would have flagged the op before it ran): "Real error" only where the table says so."""
+    return cw902.diagnose(
+        module=fail.module,
+        op=fail.op,
+        text=f"torch's fake kernel refused: {text}; the contract table does not predict this error for the real kernel",
+        cuda_limit=False,
+        data_dependent=False,
+        simulated_cuda=simulated_cuda,
+    )
+
+
 def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     """The finding for what the model raised (None: already reported as a predicted violation)."""
     trace, fail = r.trace, r.trace.failure
@@ -283,17 +296,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
         )
     dtype_error = kind is not None or is_dtype_error(exc)
     if dtype_error and fail is not None and r.fake and fail.op.startswith("aten."):
-        # torch's fake kernel refused dtypes the contract table does not say the real kernel refuses
-        # (it would have flagged the op before it ran): "Real error" only where the table says so
-        return cw902.diagnose(
-            module=fail.module,
-            op=fail.op,
-            text=f"torch's fake kernel refused: {text}; the "
-            "contract table does not predict this error for the real kernel",
-            cuda_limit=False,
-            data_dependent=False,
-            simulated_cuda=simulated_cuda,
-        )
+        return _fake_kernel_refused(fail, text, simulated_cuda)
     if dtype_error and fail is not None:
         # an op raised on dtypes (a custom op's own check, a kernel in a real run)
         return classify(
