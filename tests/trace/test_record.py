@@ -8,16 +8,16 @@ from pathlib import Path
 
 import grimp
 import torch
-import transformers
 
 import castwise
 from castwise.auditor.session import run_audit
 from castwise.policy import Policy
-from castwise.trace import reuse
 from castwise.trace.events import Event, Prov
 from castwise.trace.observers import ActivationBytesObserver, ContractObserver, Observer, UpcastObserver
 from castwise.trace.record import Recorder
 from tests.test_layout import _cycles
+from tests.trace.test_reuse import _ids, _llama
+from tests.trace.test_reuse import _reused as reused_blocks
 
 BF16 = torch.bfloat16
 
@@ -83,21 +83,9 @@ class _Splicing(_Counter):
 
 
 def _reused(observer: Observer) -> dict[str, str]:
-    cfg = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg)
-    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
     observers = [ContractObserver(), UpcastObserver(), ActivationBytesObserver(), observer]
-    _report, runs = run_audit(model, ids, Policy.parse("bf16-mixed"), "cuda", "eval", True, observers=observers)
-    found = [o for o in runs[0].producer.observers if isinstance(o, reuse.BlockReuse)]
-    return found[0].reused
+    _report, runs = run_audit(_llama(3), _ids(), Policy.parse("bf16-mixed"), "cuda", "eval", True, observers=observers)
+    return reused_blocks(runs)
 
 
 def test_block_reuse_follows_what_each_observer_declares() -> None:
