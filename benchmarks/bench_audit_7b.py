@@ -88,7 +88,7 @@ def bare(model: torch.nn.Module, ids: torch.Tensor) -> float:
                     out = copy(input_ids=fids)
                 loss = out.logits.float().sum()
                 walker = Tracer(torch.nn.Module(), "cuda", fake=True, record_ops=False)
-                python_backward(walker, [loss], [None])
+                python_backward(walker.at, [loss], [None])
             else:
                 copy.eval()
                 with torch.no_grad(), _autocast.autocast("cuda", torch.bfloat16):

@@ -38,8 +38,7 @@ def bare(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
 
 def traced(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
     for mode in ("train", "eval"):
-        tracer = Tracer(model, "cpu", fake=False)
-        tracer.seed_inputs([(f"arg{i}", t) for i, t in enumerate(inputs)])
+        tracer = Tracer(model, "cpu", fake=False, inputs=[(f"arg{i}", t) for i, t in enumerate(inputs)])
         trace = run(tracer, model, inputs, {}, mode, engine_backward=True)
         assert trace.error is None, trace.error
 

@@ -109,3 +109,55 @@ def test_ci_runs_exactly_the_readmes_test_command() -> None:
     command = next(line for line in test_block.splitlines() if line and not line.startswith("#"))
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert command in ci, f".ci/run must call the README's test command as written: {command}"
+
+
+# the eager producer (trace/tracer.py) is read through its parts (attribution, values, recorder:
+# one ``Run``), never its own attributes: what may be imported of it, and nothing else
+_PRODUCER = "castwise.trace.tracer"
+_PRODUCER_API = frozenset({"Tracer", "run", "traced"})
+
+
+def _producer_reads(tree: ast.Module) -> list[str]:
+    """Where a module reads an attribute of a ``Tracer`` it made or was given, or imports more of
+    the eager producer than its entry points."""
+    found = [
+        f"imports {a.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == _PRODUCER
+        for a in node.names
+        if a.name not in _PRODUCER_API
+    ]
+    held: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            if isinstance(func, ast.Name) and func.id == "Tracer":
+                held.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.arg) and node.annotation is not None and "Tracer" in ast.unparse(node.annotation):
+            held.add(node.arg)
+    found += [
+        f"line {node.lineno}: {node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in held
+    ]
+    return found
+
+
+def test_no_module_but_the_eager_producer_reads_the_tracer() -> None:
+    reads = {}
+    for path in _sources():
+        if path == SRC / "trace" / "tracer.py":
+            continue
+        found = _producer_reads(ast.parse(path.read_text()))
+        if found:
+            reads[str(path.relative_to(SRC))] = found
+    assert not reads, reads
+
+
+def test_the_producer_check_finds_a_read() -> None:
+    made = "t = Tracer(m, 'cpu', fake=True)\nt.at.phase\n"
+    given = "def f(t: Tracer) -> None:\n    t.recorder.trace\n"
+    assert _producer_reads(ast.parse(made)) == ["line 2: t.at"]
+    assert _producer_reads(ast.parse(given)) == ["line 2: t.recorder"]
+    assert _producer_reads(ast.parse("from castwise.trace.tracer import _flat_tensors\n")) == ["imports _flat_tensors"]
+    assert _producer_reads(ast.parse("t = Tracer(m, 'cpu', fake=True)\nrun(t, m, (), {}, 'eval')\n")) == []

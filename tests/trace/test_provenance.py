@@ -24,7 +24,7 @@ from castwise.trace import fake as fake_mod
 from castwise.trace import provenance
 from castwise.trace.compiled import CompiledProducer, warm_up
 from castwise.trace.events import Event, Prov
-from castwise.trace.tracer import Tracer
+from castwise.trace.tracer import Tracer, traced
 
 BF16 = torch.bfloat16
 
@@ -105,13 +105,12 @@ def _eager(model: nn.Module, x: torch.Tensor, autocast: torch.dtype | None) -> t
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, "cpu")
     fx = fake_mod.fake_input(x, fmode, "cpu", {})
-    tracer = Tracer(copy, "cpu", fake=True)
-    tracer.seed_inputs([("x", fx)])
-    tracer.root_autocast = autocast
+    tracer = Tracer(copy, "cpu", fake=True, inputs=[("x", fx)])
+    tracer.at.root_autocast = autocast
     outs: Any = ()
     autocasting = _autocast.autocast("cpu", autocast) if autocast is not None else nullcontext()
     # a refused op raises: its event holds what is compared
-    with fmode, tracer.running(), tracer.hooks(), tracer, torch.no_grad(), autocasting, suppress(RuntimeError):
+    with fmode, traced(tracer), torch.no_grad(), autocasting, suppress(RuntimeError):
         outs = copy(fx)
     return [tracer.prov_of(o) for o in outs], list(tracer.trace.events)
 

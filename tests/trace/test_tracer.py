@@ -9,7 +9,7 @@ from castwise import _autocast
 from castwise.stories import STORIES
 from castwise.trace import fake as fake_mod
 from castwise.trace.backward import python_backward
-from castwise.trace.tracer import Tracer, run
+from castwise.trace.tracer import Tracer, run, traced
 
 
 class Up(nn.Module):
@@ -34,8 +34,7 @@ def _trace(
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, device)
     fx = fake_mod.fake_input(x, fmode, device, {})
-    tracer = Tracer(copy, device, fake=True)
-    tracer.seed_inputs([("x", fx)])
+    tracer = Tracer(copy, device, fake=True, inputs=[("x", fx)])
     with fmode:
         if autocast is not None:
             with _autocast.autocast(device, autocast):
@@ -71,12 +70,11 @@ def _live(
     fmode = fake_mod.new_mode()
     copy = fake_mod.fake_model(model, fmode, "cpu")
     fx = fake_mod.fake_input(x, fmode, "cpu", {})
-    tracer = Tracer(copy, "cpu", fake=True)
-    tracer.seed_inputs([("x", fx)])
+    tracer = Tracer(copy, "cpu", fake=True, inputs=[("x", fx)])
     kept: dict[str, torch.Tensor] = {"x": fx}
     for name, module in copy.named_children():
         module.register_forward_hook(lambda m, a, o, name=name: kept.__setitem__(name, o))
-    with fmode, tracer.hooks(), tracer, torch.no_grad():
+    with fmode, traced(tracer), torch.no_grad():
         if autocast is not None:
             with _autocast.autocast("cpu", autocast):
                 kept["out"] = copy(fx)
@@ -140,7 +138,7 @@ def test_python_backward_matches_the_engine_on_real_tensors() -> None:
     model.zero_grad(set_to_none=True)
     tracer = Tracer(model, "cpu", fake=False)
     loss = model(x).sum()
-    python_backward(tracer, [loss], [None])
+    python_backward(tracer.at, [loss], [None])
     for p, want in zip(model.parameters(), expected, strict=True):
         assert p.grad is not None and torch.allclose(p.grad, want)
 

@@ -19,6 +19,7 @@ from castwise.rules.audit import cw115, cw125, cw130, cw902, ordered_checks
 from castwise.rules.audit._base import Diag
 from castwise.rules.audit._text import where
 from castwise.trace import provenance
+from castwise.trace.attribution import disabled_by
 from castwise.trace.events import Event, Mode, Origin
 
 # what a dtype error says: a mismatch or a dtype a kernel lacks, never the bare word "dtype"
@@ -165,18 +166,9 @@ def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
 
 
 def _region_off(stack: list[Any], dtypes: tuple[torch.dtype, ...]) -> str | None:
-    """The module whose forward turned autocast off around the raise (as the tracer's own
-    ``_disabled_by`` reads the stack for an op): the deepest frame entered with autocast on, when
-    a frame below it was entered with it off, or when it is a linear or conv layer itself that
-    met mixed dtypes (autocast would have cast them; it never casts float64)."""
-    deepest = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].autocast is not None), None)
-    if deepest is None:
-        return None
-    if deepest < len(stack) - 1:
-        return str(stack[deepest].name)
-    floats = {d for d in dtypes if d.is_floating_point}
-    autocast_layer = isinstance(stack[deepest].module, (nn.Linear, nn.modules.conv._ConvNd))
-    return str(stack[deepest].name) if autocast_layer and len(floats) > 1 and torch.float64 not in floats else None
+    """The module whose forward turned autocast off around the raise, as the tracer reads the stack
+    for an op: here the op autocast casts is a linear or conv layer's own, met with mixed dtypes."""
+    return disabled_by(stack, dtypes, lambda f: isinstance(f.module, (nn.Linear, nn.modules.conv._ConvNd)))
 
 
 _DTYPE_READ = re.compile(r"([A-Za-z_][\w.]*)\.dtype\b")

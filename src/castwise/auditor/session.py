@@ -134,13 +134,16 @@ def _run_once(
         chosen = observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)]
         # repeated blocks traced once (fake runs): its finish splices before the others read the trace
         reuse = BlockReuse(copy) if fake and reuse_enabled() else None
-        tracer = Tracer(copy, dev, fake=fake, record_ops=record_ops, observers=[reuse, *chosen] if reuse else chosen)
-        if reuse is not None:
-            reuse.attach(tracer)
-        tracer.forced = forced  # branch sites answered True (the second run of a mode, trace/values.py)
-        tracer.seed_inputs(named_tensors)
-        if fmode is not None:
-            tracer.seed_values([(memo[id(t)], t) for t in inputs.tensors() if id(t) in memo])
+        tracer = Tracer(
+            copy,
+            dev,
+            fake=fake,
+            record_ops=record_ops,
+            observers=[reuse, *chosen] if reuse else chosen,
+            inputs=named_tensors,
+            values=[(memo[id(t)], t) for t in inputs.tensors() if id(t) in memo] if fmode is not None else (),
+            forced=forced,  # branch sites answered True (the second run of a mode, trace/values.py)
+        )
         result.producer = tracer
         result.trace = run(tracer, copy, ran.args, ran.kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result

@@ -14,7 +14,8 @@ from torch import nn
 from castwise.errors import AuditError, CastwiseError
 from castwise.run import Inputs, RunRequest, check, model_device
 from castwise.run.request import RUN_MODES
-from castwise.trace.observers import Observer, flat_outputs
+from castwise.trace.attribution import tensors_of
+from castwise.trace.observers import Observer
 from castwise.trace.tracer import Tracer, run
 
 
@@ -108,7 +109,7 @@ def traced(
     trace = run(tracer, wrapper, inputs.args, inputs.kwargs, mode, engine_backward=True)
     out = wrapper.__dict__["out"]
     wrapper.__dict__["out"] = None
-    bad = any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in flat_outputs(out))
+    bad = any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors_of(out))
     if not bad and mode == "train":
         bad = any(p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in model.parameters())
     return RunResult(trace, out, bad, trace.error)

@@ -32,9 +32,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 from castwise.distributed.plan import repeated_children
 from castwise.errors import AuditError
 from castwise.run import Inputs
+from castwise.trace.attribution import Attribution
 from castwise.trace.fake import on_meta
 from castwise.trace.observers import Observer, pick_loss
-from castwise.trace.tracer import Tracer
+from castwise.trace.tracer import Tracer, traced
 
 Weights = str | Path | Mapping[str, torch.Tensor] | None
 
@@ -209,7 +210,7 @@ class Runner:
         self.model, self.blocks, self.source, self.device = model, blocks, source, device
         self.pause = pause  # stops the observers recording (a recomputed forward is not recorded twice)
         self.calls: list[BlockCall] = []
-        self.tracer: Tracer | None = None
+        self.at: Attribution | None = None  # the run's, while it runs
         self.lazy = {name: on_meta(b) for name, b in blocks}
 
     def _load(self, name: str, block: nn.Module) -> None:
@@ -224,10 +225,10 @@ class Runner:
 
     def _stand_in(self, name: str, block: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
         def run_block(*args: Any, **kwargs: Any) -> Any:
-            if self.tracer is not None:
+            if self.at is not None:
                 # the block runs without autograd: its inputs' autograd nodes are tagged with the
                 # module that made them here, as a whole-model run tags them where it reads them
-                self.tracer.tag_outputs((args, kwargs))
+                self.at.tag_outputs((args, kwargs))
             self._load(name, block)
             rng = torch.get_rng_state()
             try:
@@ -267,17 +268,17 @@ class Runner:
                 else:
                     del block.forward
 
-    def backward(self, tracer: Tracer, out: Any) -> None:
+    def backward(self, at: Attribution, out: Any) -> None:
         """The skeleton's backward from the loss, then each block's, last to first."""
         loss = pick_loss(out)
         if loss is None:
             return
-        tracer.begin_backward()
+        at.begin_backward()
         loss.backward(retain_graph=True)  # type: ignore[no-untyped-call]
         for call in reversed(self.calls):
-            self._block_backward(tracer, call)
+            self._block_backward(at, call)
 
-    def _block_backward(self, tracer: Tracer, call: BlockCall) -> None:
+    def _block_backward(self, at: Attribution, call: BlockCall) -> None:
         if all(t.grad is None for t in call.leaves):
             return
         args, kwargs = call.args
@@ -293,13 +294,13 @@ class Runner:
             stand_in = call.block.forward
             call.block.forward = call.forward  # type: ignore[method-assign]
             try:
-                with tracer.recomputing(), torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                with at.recomputing(), torch.enable_grad(), torch.random.fork_rng(devices=[]):
                     torch.set_rng_state(call.rng)
                     out = call.block(*args2, **kwargs2)
             finally:
                 call.block.forward = stand_in  # type: ignore[method-assign]
                 self.pause(False)
-            tracer.end_forward(out)
+            at.end_forward(out)
             wanted = [
                 (o, leaf.grad)
                 for o, leaf in zip(_floats(out), call.leaves, strict=True)
@@ -324,23 +325,20 @@ def run_layerwise(
     runner: Runner,
 ) -> tuple[Any, BaseException | None]:
     """The model run (forward, and backward in train mode) with its blocks one at a time; the
-    model's error, if any, is returned (as ``tracer.run`` records it)."""
+    model's error, if any, is returned (as the eager run records it)."""
     tracer = Tracer(model, device, fake=False, record_ops=False, observers=observers)
-    runner.tracer = tracer
     wrapper.train(mode == "train")
     out: Any = None
-    error: BaseException | None = None
-    with tracer.running():
-        try:
-            grad = torch.enable_grad() if mode == "train" else torch.no_grad()
-            with tracer.hooks(), tracer, runner.installed(), grad:
-                out = wrapper(*args, **kwargs)
-                if mode == "train":
-                    tracer.end_forward(out)
-                    runner.backward(tracer, out)
-        except Exception as exc:  # the model's own error: the report says the run is incomplete
-            error = exc
-    return out, error
+    grad = torch.enable_grad() if mode == "train" else torch.no_grad()
+    # the model's own error is recorded by the run: the report says the run is incomplete
+    with traced(tracer) as run, runner.installed(), grad:
+        runner.at = run.at
+        out = wrapper(*args, **kwargs)
+        if mode == "train":
+            run.at.end_forward(out)
+            runner.backward(run.at, out)
+    runner.at = None
+    return out, run.trace.error
 
 
 @dataclass(frozen=True)

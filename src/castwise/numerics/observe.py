@@ -509,7 +509,7 @@ class RangeObserver(Observer):
                 continue  # its intermediates are float32 in the target run: only what leaves counts
             self._ops.append(((call.module, call.name, call.phase), amax, in_amax))
 
-    def module_exit(self, tracer: Any, frame: Any, output: Any) -> None:
+    def module_exit(self, run: Any, frame: Any, output: Any) -> None:
         if self.paused or self.scaled_limit is None or not isinstance(frame.module, torch.nn.Linear):
             return
         operands = self.rec.operands.setdefault(frame.name, {})

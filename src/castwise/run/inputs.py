@@ -39,13 +39,6 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return pytree.tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, obj)
 
 
-def tensors_of(obj: Any) -> list[torch.Tensor]:
-    """The tensors of a nested structure, in the tree's order."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    return [x for x in pytree.tree_leaves(obj) if isinstance(x, torch.Tensor)]
-
-
 def _leaf_names(name: str, spec: pytree.TreeSpec) -> list[str]:
     """One name per leaf of ``spec`` under ``name``: ``x[0]`` by position, ``batch['ids']`` by key
     (dicts and the registered keyed types, whose context lists their keys)."""

@@ -2,7 +2,7 @@
 
 The engine needs a CUDA context for CUDA tensors, which a CPU-only machine cannot create, even
 for fake ones. Calling the autograd nodes directly runs the same backward formulas and tells the
-tracer which node runs, for attribution.
+attribution which node runs (its ops belong to the module that made it).
 """
 
 from __future__ import annotations
@@ -11,18 +11,13 @@ import collections
 import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.checkpoint
 
-
-class Tracer(Protocol):
-    """What the walker tells the eager producer: the node running now (its ops' module)."""
-
-    current_node: Any
-    use_engine_node: bool
-    device_type: str
+if TYPE_CHECKING:
+    from castwise.trace.attribution import Attribution
 
 
 def _edge(t: Any) -> tuple[Any, int]:
@@ -33,7 +28,7 @@ def _edge(t: Any) -> tuple[Any, int]:
 
 
 def python_backward(
-    tracer: Tracer, roots: Any, grads: Any, inputs: Any = (), accumulate: bool = True
+    at: Attribution, roots: Any, grads: Any, inputs: Any = (), accumulate: bool = True
 ) -> tuple[torch.Tensor | None, ...]:
     """Backward without the autograd engine, node by node (what ``torch.autograd.backward`` and
     ``torch.autograd.grad`` do, minus hooks and streams).
@@ -65,8 +60,8 @@ def python_backward(
     captured: dict[tuple[Any, int], torch.Tensor | None] = {}
     deps = _dependencies(starts)
     ready = [n for n in dict.fromkeys(starts) if deps[n] == 0]
-    previous = (tracer.current_node, tracer.use_engine_node)
-    tracer.use_engine_node = False
+    previous = (at.current_node, at.use_engine_node)
+    at.use_engine_node = False
     # one graph task for checkpoint's unpack hooks, as the engine's: without it each saved tensor
     # a non-reentrant checkpoint unpacks recomputes the whole region again
     outer = torch.utils.checkpoint.GraphExecGroup._get_current_group()
@@ -83,10 +78,10 @@ def python_backward(
                 if not accumulate and node.name() == "torch::autograd::AccumulateGrad":
                     continue
                 n_in = len(node._input_metadata)
-                got = _run_tensor_hooks(tracer, node, got + [None] * (n_in - len(got)))
+                got = _run_tensor_hooks(at, node, got + [None] * (n_in - len(got)))
                 if isinstance(node, torch.autograd.function.BackwardCFunction):
                     got = _materialized(node, got)
-                tracer.current_node = node
+                at.current_node = node
                 outs = node(*got) if callable(node) else node.apply(*got)
                 if outs is None or isinstance(outs, torch.Tensor):
                     outs = (outs,)
@@ -107,7 +102,7 @@ def python_backward(
                     if deps[nxt] == 0:
                         ready.append(nxt)
     finally:
-        tracer.current_node, tracer.use_engine_node = previous
+        at.current_node, at.use_engine_node = previous
     return tuple(captured.get(t) for t in targets) if not accumulate else ()
 
 
@@ -121,7 +116,7 @@ def _materialized(node: Any, grads: list[Any]) -> list[Any]:
     ]
 
 
-def _run_tensor_hooks(tracer: Tracer, node: Any, grads: list[Any]) -> list[Any]:
+def _run_tensor_hooks(at: Attribution, node: Any, grads: list[Any]) -> list[Any]:
     """The tensor hooks on the gradients ``node`` is about to take, as the engine runs them: a
     leaf's on its AccumulateGrad node, a non-leaf's on its grad_fn (recorded at registration, as
     the node keeps them out of Python's reach). A hook returning another dtype is refused with the
@@ -139,7 +134,7 @@ def _run_tensor_hooks(tracer: Tracer, node: Any, grads: list[Any]) -> list[Any]:
                 from castwise.devices import get as get_device  # only on the way to the error
                 from castwise.trace.contracts._base import _legacy
 
-                dev = get_device(tracer.device_type)
+                dev = get_device(at.device_type)
                 raise RuntimeError(
                     f"hook '{getattr(hook, '__name__', type(hook).__name__)}' has changed the type of value "
                     f"(was {_legacy(g.dtype, dev)} got {_legacy(out.dtype, dev)})"
@@ -191,7 +186,7 @@ def _dependencies(starts: list[Any]) -> dict[Any, int]:
 
 
 @contextmanager
-def engine_replaced(tracer: Tracer) -> Iterator[None]:
+def engine_replaced(at: Attribution) -> Iterator[None]:
     """Route ``backward()`` and ``autograd.grad()`` (also inside custom backward functions)
     through :func:`python_backward` for the duration of a fake-CUDA audit."""
     import torch.autograd as autograd_pkg
@@ -208,7 +203,7 @@ def engine_replaced(tracer: Tracer) -> Iterator[None]:
         accumulate_grad: bool = True,
         **kwargs: Any,
     ) -> tuple[torch.Tensor | None, ...]:
-        return python_backward(tracer, list(t_outputs), list(grad_tensors), tuple(inputs or ()), accumulate_grad)
+        return python_backward(at, list(t_outputs), list(grad_tensors), tuple(inputs or ()), accumulate_grad)
 
     setattr(autograd_pkg, "_engine_run_backward", substitute)  # noqa: B010
     try:

@@ -5,7 +5,7 @@ Fake tensors have no values, so torch's fake kernels refuse ``x[mask]``, ``x[mas
 repeats, ``unique`` and ``bincount``: the audit would stop there (CW902) and miss what comes after, e.g. the
 masked write of an f32 tensor into a bf16 one that the real kernel refuses.
 
-Each runs here with a concrete size instead. The values come from ``tracer.known`` (trace/values.py):
+Each runs here with a concrete size instead. The values come from ``values.known`` (trace/values.py):
 the input's shadow, or its values computed from what made it; where nobody knows them, a mask is
 taken as all True, repeat counts as 1 and ``unique``'s elements as all distinct (the largest
 result), and the assumption is recorded for CW903. Masks become long indices, so the dtype checks
@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from castwise import _aten as aten
-from castwise.trace.values import _SHADOW_MAX
+from castwise.trace.values import _SHADOW_MAX, ShadowValues
 
 _MASKS = (torch.bool, torch.uint8)
 _ALL_TRUE = "a mask with unknown values taken as all True"
@@ -31,24 +31,24 @@ def _name(func: Any) -> str:
     return f"{func.namespace}.{func._opname}"
 
 
-def _mask_value(tracer: Any, func: Any, mask: torch.Tensor) -> torch.Tensor | None:
+def _mask_value(values: ShadowValues, func: Any, mask: torch.Tensor) -> torch.Tensor | None:
     """The mask's real values (an unknown one taken as all True, recorded); None when it is too
     large to compute: then it is taken as all True without materialising it."""
-    before = tracer.assumed_now
-    value: torch.Tensor | None = tracer.known(mask, assume=True)
-    if value is None or tracer.assumed_now != before:
-        tracer.note_assumption(_name(func), _ALL_TRUE, tuple(mask.shape))
+    before = values.assumed_now
+    value: torch.Tensor | None = values.known(mask, assume=True)
+    if value is None or values.assumed_now != before:
+        values.note_assumption(_name(func), _ALL_TRUE, tuple(mask.shape))
     return value
 
 
-def _seed(tracer: Any, fake: torch.Tensor, real: torch.Tensor) -> None:
+def _seed(values: ShadowValues, fake: torch.Tensor, real: torch.Tensor) -> None:
     if real.numel() <= _SHADOW_MAX:
-        tracer.seed_values([(fake, real)])
+        values.seed_values([(fake, real)])
 
 
-def _coords(tracer: Any, func: Any, mask: torch.Tensor) -> list[torch.Tensor]:
+def _coords(values: ShadowValues, func: Any, mask: torch.Tensor) -> list[torch.Tensor]:
     """The long index tensors a k-dim mask stands for (as torch's ``expandTensors`` makes them)."""
-    value = _mask_value(tracer, func, mask)
+    value = _mask_value(values, func, mask)
     if value is None:
         n = mask.numel()
         return [mask.new_empty((n,), dtype=torch.int64) for _ in range(mask.dim())]
@@ -59,12 +59,12 @@ def _coords(tracer: Any, func: Any, mask: torch.Tensor) -> list[torch.Tensor]:
         fake = mask.new_empty((real.shape[0],), dtype=torch.int64)
         with _disable_current_modes():
             column = real[:, j].contiguous()
-        _seed(tracer, fake, column)
+        _seed(values, fake, column)
         out.append(fake)
     return out
 
 
-def _expand(tracer: Any, func: Any, self_: torch.Tensor, indices: Any) -> list[torch.Tensor | None] | None:
+def _expand(values: ShadowValues, func: Any, self_: torch.Tensor, indices: Any) -> list[torch.Tensor | None] | None:
     """``indices`` with every bool/byte mask replaced by its long indices; None: no mask (or a
     0-dim one, which torch itself must handle)."""
     if not any(i is not None and i.dtype in _MASKS for i in indices):
@@ -84,50 +84,50 @@ def _expand(tracer: Any, func: Any, self_: torch.Tensor, indices: Any) -> list[t
                     f"The shape of the mask {list(i.shape)} at index {d} does not match the shape of the "
                     f"indexed tensor {list(self_.shape)} at index {start + d}"
                 )
-        out.extend(_coords(tracer, func, i))
+        out.extend(_coords(values, func, i))
     return out
 
 
-def run_index(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_index(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``x[mask]``: the mask becomes long indices of its True positions."""
-    indices = _expand(tracer, func, args[0], args[1])
+    indices = _expand(values, func, args[0], args[1])
     if indices is None:
         return func(*args, **kwargs)
     return func(args[0], indices, *args[2:], **kwargs)
 
 
-def run_index_put(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_index_put(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``x[mask] = v`` (``index_put``, in place or not, accumulating or not, and the backward of
     ``x[mask]``): the mask becomes long indices; the dtype contract was checked before."""
-    indices = _expand(tracer, func, args[0], args[1])
+    indices = _expand(values, func, args[0], args[1])
     if indices is None:
         return func(*args, **kwargs)
     return func(args[0], indices, *args[2:], **kwargs)
 
 
-def run_nonzero(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_nonzero(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``nonzero``: the exact size from known values; without them every element is taken as
     nonzero (the largest result: every expert of an eager MoE loop runs), and the result gets the
     values that assumption gives it (so indexing with it later knows its values too)."""
     x = args[0]
-    before = tracer.assumed_now
-    value = tracer.known(x, assume=True)
-    if value is None or tracer.assumed_now != before:
-        tracer.note_assumption(_name(func), "every element taken as nonzero", tuple(x.shape))
+    before = values.assumed_now
+    value = values.known(x, assume=True)
+    if value is None or values.assumed_now != before:
+        values.note_assumption(_name(func), "every element taken as nonzero", tuple(x.shape))
     if value is None and x.numel() > _SHADOW_MAX:
         return x.new_empty((x.numel(), x.dim()), dtype=torch.int64)
     with _disable_current_modes():
         real = (value if value is not None else torch.ones(tuple(x.shape), dtype=torch.bool)).nonzero()
     out = x.new_empty(tuple(real.shape), dtype=torch.int64)
-    _seed(tracer, out, real)
+    _seed(values, out, real)
     return out
 
 
-def run_masked_select(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_masked_select(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``masked_select``: as many elements as the (broadcast) mask has True."""
     self_, mask = args[0], args[1]
     shape = torch.broadcast_shapes(self_.shape, mask.shape)  # type: ignore[no-untyped-call]
-    value = _mask_value(tracer, func, mask)
+    value = _mask_value(values, func, mask)
     if value is None:
         n = shape.numel()
     else:
@@ -136,32 +136,32 @@ def run_masked_select(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dic
     return self_.new_empty((n,))
 
 
-def run_repeat_interleave(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_repeat_interleave(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``repeat_interleave`` with tensor repeats: the index tensor it makes, from the repeats'
     values (unknown ones taken as 1 each, recorded)."""
     repeats = args[0]
     size = args[1] if len(args) > 1 else kwargs.get("output_size")
     if size is not None:
         return func(*args, **kwargs)
-    value = tracer.known(repeats, assume=False)
+    value = values.known(repeats, assume=False)
     if value is None:
-        tracer.note_assumption(_name(func), "repeat counts with unknown values taken as 1", tuple(repeats.shape))
+        values.note_assumption(_name(func), "repeat counts with unknown values taken as 1", tuple(repeats.shape))
         with _disable_current_modes():
             value = torch.ones(tuple(repeats.shape), dtype=repeats.dtype)
     with _disable_current_modes():
         real = torch.repeat_interleave(value)
     out = repeats.new_empty(tuple(real.shape), dtype=torch.int64)
-    _seed(tracer, out, real)
+    _seed(values, out, real)
     return out
 
 
-def run_unique(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_unique(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The ``unique`` family: run for real on the known values; without them on a stand-in whose
     elements are all distinct (the largest result), recorded."""
     x = args[0]
-    value = tracer.known(x, assume=False)
+    value = values.known(x, assume=False)
     if value is None:
-        tracer.note_assumption(_name(func), "elements with unknown values taken as all distinct", tuple(x.shape))
+        values.note_assumption(_name(func), "elements with unknown values taken as all distinct", tuple(x.shape))
         with _disable_current_modes():
             # a cast in the stand-in only: its values are distinct positions, in the input's dtype
             value = torch.arange(x.numel()).reshape(tuple(x.shape)).to(x.dtype)
@@ -170,22 +170,22 @@ def run_unique(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, 
     outs = []
     for r in reals:
         fake = x.new_empty(tuple(r.shape), dtype=r.dtype)
-        _seed(tracer, fake, r)
+        _seed(values, fake, r)
         outs.append(fake)
     return tuple(outs)
 
 
-def run_bincount(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_bincount(values: ShadowValues, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``bincount``: as long as the largest known value + 1 (at least ``minlength``); unknown
     values are taken as below ``minlength`` (ids of that many bins), or as all distinct without
     one, recorded."""
     x = args[0]
     weights = args[1] if len(args) > 1 else kwargs.get("weights")
     minlength = int(args[2] if len(args) > 2 else kwargs.get("minlength", 0))
-    value = tracer.known(x, assume=False)
+    value = values.known(x, assume=False)
     if value is None:
         what = f"ids with unknown values taken as below minlength={minlength}" if minlength > 0 else None
-        tracer.note_assumption(_name(func), what or "ids with unknown values taken as all distinct", tuple(x.shape))
+        values.note_assumption(_name(func), what or "ids with unknown values taken as all distinct", tuple(x.shape))
         with _disable_current_modes():
             value = torch.zeros(tuple(x.shape), dtype=x.dtype) if minlength > 0 else torch.arange(x.numel())
     with _disable_current_modes():
@@ -194,7 +194,7 @@ def run_bincount(tracer: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str
         real = torch.bincount(value, weights=w, minlength=minlength)
     out = x.new_empty(tuple(real.shape), dtype=real.dtype)
     if weights is None:
-        _seed(tracer, out, real)
+        _seed(values, out, real)
     return out
 
 

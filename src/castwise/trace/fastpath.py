@@ -213,7 +213,7 @@ def run_grouped_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 # ops whose fake kernel is missing or stricter than the real one: castwise's fake implementation
 # runs instead during a fake audit (the contract table still checks them first)
 OWN_FAKE: dict[Any, Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]] = {
-    **{op: lambda _tracer, func, args, _kwargs: run_rnn_cell(func, args) for op in RNN_CELLS},
-    **dict.fromkeys(aten.ops(["_grouped_mm"]), lambda _tracer, func, args, kwargs: run_grouped_mm(func, args, kwargs)),
+    **{op: lambda _values, func, args, _kwargs: run_rnn_cell(func, args) for op in RNN_CELLS},
+    **dict.fromkeys(aten.ops(["_grouped_mm"]), lambda _values, func, args, kwargs: run_grouped_mm(func, args, kwargs)),
     **datadep.OWN_FAKE,  # sizes from values: x[mask], nonzero, unique...
 }

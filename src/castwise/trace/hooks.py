@@ -14,7 +14,7 @@ import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,21 +24,8 @@ from castwise.trace.events import Frame, HookChange, shape_of
 from castwise.trace.source import line_text, short_path
 
 if TYPE_CHECKING:
-    from castwise.trace.attrmap import AttrMap
+    from castwise.trace.attribution import Attribution
     from castwise.trace.record import Recorder
-
-
-class Tracer(Protocol):
-    """What user hooks read of the eager producer (the module and hook stacks) and tell it."""
-
-    stack: list[Frame]
-    hook_stack: list[str]
-    device_type: str
-    creator: AttrMap
-    refused: tuple[str, list[torch.Tensor]] | None
-    recorder: Recorder
-
-    def module(self) -> str: ...
 
 
 # the hooks (by qualified name) whose results the run casts back to the dtype they were given: the
@@ -117,7 +104,7 @@ def _first_tensor(obj: Any) -> torch.Tensor | None:
     return None
 
 
-def _grad_hook(tracer: Tracer, module: str, tensor: str, hook: Any) -> Any:
+def _grad_hook(recorder: Recorder, module: str, tensor: str, hook: Any) -> Any:
     name = hook_name(hook)
 
     @functools.wraps(hook)  # autograd's "hook '<name>' has changed the type" names the user's hook
@@ -127,7 +114,7 @@ def _grad_hook(tracer: Tracer, module: str, tensor: str, hook: Any) -> Any:
             out = _cast_like(out, grad)
         if isinstance(out, torch.Tensor) and out.dtype != grad.dtype:
             fix = return_fix(hook, "grad")
-            tracer.recorder.hook_change(
+            recorder.hook_change(
                 HookChange("grad", module, tensor, name, grad.dtype, out.dtype, hook_source(hook), fix)
             )
         return out
@@ -135,25 +122,25 @@ def _grad_hook(tracer: Tracer, module: str, tensor: str, hook: Any) -> Any:
     return observed
 
 
-def _forward_hook(tracer: Tracer, name: str, hook: Any) -> Any:
+def _forward_hook(at: Attribution, recorder: Recorder, name: str, hook: Any) -> Any:
     @functools.wraps(hook)
     def observed(module: nn.Module, *args: Any) -> Any:
         before = _first_tensor(args[-1])  # the output the hook is given (last positional argument)
-        enabled = torch.is_autocast_enabled(tracer.device_type)
-        tracer.stack.append(Frame(name, module, torch.get_autocast_dtype(tracer.device_type) if enabled else None, []))
-        tracer.hook_stack.append(hook_name(hook))
+        enabled = torch.is_autocast_enabled(at.device_type)
+        at.stack.append(Frame(name, module, torch.get_autocast_dtype(at.device_type) if enabled else None, []))
+        at.hook_stack.append(hook_name(hook))
         try:
             out = hook(module, *args)
             if out is not None and hook_name(hook) in _CAST_BACK.get():
                 out = _cast_like(out, args[-1])
         finally:
-            tracer.hook_stack.pop()
-            if tracer.stack and tracer.stack[-1].module is module:
-                tracer.stack.pop()
+            at.hook_stack.pop()
+            if at.stack and at.stack[-1].module is module:
+                at.stack.pop()
         after = _first_tensor(out)
         if before is not None and after is not None and after.dtype != before.dtype:
             fix = return_fix(hook, "output")
-            tracer.recorder.hook_change(
+            recorder.hook_change(
                 HookChange("forward", name, None, hook_name(hook), before.dtype, after.dtype, hook_source(hook), fix)
             )
         return out
@@ -161,7 +148,7 @@ def _forward_hook(tracer: Tracer, name: str, hook: Any) -> Any:
     return observed
 
 
-def observe_hooks(tracer: Tracer, model: nn.Module) -> None:
+def observe_hooks(at: Attribution, recorder: Recorder, model: nn.Module) -> None:
     """Wrap the gradient hooks of ``model``'s parameters and its modules' forward hooks (the
     audit's copy: the user's model is never touched)."""
     seen: set[int] = set()
@@ -173,13 +160,13 @@ def observe_hooks(tracer: Tracer, model: nn.Module) -> None:
             seen.add(id(p))
             full = f"{mname}.{pname}" if mname else pname
             for key, hook in list(hooks.items()):
-                hooks[key] = _grad_hook(tracer, mname, f"param {full}", hook)
+                hooks[key] = _grad_hook(recorder, mname, f"param {full}", hook)
         for key, hook in list(module._forward_hooks.items()):
-            module._forward_hooks[key] = _forward_hook(tracer, mname, hook)
+            module._forward_hooks[key] = _forward_hook(at, recorder, mname, hook)
 
 
 @contextmanager
-def tensor_hooks(tracer: Tracer) -> Iterator[None]:
+def tensor_hooks(at: Attribution, recorder: Recorder) -> Iterator[None]:
     """Gradient hooks registered on activations while the model runs (``out.register_hook(h)`` in
     a forward or a forward hook) are observed like parameters' hooks, and named after the module
     whose code registered them (the hooked module for a forward hook, else the module running),
@@ -187,11 +174,11 @@ def tensor_hooks(tracer: Tracer) -> Iterator[None]:
     original: Any = torch.Tensor.register_hook  # torch leaves it untyped
 
     def register(t: torch.Tensor, hook: Any) -> Any:
-        if t not in tracer.creator:  # not one of this run's tensors (a user's own model elsewhere)
+        if t not in at.creator:  # not one of this run's tensors (a user's own model elsewhere)
             return original(t, hook)
-        module = tracer.stack[-1].name if tracer.stack else str(tracer.creator.get(t, ""))
+        module = at.stack[-1].name if at.stack else str(at.creator.get(t, ""))
         label = f"tensor {fmt_tensor(name_of(t.dtype), shape_of(t))}"
-        return original(t, _grad_hook(tracer, module, label, hook))
+        return original(t, _grad_hook(recorder, module, label, hook))
 
     torch.Tensor.register_hook = register  # type: ignore[method-assign,assignment]
     try:
@@ -201,10 +188,10 @@ def tensor_hooks(tracer: Tracer) -> Iterator[None]:
 
 
 @contextmanager
-def refused_operands(tracer: Tracer) -> Iterator[None]:
+def refused_operands(at: Attribution) -> Iterator[None]:
     """``scaled_dot_product_attention`` checks q/k/v dtypes before it dispatches, so the tracer
     never sees those operands: when it raises, keep them (and a floating mask) in
-    ``tracer.refused`` with the module, so the finding blames the operand off the run's dtype."""
+    ``at.refused`` with the module, so the finding blames the operand off the run's dtype."""
     functional: Any = torch.nn.functional
     original = functional.scaled_dot_product_attention
 
@@ -215,7 +202,7 @@ def refused_operands(tracer: Tracer) -> Iterator[None]:
             named = [kwargs.get(k) for k in ("query", "key", "value", "attn_mask")]
             given = [*args[:4], *named[len(args[:4]) :]]
             operands = [t for t in given if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            tracer.refused = (tracer.module(), operands)
+            at.refused = (at.module(), operands)
             raise
 
     functional.scaled_dot_product_attention = sdpa

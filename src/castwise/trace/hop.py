@@ -23,7 +23,13 @@ def is_hop(func: Any) -> bool:
     return isinstance(func, HigherOrderOperator)
 
 
-def run_hop(mode: TorchDispatchMode, func: HigherOrderOperator, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_hop(
+    mode: TorchDispatchMode,
+    recorder: Recorder,
+    func: HigherOrderOperator,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
     """``torch.cond``: both branches run under ``mode`` (the tracer, re-entered), so each op of
     either is checked: a fake predicate has no value, and either branch may run for real. The
     result is the true branch's (cond requires both to give the same dtypes and shapes). Other
@@ -37,9 +43,7 @@ def run_hop(mode: TorchDispatchMode, func: HigherOrderOperator, args: tuple[Any,
             out = true_fn(*operands)
             false_fn(*operands)
         return out
-    recorder = getattr(mode, "recorder", None)
-    if isinstance(recorder, Recorder):
-        recorder.uncovered(f"higher_order.{name}", "")
+    recorder.uncovered(f"higher_order.{name}", "")
     return func(*args, **kwargs)
 
 

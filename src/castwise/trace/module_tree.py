@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from castwise._dtypes import fmt_tensor, name_of, short
+from castwise.trace.attribution import tensors_of
 from castwise.trace.observers import Observer
 
 if TYPE_CHECKING:
@@ -56,9 +57,7 @@ class ModuleTreeObserver(Observer):
         if seen is not None:
             seen["calls"] += 1
             return
-        from castwise.trace.observers import flat_outputs
-
-        outs = flat_outputs(output)
+        outs = tensors_of(output)
         # a cast is about floating tensors: token ids in and embeddings out is no cast
         in_dtypes = {t.dtype for t in frame.inputs if t.is_floating_point()}
         self._seen[frame.name] = {

@@ -13,23 +13,28 @@ override a hook you do not need (the tracer only calls the hooks an observer ove
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from castwise._dtypes import LOW as _LOW_NAMES
 from castwise._dtypes import name_of
 from castwise.trace import contracts, fastpath
+from castwise.trace.attribution import tensors_of
 from castwise.trace.events import Upcast, shape_of
 from castwise.trace.opinfo import OpInfo, info_of
 
 if TYPE_CHECKING:
     from castwise.devices import Device
+    from castwise.trace.attribution import Attribution
+    from castwise.trace.attrmap import AttrMap
     from castwise.trace.contracts import Violation
-    from castwise.trace.events import Frame, Prov, Trace
+    from castwise.trace.events import Frame, Phase, Prov, Trace
     from castwise.trace.record import Recorder
+    from castwise.trace.values import ShadowValues
 
 
 class OpCall:
@@ -53,7 +58,7 @@ class OpCall:
         self.func = func  # the aten OpOverload
         self.name = name  # "aten.addmm"
         self.module = module  # named_modules() name ("" at the top level)
-        self.phase = run.phase
+        self.phase = run.at.phase
         self.args = args
         self.kwargs = kwargs
         self.tensors = tensors  # the op's tensor arguments, flattened
@@ -94,23 +99,52 @@ class OpCall:
         """In backward, the autograd node running this op (None in forward)."""
         if self.phase != "backward":
             return None
-        run = self.run
-        return run.current_node if not run.use_engine_node else torch._C._current_autograd_node()
+        at = self.run.at
+        return at.current_node if not at.use_engine_node else torch._C._current_autograd_node()
 
 
-class Run(Protocol):
-    """What an observer may ask of the run (the eager producer) beyond the op itself."""
+@dataclass(frozen=True, eq=False)
+class Run:
+    """What an observer may ask of the run beyond the op itself: the eager producer's parts, never
+    the producer. Made once per run; every op's :class:`OpCall` and every module exit carry it."""
 
     device: Device
-    phase: Any
-    trace: Trace
-    recorder: Recorder
-    stand: fastpath.Stand
-    current_node: Any
-    use_engine_node: bool
+    fake: bool
+    recorder: Recorder  # the run record's one writer
+    at: Attribution  # the module stack, phase and autograd node tags
+    values: ShadowValues  # what is known of fake tensors' values (masks, ids)
+    stand: fastpath.Stand  # the fused fast paths' state (which kernels the model's modules chose)
+    prov: AttrMap  # tensor -> the origin of its dtype
+    observers: tuple[Observer, ...]
+    # ops run inside only make tensors a record stands for (block reuse): neither checked nor recorded
+    quiet: Callable[[], AbstractContextManager[None]]
 
-    def prov_of(self, t: torch.Tensor) -> Prov | None: ...
-    def autocast_here(self) -> torch.dtype | None: ...
+    @property
+    def trace(self) -> Trace:
+        return self.recorder.trace
+
+    @property
+    def phase(self) -> Phase:
+        return self.at.phase
+
+    def prov_of(self, t: torch.Tensor) -> Prov | None:
+        found: Prov | None = self.prov.get(t)
+        return found
+
+    def autocast_here(self) -> torch.dtype | None:
+        return self.at.autocast_here()
+
+    def adopt(self, t: torch.Tensor, prov: Prov | None, creator: str | None = None) -> None:
+        """``t`` was made for the run without its ops (a reused block's, ``trace/reuse.py``)."""
+        self.prov[t] = prov
+        if creator is not None:
+            self.at.creator[t] = creator
+
+    def exited(self, frame: Frame, output: Any) -> None:
+        """A module's forward returned ``output``: every observer that asks is told."""
+        for obs in self.observers:
+            if overrides(obs, "module_exit"):
+                obs.module_exit(self, frame, output)
 
 
 class Observer:
@@ -133,6 +167,9 @@ class Observer:
     def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         """After the op ran (not called when it raised)."""
 
+    def start(self, run: Run) -> None:
+        """The run is about to begin (its parts in hand; an observer that steers it keeps them)."""
+
     def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
         """A module's forward returned ``output`` (forward phase only)."""
 
@@ -151,13 +188,6 @@ def needs_provenance(observers: Sequence[Observer] | None) -> bool:
     return not observers or any("provenance" in o.needs for o in observers)
 
 
-def flat_outputs(obj: Any) -> list[torch.Tensor]:
-    """Tensors in a module's output, by torch's pytree (tuples, lists, dicts, ModelOutputs)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    return [x for x in pytree.tree_leaves(obj) if isinstance(x, torch.Tensor)]
-
-
 def pick_loss(out: Any) -> torch.Tensor | None:
     """The model's loss if it returns one, else a float32 reduction of its first output."""
     loss = getattr(out, "loss", None)
@@ -165,7 +195,7 @@ def pick_loss(out: Any) -> torch.Tensor | None:
         loss = out.get("loss")
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
         return loss.float().sum() if loss.dim() else loss.float()
-    for t in flat_outputs(out):
+    for t in tensors_of(out):
         if t.is_floating_point() and t.requires_grad:
             return t.float().sum()
     return None
@@ -227,7 +257,7 @@ class UpcastObserver(Observer):
         ins = [t for t in frame.inputs if t.is_floating_point()]
         if not ins or not all(name_of(t.dtype) in _LOW_NAMES for t in ins):
             return
-        for t in flat_outputs(output):
+        for t in tensors_of(output):
             if name_of(t.dtype) == "float32":
                 run.recorder.upcast(Upcast(frame.name, ins[0].dtype, run.prov_of(t), shape_of(t)))
                 break

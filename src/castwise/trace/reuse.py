@@ -38,7 +38,7 @@ import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -48,38 +48,12 @@ from castwise.trace import provenance
 from castwise.trace.blocks import PLAIN, find_blocks, global_hooks, renamed, static_key, tensor_key, within
 from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
 from castwise.trace.observers import Observer
-from castwise.trace.record import Mark, Recorder, Row, Stretch, renamed_event, renamed_row
+from castwise.trace.record import Mark, Row, Stretch, renamed_event, renamed_row
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
-    from castwise.trace.attrmap import AttrMap
-    from castwise.trace.fastpath import Stand
+    from castwise.trace.observers import Run
 
 _OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("castwise_reuse_off", default=False)
-
-
-class Host(Protocol):
-    """What block reuse asks of the eager producer running the blocks (and tells it)."""
-
-    fake: bool
-    phase: str
-    device_type: str
-    hook_stack: list[str]
-    assumed_now: int
-    refused: Any
-    stand: Stand
-    shadow: AttrMap
-    recipe: AttrMap
-    recorder: Recorder
-    observers: list[Observer]
-
-    def prov_of(self, t: torch.Tensor) -> Prov | None: ...
-    def creator_of(self, t: torch.Tensor) -> str: ...
-    def adopt(self, t: torch.Tensor, prov: Prov | None, creator: str | None = None) -> None: ...
-    def quiet(self) -> AbstractContextManager[None]: ...
-    def module_exited(self, frame: Frame, output: Any) -> None: ...
-    def tag_outputs(self, out: Any) -> None: ...
 
 
 def enabled() -> bool:
@@ -214,7 +188,7 @@ class BlockReuse(Observer):
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.tracer: Host | None = None
+        self.run: Run | None = None
         self.keys: dict[int, tuple[Any, ...]] = {}
         self.records: dict[Any, _Record | None] = {}  # call key -> the first block's record
         self.back: dict[Any, _Record | None] = {}  # call key -> the last block's (its backward's source)
@@ -223,10 +197,10 @@ class BlockReuse(Observer):
         self.pending: list[tuple[tuple[int, int], _Mapping]] = []  # backward splices: (where, mapping)
         self.reused: dict[str, str] = {}  # block -> the template it reused
 
-    def attach(self, tracer: Host) -> None:
+    def start(self, run: Run) -> None:
         """Key every repeated block of the model and route its calls through :meth:`call`."""
-        self.tracer = tracer
-        if not tracer.fake or not all(o.splices for o in tracer.observers):
+        self.run = run
+        if not run.fake or not all(o.splices for o in run.observers):
             return  # an observer whose record a block's cannot stand for needs every op: none is reused
         last: dict[Any, int] = {}
         for name, block in find_blocks(self.model).items():
@@ -247,9 +221,9 @@ class BlockReuse(Observer):
     # -- calls ----------------------------------------------------------------------------------
 
     def _call_key(self, block: nn.Module, leaves: list[Any], spec: Any) -> Any:
-        tracer = self.tracer
-        assert tracer is not None
-        if tracer.phase != "forward" or tracer.hook_stack or self.captures:
+        run = self.run
+        assert run is not None
+        if run.at.phase != "forward" or run.at.hook_stack or self.captures:
             return None
         if block.training and not torch.is_grad_enabled():
             # no grad in training: a reentrant checkpoint's first pass, whose backward runs the
@@ -261,17 +235,17 @@ class BlockReuse(Observer):
         seen: dict[int, int] = {}
         for i, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
-                if id(x) in tracer.stand.ids:
+                if id(x) in run.stand.ids:
                     return None  # a dense stand-in for a nested tensor (fastpath.py): ids, not records
                 # values the tracer knows (positions, a mask) may steer the block: the same values
                 # (the same tensor's) or none
-                known = (id(tracer.shadow.get(x)), id(tracer.recipe.get(x)))
+                known = (id(run.values.shadow.get(x)), id(run.values.recipe.get(x)))
                 parts.append((tensor_key(x), seen.setdefault(id(x), i), known))
             elif isinstance(x, PLAIN) or type(x) is int:
                 parts.append(("value", x))
             else:
                 parts.append(("object", id(x)))
-        dev = tracer.device_type
+        dev = run.at.device_type
         on = torch.is_autocast_enabled(dev)
         state = (on, torch.get_autocast_dtype(dev) if on else None, torch.is_grad_enabled())
         return (self.keys[id(block)], str(spec), tuple(parts), state)
@@ -303,10 +277,10 @@ class BlockReuse(Observer):
         kwargs: dict[str, Any],
         leaves: list[Any],
     ) -> Any:
-        tracer = self.tracer
-        assert tracer is not None
-        branches = len(tracer.recorder.trace.branches)
-        cap = _Capture(name, tracer.recorder.mark(), branches, tracer.assumed_now)
+        run = self.run
+        assert run is not None
+        branches = len(run.recorder.trace.branches)
+        cap = _Capture(name, run.recorder.mark(), branches, run.values.assumed_now)
         store[key] = None  # until it returns: a failing template is no record
         self.captures.append(cap)
         try:
@@ -317,14 +291,14 @@ class BlockReuse(Observer):
         return out
 
     def _record(self, cap: _Capture, block: nn.Module, leaves: list[Any], out: Any) -> _Record | None:
-        tracer = self.tracer
-        assert tracer is not None
-        trace = tracer.recorder.trace
+        run = self.run
+        assert run is not None
+        trace = run.recorder.trace
         unusual = (
             len(trace.hook_changes) != cap.mark.hook_changes
             or len(trace.branches) != cap.branches
-            or tracer.assumed_now != cap.assumed
-            or tracer.refused is not None
+            or run.values.assumed_now != cap.assumed
+            or run.at.refused is not None
             or trace.failure is not None
         )
         if unusual:
@@ -337,45 +311,43 @@ class BlockReuse(Observer):
             if id(x) in index and not isinstance(x, torch.Tensor):
                 outs.append(("input", index[id(x)]))
             elif isinstance(x, torch.Tensor):
-                if id(x) in index or id(x) in owned or x in tracer.shadow or x in tracer.recipe or x.is_nested:
+                if id(x) in index or id(x) in owned or x in run.values.shadow or x in run.values.recipe or x.is_nested:
                     return None  # an input or weight passed through, or known values: not made here
                 if isinstance(x.grad_fn, torch.autograd.function.BackwardCFunction):
                     # made by a custom Function (a reentrant checkpoint): its backward runs Python
                     # (the block again) whose ops no module name marks as the block's
                     return None
-                prov = tracer.prov_of(x)
-                outs.append(
-                    _Out(shape_of(x), x.stride(), x.dtype, x.device, x.requires_grad, prov, tracer.creator_of(x))
-                )
+                made_in = str(run.at.creator.get(x, ""))
+                outs.append(_Out(shape_of(x), x.stride(), x.dtype, x.device, x.requires_grad, run.prov_of(x), made_in))
             elif isinstance(x, PLAIN) or type(x) is int:
                 outs.append(x)
             else:
                 return None  # an object made in the block: it cannot be made again from a record
         return _Record(
             cap.name,
-            [tracer.prov_of(x) if isinstance(x, torch.Tensor) else None for x in leaves],
-            {n: tracer.prov_of(t) for n, t in _owned_tensors(block).items()},
+            [run.prov_of(x) if isinstance(x, torch.Tensor) else None for x in leaves],
+            {n: run.prov_of(t) for n, t in _owned_tensors(block).items()},
             outs,
             spec,
-            tracer.recorder.since(cap.mark),
+            run.recorder.since(cap.mark),
             list(cap.exits),
         )
 
     # -- replay ---------------------------------------------------------------------------------
 
     def _replay(self, rec: _Record, name: str, block: nn.Module, leaves: list[Any]) -> Any:
-        tracer = self.tracer
-        assert tracer is not None
-        ins = [tracer.prov_of(x) if isinstance(x, torch.Tensor) else None for x in leaves]
-        mapping = _Mapping(rec, name, ins, {n: tracer.prov_of(t) for n, t in _owned_tensors(block).items()})
+        run = self.run
+        assert run is not None
+        ins = [run.prov_of(x) if isinstance(x, torch.Tensor) else None for x in leaves]
+        mapping = _Mapping(rec, name, ins, {n: run.prov_of(t) for n, t in _owned_tensors(block).items()})
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         grads = [p for p in block.parameters() if p.requires_grad] if torch.is_grad_enabled() else []
         if torch.is_grad_enabled():
-            tracer.tag_outputs(tensors)  # their nodes name their makers, as an op using them would
+            run.at.tag_outputs(tensors)  # their nodes name their makers, as an op using them would
         made_outs = [o for o in rec.outs if isinstance(o, _Out)]
         made: Any = ()
         if made_outs:
-            with tracer.quiet():
+            with run.quiet():
                 _Replay.given = (self, made_outs, mapping)
                 made = _Replay.apply(*tensors, *grads)
         made_iter = iter(made)
@@ -384,7 +356,7 @@ class BlockReuse(Observer):
             if isinstance(o, _Out):
                 t = next(made_iter)
                 prov = mapping.prov(o.prov) or provenance.replayed(name, t, forward=True)
-                tracer.adopt(t, prov, mapping.name(o.creator))
+                run.adopt(t, prov, mapping.name(o.creator))
                 out_leaves.append(t)
             elif isinstance(o, tuple) and o and o[0] == "input":
                 out_leaves.append(leaves[o[1]])
@@ -396,36 +368,34 @@ class BlockReuse(Observer):
 
     def _splice(self, rec: _Record, mapping: _Mapping, block: nn.Module) -> None:
         """The template's forward record, renamed, as if this block had run (its module exits too)."""
-        tracer = self.tracer
-        assert tracer is not None
+        run = self.run
+        assert run is not None
         subs = dict(block.named_modules())
 
         def exits() -> None:
             for frame, output in rec.exits:
                 rel = frame.name[len(rec.name) + 1 :]
                 again = Frame(mapping.name(frame.name), subs.get(rel, frame.module), frame.autocast, frame.inputs)
-                tracer.module_exited(again, output)
+                run.exited(again, output)
 
-        tracer.recorder.splice(rec.stretch, mapping, exits)
+        run.recorder.splice(rec.stretch, mapping, exits)
 
     def backward(self, mapping: _Mapping, metas: list[Any], grads: list[Any]) -> list[Any]:
         """A reused block's input gradients (each in its input's dtype), and a mark where the
         template's backward record goes."""
-        tracer = self.tracer
-        assert tracer is not None
-        self.pending.append((tracer.recorder.at(), mapping))
+        run = self.run
+        assert run is not None
+        self.pending.append((run.recorder.at(), mapping))
         out: list[Any] = []
-        with tracer.quiet():
+        with run.quiet():
             for shape, dtype, device, needs in metas:
                 out.append(torch.empty(shape, dtype=dtype, device=device) if needs else None)
         for g in out:
             if g is not None:
                 # a gradient keeps the origin of the incoming one of its dtype, as a chain of
                 # dtype-preserving backward ops would; else the block made it
-                same = next(
-                    (tracer.prov_of(x) for x in grads if isinstance(x, torch.Tensor) and x.dtype == g.dtype), None
-                )
-                tracer.adopt(g, same or provenance.replayed(mapping.new, g, forward=False))
+                same = next((run.prov_of(x) for x in grads if isinstance(x, torch.Tensor) and x.dtype == g.dtype), None)
+                run.adopt(g, same or provenance.replayed(mapping.new, g, forward=False))
         return out
 
     # -- observer hooks ---------------------------------------------------------------------------
@@ -439,7 +409,7 @@ class BlockReuse(Observer):
         """Splice the templates' backward records where the reused blocks' backward ran; name
         the reused blocks among the modules with ops no contract covers."""
         if self.pending:
-            assert self.tracer is not None
+            assert self.run is not None
             ops: dict[str, list[Row]] = {}
             events: dict[str, list[Event]] = {}
             places: list[tuple[tuple[int, int], list[Row], list[Event]]] = []
@@ -454,7 +424,7 @@ class BlockReuse(Observer):
                 m = m.to(source)
                 rows = [renamed_row(r, m) for r in ops[m.old]]
                 places.append((at, rows, [renamed_event(e, m) for e in events[m.old]]))
-            self.tracer.recorder.insert(places)
+            self.run.recorder.insert(places)
             self.pending.clear()
         for block, template in self.reused.items():
             for modules in trace.uncovered.values():

@@ -19,14 +19,17 @@ Why this shape (each point was measured, see DESIGN.md "Engine principles"):
   subclass torch functions off, and a fake run's few real kernels (shadow values) run on one
   thread. ``benchmarks/bench_audit_7b.py`` measures it against the bare fake run.
 
-The tracer keeps provenance and the module stack; everything else it does with an op (contract
-checks, up-casts, activation bytes, numerics) is an observer (``castwise.trace.observers``).
+The tracer keeps provenance; its parts keep the rest: ``trace/attribution.py`` the module stack and
+phase, ``trace/values.py`` the values of small fake tensors, ``trace/record.py`` the record.
+Everything else it does with an op (contract checks, up-casts, activation bytes, numerics) is an
+observer (``castwise.trace.observers``), handed the parts as one ``Run``. No other module reads the
+tracer's own attributes: this is the eager producer, and its parts are its interface.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -39,21 +42,14 @@ from castwise import _autocast
 from castwise.devices import Device
 from castwise.devices import get as get_device
 from castwise.trace import fastpath, hooks, provenance, source
+from castwise.trace.attribution import Attribution, disabled_by
 from castwise.trace.attrmap import AttrMap
 from castwise.trace.backward import engine_replaced, tensor_hooks_recorded
 from castwise.trace.contracts import Violation, tensor_args
 from castwise.trace.cuda_guard import stand_in_guard
-from castwise.trace.events import Event, Frame, Prov, Trace, shape_of
+from castwise.trace.events import Event, Prov, Trace, shape_of
 from castwise.trace.hop import is_hop, run_hop
-from castwise.trace.observers import (
-    Observer,
-    OpCall,
-    default_observers,
-    flat_outputs,
-    needs_provenance,
-    overrides,
-    pick_loss,
-)
+from castwise.trace.observers import Observer, OpCall, Run, default_observers, needs_provenance, overrides, pick_loss
 from castwise.trace.opinfo import _INFO, PRIM_DEVICE, info_of
 from castwise.trace.record import Recorder
 from castwise.trace.values import NO_VALUE, ShadowValues, one_thread
@@ -114,8 +110,9 @@ def _foreign(types: Sequence[type]) -> bool:
     return any(t not in _OWN_TYPES and getattr(t, "__torch_dispatch__", None) is not _PLAIN_DISPATCH for t in types)
 
 
-class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Records every op's module, dtypes and provenance, and calls its observers on each."""
+class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records every op's module, dtypes and provenance, and calls its observers on each. Its
+    parts (attribution, shadow values, the recorder) are what others see, as one :class:`Run`."""
 
     supports_higher_order_operators = True  # torch.cond and kin come to __torch_dispatch__ (hop.py)
 
@@ -127,99 +124,50 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         fake: bool,
         record_ops: bool = True,
         observers: Sequence[Observer] | None = None,
+        inputs: Sequence[tuple[str, torch.Tensor]] = (),
+        values: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+        forced: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
+        """``inputs``: the model's named input tensors (provenance seeds); ``values``: (fake, real)
+        pairs whose values the run knows; ``forced``: branch sites answered True (the second run of
+        a mode, trace/values.py)."""
         super().__init__()  # type: ignore[no-untyped-call]
-        self.names: dict[int, str] = {id(m): n for n, m in model.named_modules()}
-        self.device = get_device(device)
-        self.device_type = self.device.autocast_type
         self.fake = fake
         self._quiet = False  # ops that only make a reused block's tensors pass unchecked (see quiet())
-        # tensor -> Prov, tensor -> module that made it (kept on the run's own tensors)
-        self.prov: Any = AttrMap("prov")
-        self.creator: Any = AttrMap("creator")
-        self.stack: list[Frame] = []
-        self.phase: Any = "forward"
-        self.root_autocast: torch.dtype | None = None
-        self.current_node: Any = None  # set by the Python backward walker
-        self.use_engine_node = True
+        self.prov = AttrMap("prov")  # tensor -> Prov (kept on the run's own tensors)
         self.recorder = Recorder(record_ops=record_ops)  # the run record's one writer
         self.trace = self.recorder.trace
-        self.stand = fastpath.Stand()
-        self.shadow: Any = AttrMap("value")  # fake tensor -> real CPU tensor with its values
-        self.shadow_count = 0
-        self.recipe: Any = AttrMap("recipe")  # fake mask/count/id tensor -> the op that made it (values.py)
-        self.assumed_now = 0
-        self.observers: list[Observer] = list(default_observers() if observers is None else observers)
+        self.at = Attribution(model, get_device(device).autocast_type, lambda frame, out: self.run.exited(frame, out))
+        self.values = ShadowValues(self.trace, self.at.module, forced)
+        chosen = tuple(default_observers() if observers is None else observers)
+        self.observers = list(chosen)
+        stand = fastpath.Stand()
+        self.run = Run(
+            get_device(device), fake, self.recorder, self.at, self.values, stand, self.prov, chosen, self.quiet
+        )
         # only the hooks an observer overrides are called: the per-op cost stays what it needs
-        self._checkers = [o for o in self.observers if overrides(o, "check")]
-        self._afters = [o for o in self.observers if overrides(o, "after")]
-        self._exits = [o for o in self.observers if overrides(o, "module_exit")]
+        self._checkers = [o for o in chosen if overrides(o, "check")]
+        self._afters = [o for o in chosen if overrides(o, "after")]
         self.provenance = needs_provenance(observers)  # off: each op keeps only its module (creator)
-        self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
         self.recent: collections.deque[tuple[str, torch.Tensor]] = collections.deque(maxlen=8)
-        self.refused: tuple[str, list[torch.Tensor]] | None = None  # (module, operands) sdpa refused
-        self._seed(model)
-        hooks.observe_hooks(self, model)
-
-    def finish(self) -> None:
-        """Tell every observer the run ended."""
-        for obs in self.observers:
-            obs.finish(self.trace)
-
-    # -- the phase protocol of one run (run() below and numerics' layerwise run share it) ----
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """One run: it starts in forward; on exit, also after a raise, the module stack is closed,
-        the phase is forward again and every observer is told the run ended."""
-        self.phase = "forward"
-        try:
-            yield
-        finally:
-            self.stack.clear()
-            self.phase = "forward"
-            self.finish()
-
-    def end_forward(self, out: Any) -> None:
-        """The forward returned ``out``: its tensors' autograd nodes name the modules that made
-        them (backward attributes its ops by them) and no module is running any more."""
-        self.tag_outputs(out)
-        self.stack.clear()
-
-    def begin_backward(self) -> None:
-        self.phase = "backward"
-
-    @contextmanager
-    def recomputing(self) -> Iterator[None]:
-        """A forward run again inside backward (a block recomputed for its gradients)."""
-        self.phase = "forward"
-        try:
-            yield
-        finally:
-            self.phase = "backward"
-
-    # -- provenance seeds --------------------------------------------------------------------
-
-    def _seed(self, model: nn.Module) -> None:
         for t, p in provenance.seeds(model):
             self.prov[t] = p
-
-    def seed_inputs(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        for name, t in named:
+        for name, t in inputs:
             self.prov[t] = provenance.model_input(name, t)
+        self.values.seed_values(list(values))
+        hooks.observe_hooks(self.at, self.recorder, model)
+        for obs in chosen:
+            obs.start(self.run)
+
+    # -- what the producer answers after the run (events.Producer) ----------------------------
+
+    @property
+    def refused(self) -> tuple[str, list[torch.Tensor]] | None:
+        return self.at.refused
 
     def prov_of(self, t: torch.Tensor) -> Prov | None:
         found: Prov | None = self.prov.get(t)
         return found
-
-    def creator_of(self, t: torch.Tensor) -> str:
-        return str(self.creator.get(t, ""))
-
-    def adopt(self, t: torch.Tensor, prov: Prov | None, creator: str | None = None) -> None:
-        """``t`` was made for the run without its ops (a reused block's, ``trace/reuse.py``)."""
-        self.prov[t] = prov
-        if creator is not None:
-            self.creator[t] = creator
 
     @contextmanager
     def quiet(self) -> Iterator[None]:
@@ -229,63 +177,6 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             yield
         finally:
             self._quiet = before
-
-    # -- module stack (global hooks) ---------------------------------------------------------
-
-    def _pre_hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        name = self.names.get(id(module))
-        if name is None:
-            return
-        enabled = torch.is_autocast_enabled(self.device_type)
-        dtype = torch.get_autocast_dtype(self.device_type) if enabled else None
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        self.stack.append(Frame(name, module, dtype, tensors))
-
-    def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        name = self.names.get(id(module))
-        if name is None:
-            return
-        # pop to this module's frame (a child that raised inside a caught exception left its own)
-        while self.stack:
-            frame = self.stack.pop()
-            if frame.module is module:
-                break
-        else:
-            return
-        if self.phase == "forward":
-            self.module_exited(frame, output)
-
-    def module_exited(self, frame: Frame, output: Any) -> None:
-        for obs in self._exits:
-            obs.module_exit(self, frame, output)
-
-    @contextmanager
-    def hooks(self) -> Iterator[None]:
-        from torch.nn.modules import module as module_mod
-
-        pre = module_mod.register_module_forward_pre_hook(self._pre_hook)
-        post = module_mod.register_module_forward_hook(self._post_hook)
-        try:
-            # gradient hooks registered on activations during the run; sdpa's operands when it refuses
-            with hooks.tensor_hooks(self), hooks.refused_operands(self):
-                yield
-        finally:
-            pre.remove()
-            post.remove()
-
-    def module(self) -> str:
-        if self.phase == "forward":
-            return self.stack[-1].name if self.stack else ""
-        node: Any = self.current_node if not self.use_engine_node else torch._C._current_autograd_node()
-        if node is None:
-            return ""
-        found: str = node.metadata.get("castwise", "")
-        return found
-
-    def autocast_here(self) -> torch.dtype | None:
-        if self.phase != "forward":
-            return None
-        return self.stack[-1].autocast if self.stack else self.root_autocast
 
     # -- the handler -------------------------------------------------------------------------
 
@@ -298,7 +189,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self._quiet:
             return func(*args, **(kwargs or {}))
         if is_hop(func):  # torch.cond and kin (supports_higher_order_operators)
-            return run_hop(self, func, args, kwargs or {})
+            return run_hop(self, self.recorder, func, args, kwargs or {})
         if types and _foreign(types):
             # a tensor subclass (torchao's float8 tensors, DTensor, NF4) implements the op itself:
             # it runs its own code, whose ops on plain tensors come back here and are checked
@@ -318,27 +209,28 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             value = self._scalar(func, args, kwargs, tensors)
             if value is not NO_VALUE:
                 return value
-        module = self.module()
+        at = self.at
+        module = at.module()
         name = info.name
         is_fast = info.fast
-        forward = self.phase == "forward"
+        forward = at.phase == "forward"
         if forward and tensors and torch.is_grad_enabled():
-            self._tag_nodes(tensors)
+            at.tag_nodes(tensors)
         # read per op, not cached: the table may change while a process runs (a test patches it)
         own_fake = fastpath.OWN_FAKE.get(func) if self.fake else None
-        call = OpCall(self, func, name, module, args, kwargs, tensors, is_fast, info)
+        call = OpCall(self.run, func, name, module, args, kwargs, tensors, is_fast, info)
         for obs in self._checkers:
             violation = obs.check(call)
             if violation is not None:
                 self.recorder.event(self._event(func, name, module, args, kwargs, violation, None, is_fast))
         try:
-            if is_fast and self.fake and fastpath.needs_fake_run(func, args, self.stand):
-                mask = self.value_of(args[1]) if func in fastpath.LEFT_ALIGNED and len(args) > 1 else None
-                out = fastpath.run_fake(func, args, kwargs, self.stand, mask)
+            if is_fast and self.fake and fastpath.needs_fake_run(func, args, self.run.stand):
+                mask = self.values.value_of(args[1]) if func in fastpath.LEFT_ALIGNED and len(args) > 1 else None
+                out = fastpath.run_fake(func, args, kwargs, self.run.stand, mask)
             elif is_fast:
                 out = self._run_with_caller_autocast(func, args, kwargs)
             elif own_fake is not None:
-                out = own_fake(self, func, args, kwargs)
+                out = own_fake(self.values, func, args, kwargs)
             else:
                 out = func(*args, **kwargs)
                 if func is _ADD and self.fake and self._linear_bias_add(args, out):
@@ -350,20 +242,20 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.recorder.failure(self._event(func, name, module, args, kwargs, None, exc, is_fast))
             raise
         outs = self._propagate(func, name, module, tensors, out, forward)
-        if self.shadow_count and not is_fast:
-            self._shadow_run(func, args, kwargs, tensors, out)
+        if self.values.shadow_count and not is_fast:
+            self.values.shadow_run(func, args, kwargs, tensors, out)
         if self.fake:
-            self.remember(func, args, kwargs, tensors, out)
+            self.values.remember(func, args, kwargs, tensors, out)
         for obs in self._afters:
             obs.after(call, outs)
         return out
 
     def _linear_bias_add(self, args: tuple[Any, ...], out: Any) -> bool:
         """Whether this ``add`` is nn.Linear's own bias add whose real result keeps the product's dtype."""
-        if len(args) != 2 or not self.stack or not isinstance(out, torch.Tensor):
+        if len(args) != 2 or not self.at.stack or not isinstance(out, torch.Tensor):
             return False
         product, bias = args
-        module = self.stack[-1].module
+        module = self.at.stack[-1].module
         return (
             isinstance(module, nn.Linear)
             and bias is module.bias
@@ -379,19 +271,19 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             # real stand-in values (a fast-path mask check) run for real, outside the fake mode
             with _disable_current_modes():
                 return func(*args, **kwargs)
-        if self.shadow_count:
-            value = self._shadow_value(func, args, kwargs, tensors)
+        if self.values.shadow_count:
+            value = self.values.shadow_value(func, args, kwargs, tensors)
             if value is not NO_VALUE:
                 return value
         if self.fake:  # a value no shadow knows: a branch (trace/values.py)
-            return self.branch_value(func, tensors, self.module())
+            return self.values.branch_value(func, tensors, self.at.module())
         return NO_VALUE
 
     def _run_with_caller_autocast(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        dtype = self.autocast_here()
+        dtype = self.at.autocast_here()
         if dtype is None:
             return func(*args, **kwargs)
-        with _autocast.autocast(self.device_type, dtype):
+        with _autocast.autocast(self.at.device_type, dtype):
             return func(*args, **kwargs)
 
     def _event(
@@ -407,8 +299,10 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
     ) -> Event:
         tensors = tensor_args(args, kwargs)
         dtypes = tuple(t.dtype for t in tensors)
+        at = self.at
+        forward = at.phase == "forward"
         return Event(
-            self.phase,
+            at.phase,
             module,
             name,
             violation,
@@ -416,42 +310,11 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             dtypes,
             tuple(shape_of(t) for t in tensors),
             tuple(self.prov.get(t) for t in tensors),
-            self.autocast_here(),
+            at.autocast_here(),
             is_fast,
-            self._disabled_by(func, dtypes) if self.phase == "forward" else None,
+            # mixed floating operands of an op autocast casts, inside a module entered under autocast
+            disabled_by(at.stack, dtypes, lambda _f: info_of(func).name in _AUTOCAST_LOW) if forward else None,
         )
-
-    def _disabled_by(self, func: Any, dtypes: tuple[torch.dtype, ...]) -> str | None:
-        """The module whose forward turned autocast off around this op, or None.
-
-        Autocast's state cannot be read inside a dispatch handler, but it is recorded at each
-        module's entry. A module entered with autocast on whose op (or child) runs without it
-        turned it off in its forward: a child entered with autocast off, or an op autocast casts
-        (a matmul, a conv) reaching dispatch with mixed floating operands."""
-        stack = self.stack
-        deepest = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].autocast is not None), None)
-        if deepest is None:
-            return None
-        if deepest < len(stack) - 1:
-            return stack[deepest].name
-        floats = {d for d in dtypes if d.is_floating_point}
-        # autocast never casts float64 operands: a float64 one reaches the kernel as it is anyway
-        if info_of(func).name in _AUTOCAST_LOW and len(floats) > 1 and torch.float64 not in floats:
-            return stack[deepest].name
-        return None
-
-    def _tag_nodes(self, tensors: list[torch.Tensor]) -> None:
-        for t in tensors:
-            if t.requires_grad:
-                node: Any = t.grad_fn
-                if node is not None:
-                    meta: dict[str, Any] = node.metadata
-                    if "castwise" not in meta:
-                        meta["castwise"] = self.creator.get(t, "")
-
-    def tag_outputs(self, out: Any) -> None:
-        """Tag the nodes of the model's outputs (never used as an op input inside forward)."""
-        self._tag_nodes(flat_outputs(out))
 
     def _propagate(
         self, func: Any, name: str, module: str, tensors: list[torch.Tensor], out: Any, forward: bool
@@ -464,14 +327,14 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             return []
         # the maps' dicts read inline: this loop runs for every output of every op
         pkey = self.prov.key
-        ckey = self.creator.key
+        ckey = self.at.creator.key
         if not self.provenance:
             if forward:  # the creator names the module of the output's autograd node (backward attribution)
                 for o in outs:
                     odict = o.__dict__
                     if pkey not in odict:  # in-place (or a seeded parameter): it keeps what it had
                         odict.setdefault(ckey, module)
-            self.recorder.op(module, name, self.phase, tensors, outs)
+            self.recorder.op(module, name, self.at.phase, tensors, outs)
             return outs
         several = len(tensors) > 1
         cast = info_of(func).to_copy
@@ -491,7 +354,7 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
                     # the last tensors made here: the operands of a call that raises before it
                     # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
                     self.recent.append((module, o))
-        self.recorder.op(module, name, self.phase, tensors, outs)
+        self.recorder.op(module, name, self.at.phase, tensors, outs)
         return outs
 
     def _new_origin(self, name: str, module: str, tensors: list[torch.Tensor], o: torch.Tensor, cast: bool) -> Prov:
@@ -502,11 +365,11 @@ class Tracer(ShadowValues, TorchDispatchMode):  # type: ignore[no-untyped-call]
             o,
             [(t.__dict__.get(pkey), t) for t in tensors],
             cast=cast,
-            forward=self.phase == "forward",
-            autocast=self.autocast_here(),
+            forward=self.at.phase == "forward",
+            autocast=self.at.autocast_here(),
             # where the dtype was made in the user's code: only here, never per op (it walks the stack)
             line=source.where,
-            hook=self.hook_stack[-1] if self.hook_stack else None,
+            hook=self.at.hook_stack[-1] if self.at.hook_stack else None,
         )
 
 
@@ -517,6 +380,29 @@ def call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     return model(*args, **kwargs)
 
 
+@contextmanager
+def traced(tracer: Tracer, *, engine_backward: bool = True) -> Iterator[Run]:
+    """One run under ``tracer``, its parts in hand: the module hooks on and the mode entered. A
+    model error is caught and recorded (with the module stack at the raise); at the end every
+    observer is told the run ended. ``engine_backward`` False: a simulated device, whose fake
+    tensors need the stand-in guard to carry gradients."""
+    at = tracer.at
+    # the stand-in guard entered outside the try: a build it cannot serve is castwise's error, not the model's
+    with stand_in_guard() if not engine_backward else nullcontext(), at.running():
+        try:
+            hooks_kept = tensor_hooks_recorded() if not engine_backward else nullcontext()
+            # gradient hooks registered on activations during the run; sdpa's operands when it refuses
+            user_hooks = hooks.tensor_hooks(at, tracer.recorder), hooks.refused_operands(at)
+            with at.module_hooks(), user_hooks[0], user_hooks[1], hooks_kept, one_thread(tracer.fake), tracer:
+                yield tracer.run
+        except Exception as exc:  # the model's own error: becomes a finding
+            tracer.recorder.raised(exc, list(at.stack), at.phase)
+        finally:
+            for obs in tracer.run.observers:
+                obs.finish(tracer.trace)
+    tracer.recorder.ended()
+
+
 def run(
     tracer: Tracer,
     model: nn.Module,
@@ -525,39 +411,24 @@ def run(
     mode: str,
     *,
     engine_backward: bool,
-    enter: Callable[[], Any] | None = None,
 ) -> Trace:
     """Run ``model`` once in ``mode`` ("train": forward + backward; "eval": no_grad) under
     ``tracer``. A model error is caught and recorded (with the module stack at the raise)."""
-    trace = tracer.trace
-    enabled = torch.is_autocast_enabled(tracer.device_type)
-    tracer.root_autocast = torch.get_autocast_dtype(tracer.device_type) if enabled else None
-    if mode == "eval":
-        model.eval()
-    else:
-        model.train()
-    # no engine: a simulated device, whose fake tensors need the stand-in guard to carry gradients
-    # (entered outside the try: a build it cannot serve is castwise's error, not the model's)
-    with stand_in_guard() if not engine_backward else nullcontext(), tracer.running():
-        try:
-            hooks_kept = tensor_hooks_recorded() if not engine_backward else nullcontext()
-            with tracer.hooks(), hooks_kept, one_thread(tracer.fake), tracer:
-                if mode == "eval":
-                    with torch.no_grad():
-                        call(model, args, kwargs)
-                else:
-                    with torch.enable_grad():
-                        out = call(model, args, kwargs)
-                        tracer.end_forward(out)
-                        loss = pick_loss(out)
-                        if loss is not None:
-                            tracer.begin_backward()
-                            if engine_backward:
-                                loss.backward()  # type: ignore[no-untyped-call]
-                            else:
-                                with engine_replaced(tracer):
-                                    loss.backward()  # type: ignore[no-untyped-call]
-        except Exception as exc:  # the model's own error: becomes a finding
-            tracer.recorder.raised(exc, list(tracer.stack), tracer.phase)
-    tracer.recorder.ended()
-    return trace
+    at = tracer.at
+    enabled = torch.is_autocast_enabled(at.device_type)
+    at.root_autocast = torch.get_autocast_dtype(at.device_type) if enabled else None
+    model.train(mode != "eval")
+    with traced(tracer, engine_backward=engine_backward):
+        if mode == "eval":
+            with torch.no_grad():
+                call(model, args, kwargs)
+        else:
+            with torch.enable_grad():
+                out = call(model, args, kwargs)
+                at.end_forward(out)
+                loss = pick_loss(out)
+                if loss is not None:
+                    at.begin_backward()
+                    with nullcontext() if engine_backward else engine_replaced(at):
+                        loss.backward()  # type: ignore[no-untyped-call]
+    return tracer.trace

@@ -24,13 +24,14 @@ import contextlib
 import linecache
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
+from castwise.trace.attrmap import AttrMap
 from castwise.trace.events import Trace
 
 _SHADOW_MAX = 1 << 16  # elements: values are kept for small tensors only (masks, ids, positions)
@@ -77,17 +78,19 @@ def branch_site() -> tuple[str, int, str]:
 
 
 class ShadowValues:
-    """Mixed into the tracer: ``shadow`` maps a fake tensor to a real CPU tensor with its values."""
+    """A part of the eager producer: ``shadow`` maps a fake tensor to a real CPU tensor with its values."""
 
-    shadow: Any
-    shadow_count: int
-    recipe: Any  # fake tensor -> (func, args, kwargs, output index) that made it; None: changed in place
-    assumed_now: int  # masks taken as all True by ``known`` (callers read it to record the assumption)
-    trace: Trace
-    forced: frozenset[tuple[str, int]] = frozenset()  # branch sites this run answers True
-
-    def module(self) -> str:
-        raise NotImplementedError  # the tracer's: the module running now
+    def __init__(
+        self, trace: Trace, module: Callable[[], str], forced: frozenset[tuple[str, int]] = frozenset()
+    ) -> None:
+        self.trace = trace  # where branches and assumptions are recorded
+        self.module = module  # the module running now (attribution's)
+        self.forced = forced  # branch sites this run answers True
+        self.shadow = AttrMap("value")  # fake tensor -> real CPU tensor with its values
+        self.shadow_count = 0
+        # fake mask/count/id tensor -> (func, args, kwargs, output index) that made it; None: changed in place
+        self.recipe = AttrMap("recipe")
+        self.assumed_now = 0  # masks taken as all True by ``known`` (callers read it to record the assumption)
 
     def remember(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor], out: Any
@@ -259,7 +262,7 @@ class ShadowValues:
             new_kwargs["device"] = torch.device("cpu")
         return new_args, new_kwargs
 
-    def _shadow_value(
+    def shadow_value(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor]
     ) -> Any:
         mapped = self._real_args(args, kwargs) if tensors else None
@@ -271,7 +274,7 @@ class ShadowValues:
         except Exception:
             return NO_VALUE
 
-    def _shadow_run(
+    def shadow_run(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], tensors: list[torch.Tensor], out: Any
     ) -> None:
         shadow = self.shadow
