@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from castwise._dtypes import short_of
 from castwise.distributed import fsdp1, unit_runs
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
@@ -146,8 +147,8 @@ def mixed_unit_findings(model: nn.Module, modes: tuple[Any, ...]) -> list[Findin
             Finding(
                 code="CW113",
                 message=(
-                    f"FSDP2 unit {where} holds trainable parameters in {_short(odd_dtype)} (`{odd[0]}`"
-                    f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''}) and {_short(usual)}: torch's "
+                    f"FSDP2 unit {where} holds trainable parameters in {short_of(odd_dtype)} (`{odd[0]}`"
+                    f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''}) and {short_of(usual)}: torch's "
                     f"fully_shard refuses it at the unit's first forward (AssertionError: FSDP expects uniform "
                     f"original parameter dtype but got {{{shown}}}), before any op runs."
                 ),
@@ -155,19 +156,13 @@ def mixed_unit_findings(model: nn.Module, modes: tuple[Any, ...]) -> list[Findin
                 origin=Origin(owner or None, None, f"param {odd[0]}"),
                 modes=modes,
                 fix=(
-                    f"Cast `{owner or 'the model'}` to {_short(usual)} with the rest of the unit before "
+                    f"Cast `{owner or 'the model'}` to {short_of(usual)} with the rest of the unit before "
                     f"fully_shard, or make it its own unit (fully_shard(model.{owner}) first) if it is meant "
-                    f"to be stored in {_short(odd_dtype)}."
+                    f"to be stored in {short_of(odd_dtype)}."
                 ),
             )
         )
     return found
-
-
-def _short(dtype: torch.dtype) -> str:
-    from castwise._dtypes import short_of
-
-    return short_of(dtype)
 
 
 # -- the view ----------------------------------------------------------------------------------
