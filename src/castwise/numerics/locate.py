@@ -26,6 +26,7 @@ from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
 from castwise.numerics.rows import locate_rows
 from castwise.report import Finding, Report, Run
+from castwise.rules.audit._text import where
 from castwise.run import Inputs, RunRequest
 from castwise.trace.events import as_mode
 
@@ -84,7 +85,6 @@ def _verdict(p: Producer, wide: bool | None) -> tuple[str, str]:
 
 def _message(p: Producer, verdict: str, cause: str, absorbed: bool) -> str:
     what = {"nan": "NaN", "inf": "Inf", "nan+inf": "NaN and Inf"}[p.made]
-    where = f"`{p.module}`" if p.module else "the model's top level"
     phase = f"backward ({p.node})" if p.phase == "backward" and p.node else p.phase
     ins = (
         ", ".join(
@@ -94,7 +94,7 @@ def _message(p: Producer, verdict: str, cause: str, absorbed: bool) -> str:
         or "no tensor inputs"
     )
     text = (
-        f"{p.op} in {where} made {what} in {phase} from inputs without it ({ins}); "
+        f"{p.op} in {where(p.module)} made {what} in {phase} from inputs without it ({ins}); "
         f"{short_of(p.out_dtype)} holds up to {limits(p.out_dtype)['max']:.6g}. {cause}."
     )
     if absorbed:
