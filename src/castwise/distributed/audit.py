@@ -35,12 +35,11 @@ from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
 from castwise.report import Finding, Origin, Report
-from castwise.run import map_tensors, tensors_of
+from castwise.run import tensors_of
 
 if TYPE_CHECKING:
     from torch import nn
 
-_F16_MAX = torch.finfo(torch.float16).max
 _BYTES = {torch.float64: 8, torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 _STATE_KEY = "__composable_api_state_key"
 
@@ -285,7 +284,7 @@ def _boundary(
     and the output goes back to the dtype of the last input that was cast. ``own``: the module's
     own forward function when one was set on the instance (Accelerate's, with its autocast),
     which the boundary runs instead of the class's."""
-    from castwise.applied import cast_floating
+    from castwise.applied import cast_floating, saturated
 
     def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         with unit_runs.unit_call(module):
@@ -307,8 +306,7 @@ def _boundary(
         if first is not None and seen is not None and unit is not None:
             seen.computed.setdefault(unit, Counter())[first.dtype] += 1
         if saturate:
-            out = cast_floating(out, torch.float32)
-            out = _clamp(out)
+            out = saturated(cast_floating(out, torch.float32))
         return cast_floating(out, output) if output is not None else out
 
     return forward
@@ -316,13 +314,6 @@ def _boundary(
 
 def _first_float(obj: Any) -> torch.Tensor | None:
     return next((t for t in tensors_of(obj) if t.is_floating_point()), None)
-
-
-def _clamp(obj: Any) -> Any:
-    def clamp(t: torch.Tensor) -> torch.Tensor:
-        return t.clamp(-_F16_MAX, _F16_MAX) if t.is_floating_point() and t.dtype != torch.float16 else t
-
-    return map_tensors(obj, clamp)
 
 
 def build_view(
