@@ -32,11 +32,12 @@ from castwise.float8 import convert, score
 from castwise.numerics import _run
 from castwise.numerics import float8_leaveout as f8l
 from castwise.numerics._failed import RunRaised, add_diagnosis
+from castwise.numerics.locate import real_run
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
 from castwise.policy import Policy
 from castwise.policy.float8 import Float8Recipe
-from castwise.report import Finding, Report, Run
+from castwise.report import Finding, Report
 from castwise.rules.audit._text import where
 from castwise.run import Inputs
 from castwise.trace.events import as_mode
@@ -452,14 +453,7 @@ def _forecast(
         summary["numerics"]["error"] = f"{type(error).__name__}: {error}"
     report = Report(
         findings=findings,
-        runs=[
-            Run(
-                as_mode(mode),
-                device,
-                None if policy is None else str(policy),
-                "incomplete" if error is not None else "ok",
-            )
-        ],
+        runs=[real_run(mode, device, policy, "incomplete" if error is not None else "ok")],
         summary=summary,
         extra={"numerics": forecast_rows(stats, t.name)},
         title=f"castwise numerics --forecast {t.name} ({'layerwise, ' if how else ''}real tensors, device {device}, "
