@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from castwise._dtypes import name_of, short_of
+from castwise._dtypes import is_low, name_of, short_of
 
 if TYPE_CHECKING:
     from castwise.policy import Policy
@@ -77,7 +77,7 @@ def lightning(p: Policy, base_precision: str) -> tuple[str, list[str], bool]:
 
     recipe = p.float8
     assert recipe is not None
-    if recipe.scaling != "delayed" or p.compute_dtype not in (torch.bfloat16, torch.float16):
+    if recipe.scaling != "delayed" or not is_low(p.compute_dtype):
         return (
             base_precision,
             [

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from castwise._dtypes import short_of
+from castwise._dtypes import is_low, short_of
 from castwise.errors import PolicyError
 from castwise.policy import fields as policy_fields
 from castwise.policy import grammar, presets
@@ -24,7 +24,7 @@ __all__ = ["LossScale", "Policy"]
 
 LossScale = float | Literal["dynamic"] | None
 
-F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+F32 = torch.float32
 
 
 @dataclass(frozen=True)
@@ -66,20 +66,20 @@ class Policy:
     def _check_together(self) -> None:
         """The rules that tie fields together: each names both settings and the fix."""
         p, c = self.param_dtype, self.compute_dtype
-        if p != c and (c not in (F16, BF16) or p != F32):
+        if p != c and (not is_low(c) or p != F32):
             raise PolicyError(
                 f"params={short_of(p)} with compute={short_of(c)}: mixed precision keeps float32 weights "
                 "and computes in bf16 or f16 under autocast; valid pairs: params equal to compute, "
                 "or params=f32 with compute=bf16|f16"
             )
-        if self.loss_scale is not None and p in (F16, BF16) and not self.master_weights:
+        if self.loss_scale is not None and is_low(p) and not self.master_weights:
             # GradScaler.unscale_ refuses half gradients ("Attempting to unscale FP16 gradients")
             raise PolicyError(
                 f"loss_scale={self.loss_scale} with params={short_of(p)}: gradients would be stored in "
                 f"{short_of(p)} and loss scaling cannot unscale them (GradScaler raises 'Attempting to "
                 "unscale FP16 gradients'); use float32 params (a *-mixed policy), or master_weights=on"
             )
-        if self.master_weights and p not in (F16, BF16):
+        if self.master_weights and not is_low(p):
             raise PolicyError(
                 f"master_weights=on with params={short_of(p)}: master weights are float32 copies of "
                 "bf16/f16 parameters; with float32 params there is nothing to copy; drop master_weights"
