@@ -172,6 +172,9 @@ def test_a_fabric_module_is_read_as_its_users_module_and_precision() -> None:
     assert seen is not None and seen.user is model and seen.wrapper is wrapped
     assert seen.policy == "lightning:bf16-true"  # true: the inputs are cast by the preset itself
     assert seen.audited(None) is model and seen.audited("32-true") is model
+    assert seen.describe(None) == "= Lightning Fabric's precision='bf16-true'"
+    # a mixed --policy casts no weight: it cannot undo the conversion Fabric made at setup, and says so
+    assert "weights stay as Lightning Fabric converted them" in seen.describe("bf16-mixed")
     assert framed(model) is None
 
 

@@ -4,8 +4,9 @@ The script runs as ``python SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``s
 exit code). While it runs, ``nn.Module.__call__`` is wrapped: the first time a model is called
 from outside any other module's forward (a *root* call), castwise audits a fake copy of it with
 fake copies of the real arguments, in the precision the script runs it in (its own
-``torch.autocast``, unless ``--policy`` replaces it), in train and eval mode, so a crash only
-validation would meet is reported before the first training step runs. ``GradScaler.__init__``
+``torch.autocast``, or that of the framework whose wrapper it called, Lightning Fabric's or
+Accelerate's: see ``frameworks``; ``--policy`` replaces either), in train and eval mode, so a
+crash only validation would meet is reported before the first training step runs. ``GradScaler.__init__``
 is wrapped too: under f16 autocast the audit scales the loss only once the script has made an
 enabled GradScaler. The user's model, inputs and every global setting are left as they were; the
 wrappers are removed when the script ends.
