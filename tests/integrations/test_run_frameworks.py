@@ -161,6 +161,25 @@ def test_accelerates_autocast_follows_the_device_and_policy_given(tmp_path: Path
     assert "32-true given in place of Accelerate's mixed_precision='bf16'" in " ".join(out.stderr.split())
 
 
+def test_accelerates_fp16_on_cpu_is_said_to_run_without_autocast(tmp_path: Path) -> None:
+    """Accelerate turns native AMP off for fp16 on the CPU: the model runs in f32 there, which the
+    report says (also for --device cuda, where the same script would autocast), with the string
+    that audits it as on a GPU."""
+    script = SCRIPTS / "accelerate_train.py"
+    args = ("--mixed_precision", "fp16")
+    out, data = _run(tmp_path, script, *args, options=("--device", "cuda", "--mode", "train"))
+    assert out.returncode == 0, out.stderr
+    (model,) = data["models"]
+    assert model["runs"][0]["policy"] is None and model["framework"]["policy"] is None
+    title = " ".join(out.stderr.split())
+    assert "policy none, as the script runs it: Accelerate's mixed_precision='fp16' has no autocast on cpu" in title
+    assert "--policy accelerate:fp16 audits it as on a GPU" in title
+    _, data = _run(tmp_path, script, *args, options=("--device", "cuda", "--mode", "train", "-p", "accelerate:fp16"))
+    (model,) = data["models"]
+    assert model["runs"][0]["policy"] == "16-mixed"
+    assert "float16" in model["summary"]["activation_bytes_by_dtype"]
+
+
 # -- in process: what castwise reads of a Fabric model, and Lightning's preset names
 
 
@@ -172,7 +191,7 @@ def test_a_fabric_module_is_read_as_its_users_module_and_precision() -> None:
     assert seen is not None and seen.user is model and seen.wrapper is wrapped
     assert seen.policy == "lightning:bf16-true"  # true: the inputs are cast by the preset itself
     assert seen.audited(None) is model and seen.audited("32-true") is model
-    assert seen.describe(None) == "= Lightning Fabric's precision='bf16-true'"
+    assert seen.describe(None) == " = Lightning Fabric's precision='bf16-true'"
     # a mixed --policy casts no weight: it cannot undo the conversion Fabric made at setup, and says so
     assert "weights stay as Lightning Fabric converted them" in seen.describe("bf16-mixed")
     assert framed(model) is None

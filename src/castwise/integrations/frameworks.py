@@ -60,18 +60,17 @@ class Framed:
         return f"{self.framework}'s {self.setting}"
 
     def describe(self, given: str | None) -> str:
-        """What the report's title adds: where the policy it names comes from."""
+        """What the report's title adds after the policy it names: where that policy comes from."""
         if self.policy is None:
-            run = "--policy " + given if given is not None else "the framework's own wrapper"
-            return f"{self.source} not modelled ({self.why_not}): audited with {run}"
+            return f"{'' if given is not None else ', as the script runs it'}: {self.source} {self.why_not}"
         if given is None:
-            return f"= {self.source}"
+            return f" = {self.source}"
         mine, theirs = Policy.parse(given), Policy.parse(self.policy)
         note = ""
         if mine.is_mixed and not theirs.is_mixed and theirs.param_dtype != mine.param_dtype:
             # a mixed policy casts no weight: what the framework converted at setup stays converted
             note = f"; the weights stay as {self.framework} converted them at setup"
-        return f"given in place of {self.source}{note}"
+        return f" given in place of {self.source}{note}"
 
     def to_dict(self, given: str | None) -> dict[str, Any]:
         return {
@@ -79,7 +78,7 @@ class Framed:
             "setting": self.setting,
             "policy": self.policy,
             "replaced_by": given,
-            **({"not_modelled": self.why_not} if self.policy is None else {}),
+            **({"why_not": self.why_not} if self.policy is None else {}),
         }
 
 
@@ -92,10 +91,10 @@ def _modelled(text: str) -> tuple[str | None, str]:
     try:
         f8 = Policy.parse(text).float8
     except PolicyError as exc:
-        return None, str(exc)
+        return None, f"is not modelled ({exc})"
     if f8 is not None and text.startswith("lightning:"):
         # as CastwiseCallback: Lightning's float8 is TransformerEngine's, apply converts torchao's recipes
-        return None, f"TransformerEngine's float8 ({f8} scaling) is not one castwise converts"
+        return None, f"is not modelled (TransformerEngine's float8, {f8} scaling, is not one castwise converts)"
     return text, ""
 
 
@@ -122,12 +121,22 @@ def _fabric(module: nn.Module) -> Framed | None:
 def _accelerate(module: nn.Module) -> Framed | None:
     original = module.__dict__.get("_original_forward")
     state = sys.modules.get("accelerate.state")
-    if original is None or "forward" not in module.__dict__ or state is None:
+    if state is None or not module.__dict__.get("_is_accelerate_prepared"):
         return None
+    setting = str(state.AcceleratorState._shared_state.get("_mixed_precision", "no"))
+    if original is None or "forward" not in module.__dict__:
+        if setting != "fp16":
+            return None  # no autocast of Accelerate's: the model runs as it is
+        # Accelerator.__init__ (accelerator.py) turns native AMP on for fp16 only off the CPU: here
+        # the model runs in its own dtypes, on a GPU under f16 autocast with a GradScaler
+        why = (
+            "has no autocast on cpu (its native AMP is off for fp16 there); "
+            "--policy accelerate:fp16 audits it as on a GPU"
+        )
+        return Framed(module, module, "Accelerate", f"mixed_precision={setting!r}", None, why)
     # Accelerator.prepare_model (accelerator.py) keeps the forward it replaced as _original_forward
     # when native AMP is on, and wraps forward in get_mixed_precision_context_manager's autocast
     # (utils/modeling.py) and convert_outputs_to_fp32: what accelerate:<mixed_precision> models
-    setting = str(state.AcceleratorState._shared_state.get("_mixed_precision", "no"))
     policy, why = _modelled(f"accelerate:{setting}")
     return Framed(_forward_view(module, original), module, "Accelerate", f"mixed_precision={setting!r}", policy, why)
 

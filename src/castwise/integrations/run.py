@@ -108,7 +108,7 @@ class Watcher:
         if report is None:
             return
         if framework is not None:  # the report names the precision the run used, and where it is from
-            report.title = f"{report.title[:-1]} {framework.describe(self.policy)})"
+            report.title = f"{report.title[:-1]}{framework.describe(self.policy)})"
             report.extra["framework"] = framework.to_dict(self.policy)
         name = type(model).__name__
         self.reports.append((name, report))
