@@ -59,7 +59,11 @@ def run(
         # torchrun / accelerate launch: every rank runs the same model; rank 0 audits and reports
         # for them all, the others run the script as python would, unwatched (no audit, no cost)
         return _unwatched(script, list(args), as_module)
-    watcher = Watcher(policy=policy, device=device, mode=mode, stop=stop, on_report=show)
+
+    def note(text: str) -> None:
+        print(f"castwise run: note: {text}", file=sys.stderr, flush=True)
+
+    watcher = Watcher(policy=policy, device=device, mode=mode, stop=stop, on_report=show, on_note=note)
     try:
         code = run_script(script, list(args), watcher, module=as_module)
     except RunStopped as exc:
@@ -73,7 +77,8 @@ def run(
     if json_path is not None:
         import json
 
-        payload = json.dumps({"schema": 1, "models": [{"model": n, **r.to_dict()} for n, r in watcher.reports]})
+        models = [{"model": n, **r.to_dict()} for n, r in watcher.reports]
+        payload = json.dumps({"schema": 1, "models": models, **({"notes": watcher.notes} if watcher.notes else {})})
         with open(json_path, "w", encoding="utf-8") as fh:
             fh.write(payload + "\n")
     if code == 0 and any(r.errors for _, r in watcher.reports):

@@ -4,8 +4,9 @@ The script runs as ``python SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``s
 exit code). While it runs, ``nn.Module.__call__`` is wrapped: the first time a model is called
 from outside any other module's forward (a *root* call), castwise audits a fake copy of it with
 fake copies of the real arguments, in the precision the script runs it in (its own
-``torch.autocast``, unless ``--policy`` replaces it), in train and eval mode, so a crash only
-validation would meet is reported before the first training step runs. ``GradScaler.__init__``
+``torch.autocast``, or that of the framework whose wrapper it called, Lightning Fabric's or
+Accelerate's: see ``frameworks``; ``--policy`` replaces either), in train and eval mode, so a
+crash only validation would meet is reported before the first training step runs. ``GradScaler.__init__``
 is wrapped too: under f16 autocast the audit scales the loss only once the script has made an
 enabled GradScaler. The user's model, inputs and every global setting are left as they were; the
 wrappers are removed when the script ends.
@@ -23,9 +24,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from castwise.errors import RunStopped
 from castwise.integrations._steps import audit_or_skip, random_streams_kept
+from castwise.integrations.frameworks import Framed, framed, framework_backward, preset_note
 from castwise.report import Report
 from castwise.run import Inputs, model_device
 
@@ -43,6 +46,9 @@ class Watcher:
     stop: bool = False
     on_report: Callable[[str, Report], None] | None = None
     reports: list[tuple[str, Report]] = field(default_factory=list)
+    on_note: Callable[[str], None] | None = None
+    notes: list[str] = field(default_factory=list)  # what castwise says of the run beside the reports
+    _noted: bool = False
     _seen: set[int] = field(default_factory=set)
     _depth: int = 0
     _busy: bool = False
@@ -83,25 +89,51 @@ class Watcher:
         from castwise.auditor import audit
 
         inputs = Inputs.called(args, kwargs)  # the call as the script made it
-        policy = self.policy if self.policy is not None else ambient_policy(model_device(module), scaled=self.scaled)
+        # a framework's wrapper (Fabric, Accelerate): its user's module, under the policy that models it
+        framework = framed(module)
+        model = framework.audited(self.policy) if framework is not None else module
+        policy = self.policy if self.policy is not None else self._policy_of(model, framework)
+        self._note_presets()
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
-            with random_streams_kept():  # the script's random streams stay as they were
+            # the script's random streams stay as they were, and its own dispatch modes do not see
+            # the audit's ops (litgpt's measure_flops counts a meta model's FLOPs in a FlopCounterMode)
+            with random_streams_kept(), framework_backward(framework), _disable_current_modes():
                 report = audit_or_skip(
-                    lambda: audit(module, inputs, policy=policy, device=self.device, mode=self.mode),
-                    f"{type(module).__name__} (castwise run)",
+                    lambda: audit(model, inputs, policy=policy, device=self.device, mode=self.mode),
+                    f"{type(model).__name__} (castwise run)",
                 )
         finally:
             self._busy = False
         if report is None:
             return
-        name = type(module).__name__
+        if framework is not None:  # the report names the precision the run used, and where it is from
+            report.title = f"{report.title[:-1]}{framework.describe(self.policy)})"
+            report.extra["framework"] = framework.to_dict(self.policy)
+        name = type(model).__name__
         self.reports.append((name, report))
         if self.on_report is not None:
             self.on_report(name, report)
         if self.stop and report.errors:
             first = report.errors[0]
             raise RunStopped(f"castwise run --stop: {name}: {first.code} at `{first.module}`: {first.message}")
+
+    def _policy_of(self, model: nn.Module, framework: Framed | None) -> str | None:
+        if framework is not None and framework.policy is not None:
+            return framework.policy
+        return ambient_policy(model_device(model), scaled=self.scaled)
+
+    def _note_presets(self) -> None:
+        """Once per run: a bare ``--policy`` preset that Lightning also has, where castwise's
+        meaning differs from Lightning's and the script runs Lightning."""
+        if self.policy is None or self._noted:
+            return
+        self._noted = True
+        note = preset_note(self.policy)
+        if note is not None:
+            self.notes.append(note)
+            if self.on_note is not None:
+                self.on_note(note)
 
 
 def ambient_policy(device_type: str, *, scaled: bool = False) -> str | None:
