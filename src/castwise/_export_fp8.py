@@ -20,17 +20,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from castwise._dtypes import is_low, name_of, short_of
+
 if TYPE_CHECKING:
     from castwise.policy import Policy
 
 _TE_FORMAT = {"hybrid": "HYBRID", "e4m3": "E4M3", "e5m2": "E5M2"}
 _TITAN_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-def _short(dtype: Any) -> str:
-    from castwise._dtypes import short_of
-
-    return short_of(dtype)
 
 
 def _base_is(p: Policy, text: str) -> bool:
@@ -81,7 +77,7 @@ def lightning(p: Policy, base_precision: str) -> tuple[str, list[str], bool]:
 
     recipe = p.float8
     assert recipe is not None
-    if recipe.scaling != "delayed" or p.compute_dtype not in (torch.bfloat16, torch.float16):
+    if recipe.scaling != "delayed" or not is_low(p.compute_dtype):
         return (
             base_precision,
             [
@@ -97,7 +93,7 @@ def lightning(p: Policy, base_precision: str) -> tuple[str, list[str], bool]:
     if not own:
         left.append(
             f"the base precision {p.replace(float8=None, rules=())} (Lightning's {precision} stores "
-            f"{_short(p.compute_dtype)} weights and sets the default dtype)"
+            f"{short_of(p.compute_dtype)} weights and sets the default dtype)"
         )
     if recipe.format != "hybrid":
         te = _TE_FORMAT[str(recipe.format)]
@@ -122,12 +118,11 @@ def _filter_fqns(p: Policy, model: Any) -> list[str]:
 
 def torchtitan(p: Policy, model: Any, fsdp: bool) -> tuple[dict[str, Any], list[str]]:
     """A torchtitan job TOML's sections for ``p``, and what it cannot say."""
-    from castwise._dtypes import name_of
 
     left: list[str] = []
     param = name_of(p.compute_dtype)
     if not p.is_mixed and param != "float32":
-        left.append(f"{_short(p.param_dtype)} weights (torchtitan keeps float32 sharded weights; FSDP2 gathers them)")
+        left.append(f"{short_of(p.param_dtype)} weights (torchtitan keeps float32 sharded weights; FSDP2 gathers them)")
     out: dict[str, Any] = {
         "training": {"mixed_precision_param": param, "mixed_precision_reduce": name_of(p.reduce_dtype)}
     }

@@ -28,6 +28,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from castwise import _export_fp8 as _fp8
+from castwise._dtypes import name_of, short_of
 from castwise.errors import ExportError
 
 if TYPE_CHECKING:
@@ -48,27 +49,15 @@ def _policy(policy: Policy | str) -> Policy:
     return Policy.parse(policy)
 
 
-def _name(dtype: Any) -> str:
-    from castwise._dtypes import name_of
-
-    return name_of(dtype)
-
-
-def _short(dtype: Any) -> str:
-    from castwise._dtypes import short_of
-
-    return short_of(dtype)
-
-
 def _script_only(policy: Policy, target: str) -> list[str]:
     """Parts of ``policy`` no configuration file expresses (they live in the training script)."""
     out = [f"module rule {r}" for r in policy.rules]
     if policy.norms is not None:
-        out.append(f"norms={_short(policy.norms)} (normalisation layers as islands)")
+        out.append(f"norms={short_of(policy.norms)} (normalisation layers as islands)")
     if not policy.fastpath:
         out.append("fastpath=off")
     if policy.default_dtype is not None:
-        out.append(f"default_dtype={_short(policy.default_dtype)} (torch's default dtype while the model runs)")
+        out.append(f"default_dtype={short_of(policy.default_dtype)} (torch's default dtype while the model runs)")
     if policy.float8 is not None and target == "DeepSpeed":
         # DeepSpeed has no float8 setting: exporting only the base would train another precision
         out.append(f"fp8={policy.float8} (float8 GEMMs: DeepSpeed's config has no FP8 setting)")
@@ -91,7 +80,7 @@ def _check_dtypes(policy: Policy, target: str) -> None:
 
     if policy.compute_dtype == torch.float64 or policy.param_dtype == torch.float64:
         raise ExportError(
-            f"{target} trains in f32, bf16 or f16; this policy computes in {_short(policy.compute_dtype)}. "
+            f"{target} trains in f32, bf16 or f16; this policy computes in {short_of(policy.compute_dtype)}. "
             "valid compute dtypes: bf16, f16, f32"
         )
 
@@ -114,7 +103,7 @@ def deepspeed(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
     elif p.compute_dtype == torch.float16:
         scale = p.loss_scale if isinstance(p.loss_scale, float) else 0
         out["fp16"] = {"enabled": True, "loss_scale": scale, "initial_scale_power": 16}
-    out["communication_data_type"] = _DS_NAME[_name(p.reduce_dtype)]
+    out["communication_data_type"] = _DS_NAME[name_of(p.reduce_dtype)]
     left = _script_only(p, "DeepSpeed")
     _left_out(
         "DeepSpeed",
@@ -150,7 +139,7 @@ def accelerate(policy: Policy | str, *, fsdp: bool = True, strict: bool = False)
         out["fp8_config"], fp8_left = _fp8.accelerate(p, fsdp)
         left += fp8_left
     if not p.is_mixed and p.param_dtype != torch.float32:
-        left.append(f"{_short(p.param_dtype)} weights (load the model with torch_dtype={_short(p.param_dtype)})")
+        left.append(f"{short_of(p.param_dtype)} weights (load the model with torch_dtype={short_of(p.param_dtype)})")
     if fsdp:
         out["distributed_type"] = "FSDP"
         out["fsdp_config"] = {
@@ -164,12 +153,12 @@ def accelerate(policy: Policy | str, *, fsdp: bool = True, strict: bool = False)
         }
         gathered = p.compute_dtype if p.is_mixed else p.param_dtype
         if p.reduce_dtype != gathered:
-            left.append(f"reduce={_short(p.reduce_dtype)} (Accelerate's FSDP reduces in {_short(gathered)})")
+            left.append(f"reduce={short_of(p.reduce_dtype)} (Accelerate's FSDP reduces in {short_of(gathered)})")
     else:
         out["distributed_type"] = "MULTI_GPU"
         grads = p.param_dtype  # DDP all-reduces gradients in the parameters' dtype
         if p.reduce_dtype != grads:
-            left.append(f"reduce={_short(p.reduce_dtype)} (DDP all-reduces gradients in {_short(grads)})")
+            left.append(f"reduce={short_of(p.reduce_dtype)} (DDP all-reduces gradients in {short_of(grads)})")
     _left_out(
         "Accelerate",
         left,
@@ -213,7 +202,7 @@ def lightning(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
     if isinstance(p.loss_scale, float):
         left.append(f"loss_scale={p.loss_scale:g} (16-mixed scales dynamically)")
     if p.reduce_dtype != torch.float32 and p.reduce_dtype != p.param_dtype:
-        left.append(f"reduce={_short(p.reduce_dtype)} (DDP reduces in the parameters' dtype)")
+        left.append(f"reduce={short_of(p.reduce_dtype)} (DDP reduces in the parameters' dtype)")
     _left_out(
         "Lightning",
         left,

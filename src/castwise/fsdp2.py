@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Plan", "ShardError", "UnitPlan", "fully_shard", "plan", "plan_of"]
 
-_F16_MAX = torch.finfo(torch.float16).max
 # sharded model -> the plan castwise sharded it with (read by the distributed audit)
 _SHARDED: weakref.WeakKeyDictionary[nn.Module, Plan] = weakref.WeakKeyDictionary()
 
@@ -93,28 +92,18 @@ def _cast_out(dtype: torch.dtype | None, saturate: bool) -> Callable[[Callable[.
     """Cast floating outputs to ``dtype`` (None: keep); ``saturate``: clamp to f16's finite range
     first, so a value the f32 island was kept for (an f16 overflow) does not come back as inf.
     (FSDP2's own ``output_dtype`` cast is plain.)"""
-    from castwise.applied import cast_floating
+    from castwise.applied import cast_floating, saturated
 
     def make(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
             out = inner(*args, **kwargs)
             if saturate:
-                out = _clamp_f16(out)
+                out = saturated(out)
             return cast_floating(out, dtype) if dtype is not None else out
 
         return forward
 
     return make
-
-
-def _clamp_f16(obj: Any) -> Any:
-    from castwise.run import map_tensors
-
-    def clamp(t: torch.Tensor) -> torch.Tensor:
-        wide = t.is_floating_point() and t.dtype in (torch.float32, torch.float64)
-        return t.clamp(-_F16_MAX, _F16_MAX) if wide else t
-
-    return map_tensors(obj, clamp)
 
 
 def _cast_in(dtype: torch.dtype) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

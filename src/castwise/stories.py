@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from castwise._dtypes import is_low
+from castwise.run import tensors_of
 
 Inputs = Any  # a tensor, a tuple of positional args or a dict of keyword args
 
@@ -79,18 +80,7 @@ def call(model: nn.Module, inputs: Inputs) -> Any:
 
 
 def first_tensor(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "to_tuple"):
-        out = out.to_tuple()
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for item in out:
-            t = first_tensor(item)
-            if t is not None:
-                return t
-    return None
+    return next(iter(tensors_of(out)), None)
 
 
 def run_as_user(model: nn.Module, inputs: Inputs, policy: str | None, mode: str) -> Any:

@@ -58,21 +58,35 @@ _QUANTISED_MODULE_PACKAGES = ("torch.ao.nn.quantized", "torch.nn.quantized", "to
 # -- casting nested outputs ------------------------------------------------------------------
 
 
+def _saturate(t: torch.Tensor) -> torch.Tensor:
+    # overflow is why the layer was kept in float32: clamp to float16's finite range, not inf
+    return t.clamp(-_F16_MAX, _F16_MAX) if t.dtype in (torch.float32, torch.float64) else t
+
+
 def _cast_tensor(t: torch.Tensor, dtype: torch.dtype, saturate: bool) -> torch.Tensor:
     if not t.is_floating_point() or t.dtype == dtype:
         return t
-    if saturate and dtype == torch.float16 and t.dtype in (torch.float32, torch.float64):
-        # overflow is why the layer was kept in float32: clamp to float16's finite range, not inf
-        t = t.clamp(-_F16_MAX, _F16_MAX)
+    if saturate and dtype == torch.float16:
+        t = _saturate(t)
     return t.to(dtype)
+
+
+def _tree_map(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    return pytree.tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, obj)
 
 
 def cast_floating(obj: Any, dtype: torch.dtype, saturate: bool = False) -> Any:
     """Every floating tensor in a nested structure cast, rebuilt by torch's pytree (tuples, lists,
     dicts, namedtuples, ModelOutputs: new containers of the same type; the caller's are never mutated)."""
-    if isinstance(obj, torch.Tensor):
-        return _cast_tensor(obj, dtype, saturate)
-    return pytree.tree_map(lambda x: _cast_tensor(x, dtype, saturate) if isinstance(x, torch.Tensor) else x, obj)
+    return _tree_map(obj, lambda t: _cast_tensor(t, dtype, saturate))
+
+
+def saturated(obj: Any) -> Any:
+    """Every float32/float64 tensor in a nested structure clamped to float16's finite range: what
+    an island kept in float32 for an f16 overflow returns, the largest f16 instead of inf."""
+    return _tree_map(obj, _saturate)
 
 
 def _lossless(src: torch.dtype, dst: torch.dtype) -> bool:

@@ -39,10 +39,6 @@ __all__ = [
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 
-def _short(dtype: torch.dtype) -> str:
-    return short_of(dtype)
-
-
 NORM_CLASS_NAMES = re.compile(r"(?i).*(LayerNorm|RMSNorm|GroupNorm|BatchNorm\d?d?|InstanceNorm\d?d?|LayerNormFp32)$")
 
 
@@ -188,7 +184,7 @@ def unmatched_message(rule: ModuleRule, suggestions: list[str], model: nn.Module
     """What to tell the user about a rule that matches nothing: the rule, and the fix."""
     head = f"rule {rule} matches no module of {type(model).__name__}, so the policy runs without it"
     if suggestions:
-        alternatives = " or ".join(f"{rule.kind}[{s}]={_short(rule.dtype)}" for s in suggestions)
+        alternatives = " or ".join(f"{rule.kind}[{s}]={short_of(rule.dtype)}" for s in suggestions)
         return f"{head}; did you mean {alternatives}?"
     return (
         f"{head}; check the selector (globs match whole dotted names: '*' is one segment and '**' any "

@@ -176,7 +176,6 @@ class RunRecord:
     dominant: torch.dtype = torch.float32  # the copy's most common parameter dtype, as it ran
     # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
     unexpected: list[tuple[str, str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
-    unmatched: list[tuple[str, str]] = field(default_factory=list)  # (policy rule, suggestion)
 
     def submodule(self, name: str | None) -> Any:
         """The run's copy of module ``name`` (None when unknown)."""

@@ -29,17 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from castwise._dtypes import short_of
 from castwise.distributed import fsdp1, unit_runs
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
 from castwise.report import Finding, Origin, Report
-from castwise.run import map_tensors, tensors_of
+from castwise.run import tensors_of
 
 if TYPE_CHECKING:
     from torch import nn
 
-_F16_MAX = torch.finfo(torch.float16).max
 _BYTES = {torch.float64: 8, torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 _STATE_KEY = "__composable_api_state_key"
 
@@ -146,8 +146,8 @@ def mixed_unit_findings(model: nn.Module, modes: tuple[Any, ...]) -> list[Findin
             Finding(
                 code="CW113",
                 message=(
-                    f"FSDP2 unit {where} holds trainable parameters in {_short(odd_dtype)} (`{odd[0]}`"
-                    f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''}) and {_short(usual)}: torch's "
+                    f"FSDP2 unit {where} holds trainable parameters in {short_of(odd_dtype)} (`{odd[0]}`"
+                    f"{f' and {len(odd) - 1} more' if len(odd) > 1 else ''}) and {short_of(usual)}: torch's "
                     f"fully_shard refuses it at the unit's first forward (AssertionError: FSDP expects uniform "
                     f"original parameter dtype but got {{{shown}}}), before any op runs."
                 ),
@@ -155,19 +155,13 @@ def mixed_unit_findings(model: nn.Module, modes: tuple[Any, ...]) -> list[Findin
                 origin=Origin(owner or None, None, f"param {odd[0]}"),
                 modes=modes,
                 fix=(
-                    f"Cast `{owner or 'the model'}` to {_short(usual)} with the rest of the unit before "
+                    f"Cast `{owner or 'the model'}` to {short_of(usual)} with the rest of the unit before "
                     f"fully_shard, or make it its own unit (fully_shard(model.{owner}) first) if it is meant "
-                    f"to be stored in {_short(odd_dtype)}."
+                    f"to be stored in {short_of(odd_dtype)}."
                 ),
             )
         )
     return found
-
-
-def _short(dtype: torch.dtype) -> str:
-    from castwise._dtypes import short_of
-
-    return short_of(dtype)
 
 
 # -- the view ----------------------------------------------------------------------------------
@@ -290,7 +284,7 @@ def _boundary(
     and the output goes back to the dtype of the last input that was cast. ``own``: the module's
     own forward function when one was set on the instance (Accelerate's, with its autocast),
     which the boundary runs instead of the class's."""
-    from castwise.applied import cast_floating
+    from castwise.applied import cast_floating, saturated
 
     def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         with unit_runs.unit_call(module):
@@ -312,8 +306,7 @@ def _boundary(
         if first is not None and seen is not None and unit is not None:
             seen.computed.setdefault(unit, Counter())[first.dtype] += 1
         if saturate:
-            out = cast_floating(out, torch.float32)
-            out = _clamp(out)
+            out = saturated(cast_floating(out, torch.float32))
         return cast_floating(out, output) if output is not None else out
 
     return forward
@@ -321,13 +314,6 @@ def _boundary(
 
 def _first_float(obj: Any) -> torch.Tensor | None:
     return next((t for t in tensors_of(obj) if t.is_floating_point()), None)
-
-
-def _clamp(obj: Any) -> Any:
-    def clamp(t: torch.Tensor) -> torch.Tensor:
-        return t.clamp(-_F16_MAX, _F16_MAX) if t.is_floating_point() and t.dtype != torch.float16 else t
-
-    return map_tensors(obj, clamp)
 
 
 def build_view(

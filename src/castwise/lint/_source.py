@@ -81,6 +81,13 @@ class Document:
             key = key[:-1]
         return 1
 
+    def at(self, path: Path_) -> Any:
+        """The value at a key path, None where a part of it is missing."""
+        node: Any = self.data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
 
 def _need_mapping(data: Any, shown: str, kind: str) -> dict[str, Any]:
     if not isinstance(data, dict):

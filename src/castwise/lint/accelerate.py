@@ -82,9 +82,7 @@ def read(doc: Document, shown: str, base: Path, load_link: Callable[[Path, str, 
     settings: dict[str, Setting] = {}
     rejected: dict[str, Setting] = {}
     for key, path in KEYS.items():
-        node: Any = doc.data
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+        node = doc.at(path)
         if key == "mixed_precision" and node is False:
             node = "no"  # unquoted `no` is YAML 1.1 false
         if is_scalar(node):

@@ -7,37 +7,18 @@ to change (``fix``). Rule pages live in castwise/rules/lint.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from castwise._dtypes import is_low, short
 from castwise.lint import accelerate, fp8, fp8_recipes, fsdp, hf, lightning
-from castwise.lint.model import ConfigFile, PrecisionModel, Setting, is_auto, is_false, is_true
+from castwise.lint.model import ConfigFile, PrecisionModel, finding, is_auto, is_false, is_true, said
 from castwise.lint.values import check_values
 from castwise.policy import presets
 from castwise.report import Finding
-from castwise.rules._rule import Severity
 
 # GPUs below compute capability 8.0: no bf16 arithmetic (torch.cuda.is_bf16_supported is False
 # for them without emulation; transformers: "You need Ampere+ GPU with cuda>=11.0")
 NO_BF16_GPUS: frozenset[str] = frozenset({"K80", "M60", "P100", "P4", "P40", "V100", "T4"})
-
-
-def _said(settings: Iterable[Setting]) -> str:
-    return " and ".join(f"{s.name}={s.text} ({s.location})" for s in settings)
-
-
-def _finding(
-    code: str, settings: Sequence[Setting], message: str, fix: str, severity: Severity | None = None
-) -> Finding:
-    pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
-    return Finding(
-        code=code,
-        message=message,
-        fix=fix,
-        severity=severity,
-        settings=tuple(p[0] for p in pairs),
-        locations=tuple(p[1] for p in pairs),
-    )
 
 
 def _cw201(model: PrecisionModel) -> list[Finding]:
@@ -48,13 +29,13 @@ def _cw201(model: PrecisionModel) -> list[Finding]:
     if w is None or g is None or not is_low(w.value) or g.value != "float32" or model.gradient_mechanism != "cast":
         return []
     grad_setting = g.settings[-1]
-    said_w = _said(w.settings) if w.settings else f"The default ({w.note})"
+    said_w = said(w.settings) if w.settings else f"The default ({w.note})"
     keep = w.settings[0].name if w.settings else "the mixed precision setting"
     return [
-        _finding(
+        finding(
             "CW201",
             (*w.settings, *g.settings),
-            f"{said_w} store the trained weights in {short(w.value)}, but {_said(g.settings)} "
+            f"{said_w} store the trained weights in {short(w.value)}, but {said(g.settings)} "
             f"converts every gradient to f32 after backward: param.grad (f32) no longer matches its "
             f"{short(w.value)} parameter, and backward fails ('Expected BFloat16, got Float') once the "
             "model has loaded.",
@@ -85,10 +66,10 @@ def _cw202(files: Sequence[ConfigFile]) -> list[Finding]:
                 else "TrainingArguments raises 'At most one of fp16 and bf16 can be True, but not both'"
             )
             out.append(
-                _finding(
+                finding(
                     "CW202",
                     (sa, sb),
-                    f"{_said((sa, sb))}: a run has one half-precision dtype, and {refusal}.",
+                    f"{said((sa, sb))}: a run has one half-precision dtype, and {refusal}.",
                     f"Set {sb.name} to false to train in fp16 (GPUs before Ampere), or {sa.name} to false "
                     "to train in bf16 (Ampere or newer, no loss scaling needed)"
                     + (', or write "auto" in both and let the launcher decide.' if cf.format == "deepspeed" else "."),
@@ -117,11 +98,11 @@ def _cw203(files: Sequence[ConfigFile]) -> list[Finding]:
                 mine_s = fp16 if mine == "fp16" else bf16
                 if other_s is not None and is_true(other_s.value):
                     out.append(
-                        _finding(
+                        finding(
                             "CW203",
                             (s, other_s),
-                            f"{_said((s,))} asks for {mine}, but the DeepSpeed file enables the other "
-                            f'dtype: {_said((other_s,))}. Accelerate raises "`--mixed_precision` arg '
+                            f"{said((s,))} asks for {mine}, but the DeepSpeed file enables the other "
+                            f'dtype: {said((other_s,))}. Accelerate raises "`--mixed_precision` arg '
                             f"cannot be set to `{mp}` when `{other_s.name.split('.')[0]}` is set in the "
                             'DeepSpeed config file".',
                             f'Write "auto" for {other_s.name} and {mine}.enabled in {other_s.file} so '
@@ -130,10 +111,10 @@ def _cw203(files: Sequence[ConfigFile]) -> list[Finding]:
                     )
                 elif mine_s is not None and is_false(mine_s.value):
                     out.append(
-                        _finding(
+                        finding(
                             "CW203",
                             (s, mine_s),
-                            f"{_said((s,))} asks for {mine}, but {_said((mine_s,))} disables it; "
+                            f"{said((s,))} asks for {mine}, but {said((mine_s,))} disables it; "
                             'Accelerate only fills "auto" values, so DeepSpeed trains in fp32 while '
                             f"the launcher reports {mp}.",
                             f'Set {mine_s.name} to "auto" (or true) in {mine_s.file}, or set {s.name} to no.',
@@ -143,10 +124,10 @@ def _cw203(files: Sequence[ConfigFile]) -> list[Finding]:
             elif mp == "no":
                 for on in (x for x in (fp16, bf16) if x is not None and is_true(x.value)):
                     out.append(
-                        _finding(
+                        finding(
                             "CW203",
                             (s, on),
-                            f"{_said((s,))} asks for no mixed precision, but {_said((on,))} makes DeepSpeed "
+                            f"{said((s,))} asks for no mixed precision, but {said((on,))} makes DeepSpeed "
                             f"convert the model to {on.name.split('.')[0]}: the file wins, and code that "
                             "trusts accelerator.mixed_precision (input casting, autocast) does the wrong thing.",
                             f'Set {on.name} to "auto" so {s.name} decides, or set {s.name} to {on.name.split(".")[0]}.',
@@ -169,10 +150,10 @@ def _cw204(model: PrecisionModel) -> list[Finding]:
     amp = ls.settings or c.settings
     return (
         [
-            _finding(
+            finding(
                 "CW204",
                 (*amp, *w.settings),
-                f"{_said(amp)} turns on fp16 AMP with a GradScaler, but {_said(w.settings)} loads the "
+                f"{said(amp)} turns on fp16 AMP with a GradScaler, but {said(w.settings)} loads the "
                 "weights in float16: GradScaler.unscale_ refuses float16 gradients ('Attempting to "
                 "unscale FP16 gradients').",
                 f"Change {w.settings[0].name} to float32 (mixed precision keeps f32 master weights), or "
@@ -194,10 +175,10 @@ def _cw205(files: Sequence[ConfigFile]) -> list[Finding]:
         if p is None or plugin is None:
             continue
         out.append(
-            _finding(
+            finding(
                 "CW205",
                 (p, plugin),
-                f"{_said((p,))} and a precision plugin {_said((plugin,))}: the Trainer refuses both "
+                f"{said((p,))} and a precision plugin {said((plugin,))}: the Trainer refuses both "
                 f'("Received both `precision={p.text}` and `plugins=...`. Choose one.").',
                 f"Remove {p.name} and set the plugin's init_args.precision, or remove the plugin from "
                 f"{plugin.name} and keep {p.name}.",
@@ -218,10 +199,10 @@ def _cw206(model: PrecisionModel) -> list[Finding]:
         return []
     what = "a static loss scale of 1" if ls is not None and ls.value == "static:1" else "no loss scaling"
     return [
-        _finding(
+        finding(
             "CW206",
             settings,
-            f"{_said(settings)}: weights and compute in float16 with {what}; gradients below ~6e-8 "
+            f"{said(settings)}: weights and compute in float16 with {what}; gradients below ~6e-8 "
             "flush to zero in float16 and large ones overflow, so training stalls or turns NaN.",
             f"Change {settings[0].name}: use fp16 mixed precision with dynamic loss scaling "
             "(Lightning 16-mixed, TrainingArguments fp16 over f32 weights, DeepSpeed fp16.loss_scale 0), "
@@ -243,10 +224,10 @@ def _cw207(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
         src = tuple(dict.fromkeys(s for t in users for s in t.settings))
         if src:
             out.append(
-                _finding(
+                finding(
                     "CW207",
                     (*src, *dev.settings),
-                    f"{_said(src)} asks for bf16, but {_said(dev.settings)} runs on {gpu} GPUs (compute "
+                    f"{said(src)} asks for bf16, but {said(dev.settings)} runs on {gpu} GPUs (compute "
                     "capability below 8.0): no bf16 tensor cores, so bf16 kernels are refused or emulated "
                     "far slower.",
                     f"Change {src[0].name} to fp16 (with loss scaling) or no, or change "
@@ -258,10 +239,10 @@ def _cw207(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
             tf32 = cf.get("tf32") if cf.format == "hf-training-args" else None
             if tf32 is not None and is_true(tf32.value):
                 out.append(
-                    _finding(
+                    finding(
                         "CW207",
                         (tf32, *dev.settings),
-                        f"{_said((tf32,))} asks for TF32 matmuls, but {_said(dev.settings)} runs on {gpu} GPUs: "
+                        f"{said((tf32,))} asks for TF32 matmuls, but {said(dev.settings)} runs on {gpu} GPUs: "
                         "TF32 needs Ampere or newer, and TrainingArguments refuses it at start.",
                         f"Remove {tf32.name} (or set it to false), or change {dev.settings[0].name} to an "
                         "Ampere-or-newer instance.",
@@ -271,10 +252,10 @@ def _cw207(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
     on_cpu = dev is not None and dev.settings and dev.value == "cpu"
     if dev is not None and on_cpu and c is not None and c.value == "float16" and c.settings:
         out.append(
-            _finding(
+            finding(
                 "CW207",
                 (*c.settings, *dev.settings),
-                f"{_said(c.settings)} asks for fp16 mixed precision, but {_said(dev.settings)} runs on "
+                f"{said(c.settings)} asks for fp16 mixed precision, but {said(dev.settings)} runs on "
                 "CPU: Accelerate refuses it ('fp16 mixed precision requires a GPU') or, in newer "
                 "versions, runs without a GradScaler.",
                 f"Change {c.settings[0].name} to bf16 (CPU autocast supports it) or to no.",
@@ -292,10 +273,10 @@ def _cw207(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
             and str(acc.value).lower() == "cpu"
         ):
             out.append(
-                _finding(
+                finding(
                     "CW207",
                     (p, acc),
-                    f"{_said((p, acc))}: fp16 AMP is not supported on CPU; Lightning warns and runs "
+                    f"{said((p, acc))}: fp16 AMP is not supported on CPU; Lightning warns and runs "
                     "bf16-mixed instead, so the run is not the one the file describes.",
                     f"Set {p.name} to bf16-mixed (what will run) or 32-true.",
                     severity="warning",
@@ -319,19 +300,19 @@ def _cw208(files: Sequence[ConfigFile]) -> list[Finding]:
                 if is_true(s.value) == hf_on:
                     continue
                 dt = key.split(".")[0]
-                hf_text = _said(hf_src) if hf_src else f"{dt} not set (false)"
+                hf_text = said(hf_src) if hf_src else f"{dt} not set (false)"
                 if not hf_src:
                     # name what the arguments do ask for, so both sides of the mismatch show
                     other = "bf16.enabled" if dt == "fp16" else "fp16.enabled"
                     on, other_src = wanted[other]
                     if on:
                         hf_src = other_src
-                        hf_text = f"{_said(other_src)} and {dt} not set (false)"
+                        hf_text = f"{said(other_src)} and {dt} not set (false)"
                 out.append(
-                    _finding(
+                    finding(
                         "CW208",
                         (*hf_src, s),
-                        f"{hf_text} in the TrainingArguments, but {_said((s,))} in the DeepSpeed config: "
+                        f"{hf_text} in the TrainingArguments, but {said((s,))} in the DeepSpeed config: "
                         "the Trainer refuses the mismatch at start ('Please correct the following "
                         f"DeepSpeed config values that mismatch TrainingArguments values: - ds {key}').",
                         f'Set {s.name} to "auto" in {s.file} (the Trainer fills it from {dt}), or make '
@@ -361,11 +342,11 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
                 other = "bf16" if want == "fp16" else "fp16"
                 if other in on and blocks[want] is None:
                     out.append(
-                        _finding(
+                        finding(
                             "CW209",
                             (p, on[other]),
-                            f"{_said((p,))} makes Lightning add a {want} block to the DeepSpeed config, which "
-                            f"already has {_said((on[other],))}: both end up enabled and DeepSpeed refuses "
+                            f"{said((p,))} makes Lightning add a {want} block to the DeepSpeed config, which "
+                            f"already has {said((on[other],))}: both end up enabled and DeepSpeed refuses "
                             "them ('bfloat16 and fp16 modes cannot be simultaneously enabled').",
                             f"Remove the {other} block from {on[other].file} (trainer.precision then decides), "
                             f"or set {p.name} to {'16-mixed' if other == 'fp16' else 'bf16-mixed'}, the "
@@ -374,10 +355,10 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
                     )
                 elif want in off:
                     out.append(
-                        _finding(
+                        finding(
                             "CW209",
                             (p, off[want]),
-                            f"{_said((p,))} asks for {want}, but {_said((off[want],))} is kept as written: "
+                            f"{said((p,))} asks for {want}, but {said((off[want],))} is kept as written: "
                             f"DeepSpeed trains without {want} while the Trainer reports {precision}.",
                             f"Remove the {want} block from {off[want].file} or set {off[want].name} to true.",
                             severity="warning",
@@ -386,10 +367,10 @@ def _cw209(files: Sequence[ConfigFile]) -> list[Finding]:
             elif precision in ("32-true", "64-true") and on:
                 s = next(iter(on.values()))
                 out.append(
-                    _finding(
+                    finding(
                         "CW209",
                         (p, s),
-                        f"{_said((p,))} asks for full precision, but {_said((s,))} makes DeepSpeed convert "
+                        f"{said((p,))} asks for full precision, but {said((s,))} makes DeepSpeed convert "
                         "the model to half precision: the file wins.",
                         f"Set {s.name} to false, or set {p.name} to the matching -mixed precision.",
                         severity="warning",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from castwise.lint import lightning
-from castwise.lint.model import ConfigFile, PrecisionModel, Setting
+from castwise.lint.model import ConfigFile, PrecisionModel, Setting, finding, said
 from castwise.policy import presets
 from castwise.report import Finding
 
@@ -74,20 +74,15 @@ def cw212(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Finding]:
         return []
     out = []
     for src in fp8_settings(files):
-        settings = tuple(dict.fromkeys((*src, *dev.settings)))
-        pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
-        said = " and ".join(f"{s.name}={s.text} ({s.location})" for s in src)
-        where = " and ".join(f"{s.name}={s.text} ({s.location})" for s in dev.settings)
         out.append(
-            Finding(
-                code="CW212",
-                message=f"{said} asks for FP8 training, but {where} {why}: float8 GEMMs fail there "
+            finding(
+                "CW212",
+                (*src, *dev.settings),
+                f"{said(src)} asks for FP8 training, but {said(dev.settings)} {why}: float8 GEMMs fail there "
                 "(torch._scaled_mm and TransformerEngine refuse them) or the run falls back to another "
                 "precision than the file says.",
-                fix=f"Change {src[0].name} to bf16 (bf16-mixed), or change {dev.settings[0].name} to an FP8 "
+                f"Change {src[0].name} to bf16 (bf16-mixed), or change {dev.settings[0].name} to an FP8 "
                 "GPU (L4, L40S, H100, H200, B200: SageMaker ml.g6 / ml.g6e / ml.p5).",
-                settings=tuple(p[0] for p in pairs),
-                locations=tuple(p[1] for p in pairs),
             )
         )
     return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from castwise.lint import torchtitan
-from castwise.lint.model import ConfigFile, Setting, is_true
+from castwise.lint.model import ConfigFile, Setting, finding, is_true, said
 from castwise.report import Finding
 
 __all__ = ["run_checks"]
@@ -63,14 +63,7 @@ RENAMED = {"amax_history_length": "amax_history_len", "amax_compute_algorithm": 
 
 
 def _ignored(s: Setting, why: str, fix: str, *more: Setting) -> Finding:
-    settings = (s, *more)
-    return Finding(
-        code="CW213",
-        message=f"{s.name}={s.text} ({s.location}) is never read: {why}.",
-        fix=fix,
-        settings=tuple(x.name for x in settings),
-        locations=tuple(x.location for x in settings),
-    )
+    return finding("CW213", (s, *more), f"{said((s,))} is never read: {why}.", fix)
 
 
 def _accelerate(cf: ConfigFile) -> list[Finding]:
@@ -166,13 +159,12 @@ def _titan_conflicts(cf: ConfigFile) -> list[Finding]:
     mx = [c for c in listed if c in torchtitan.MX_SECTIONS]
     if f8 and mx and conv is not None:
         out.append(
-            Finding(
-                code="CW214",
-                message=f"model.converters={conv.text} ({conv.location}) lists a float8 and an MX converter: "
+            finding(
+                "CW214",
+                (conv,),
+                f"model.converters={conv.text} ({conv.location}) lists a float8 and an MX converter: "
                 "both swap the same Linears, and the second finds them already converted.",
-                fix=f"Keep one: {f8[0]!r} (tensorwise / rowwise float8, sm 8.9+) or {mx[0]!r} (MXFP8, sm 10.0).",
-                settings=(conv.name,),
-                locations=(conv.location,),
+                f"Keep one: {f8[0]!r} (tensorwise / rowwise float8, sm 8.9+) or {mx[0]!r} (MXFP8, sm 10.0).",
             )
         )
     found = _section(cf, torchtitan.FLOAT8_SECTIONS)
@@ -183,29 +175,22 @@ def _titan_conflicts(cf: ConfigFile) -> list[Finding]:
         rowwise = recipe is not None and str(recipe.value).lower() != "tensorwise"
         if rowwise and gather is not None and is_true(gather.value) and recipe is not None:
             out.append(
-                Finding(
-                    code="CW214",
-                    message=f"{recipe.name}={recipe.text} ({recipe.location}) with {gather.name}=true "
+                finding(
+                    "CW214",
+                    (recipe, gather),
+                    f"{said((recipe,))} with {gather.name}=true "
                     f"({gather.location}): torchao all-gathers float8 weights with tensorwise scales only, and "
                     "torchtitan refuses the pair at start ('using enable_fsdp_float8_all_gather together "
                     "with recipe_name is not supported').",
-                    fix=f"Set {gather.name} = false for {recipe.text} scaling, or drop {recipe.name} "
+                    f"Set {gather.name} = false for {recipe.text} scaling, or drop {recipe.name} "
                     "(tensorwise) to keep the float8 all-gather.",
-                    settings=(recipe.name, gather.name),
-                    locations=(recipe.location, gather.location),
                 )
             )
     return out
 
 
 def _refused(s: Setting, why: str, fix: str) -> Finding:
-    return Finding(
-        code="CW214",
-        message=f"{s.name}={s.text} ({s.location}): {why}.",
-        fix=fix,
-        settings=(s.name,),
-        locations=(s.location,),
-    )
+    return finding("CW214", (s,), f"{said((s,))}: {why}.", fix)
 
 
 def _lightning(cf: ConfigFile) -> list[Finding]:

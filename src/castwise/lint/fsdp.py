@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from castwise.lint.model import ConfigFile, Setting, is_true
+from castwise.lint.model import ConfigFile, finding, is_true, said
 from castwise.report import Finding
 
 FSDP1_STRATEGIES: frozenset[str] = frozenset(
@@ -33,17 +33,6 @@ FSDP1_STRATEGIES: frozenset[str] = frozenset(
 )
 
 
-def _said(settings: Sequence[Setting]) -> str:
-    return " and ".join(f"{s.name}={s.text} ({s.location})" for s in settings)
-
-
-def _finding(code: str, settings: Sequence[Setting], message: str, fix: str) -> Finding:
-    pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
-    return Finding(
-        code=code, message=message, fix=fix, settings=tuple(p[0] for p in pairs), locations=tuple(p[1] for p in pairs)
-    )
-
-
 def _cw210(cf: ConfigFile) -> list[Finding]:
     dist = cf.get("distributed_type")
     if dist is None:
@@ -53,10 +42,10 @@ def _cw210(cf: ConfigFile) -> list[Finding]:
     out = []
     if fsdp is not None and kind != "FSDP":
         out.append(
-            _finding(
+            finding(
                 "CW210",
                 (dist, fsdp),
-                f"{_said((dist,))}, but the file also has an fsdp_config ({fsdp.location}): Accelerate builds "
+                f"{said((dist,))}, but the file also has an fsdp_config ({fsdp.location}): Accelerate builds "
                 "the FSDP plugin only for distributed_type FSDP, so the model is not sharded and FSDP's mixed "
                 "precision (weights gathered and gradients reduced in mixed_precision's dtype) never applies.",
                 f"Set {dist.name} to FSDP to use the fsdp_config, or delete fsdp_config.",
@@ -64,10 +53,10 @@ def _cw210(cf: ConfigFile) -> list[Finding]:
         )
     if ds is not None and kind == "FSDP":
         out.append(
-            _finding(
+            finding(
                 "CW210",
                 (dist, ds),
-                f"{_said((dist,))}, but the file also has a deepspeed_config ({ds.location}): Accelerate builds "
+                f"{said((dist,))}, but the file also has a deepspeed_config ({ds.location}): Accelerate builds "
                 "the DeepSpeed plugin only for distributed_type DEEPSPEED, so its fp16/bf16 settings (module "
                 "conversion, fp32 master weights, loss scaling) never apply.",
                 f"Set {dist.name} to DEEPSPEED to use the deepspeed_config, or delete deepspeed_config.",
@@ -90,10 +79,10 @@ def _cw211(cf: ConfigFile) -> list[Finding]:
         and str(reshard.value).strip().upper() in FSDP1_STRATEGIES
     ):
         out.append(
-            _finding(
+            finding(
                 "CW211",
                 (version, reshard),
-                f"{_said((version, reshard))}: FSDP2 takes reshard_after_forward as true/false, and "
+                f"{said((version, reshard))}: FSDP2 takes reshard_after_forward as true/false, and "
                 f"FullyShardedDataParallelPlugin refuses the FSDP1 strategy name {reshard.text} when the processes "
                 "start.",
                 f"Set {reshard.name} to true (FULL_SHARD) or false (SHARD_GRAD_OP), or set {version.name} to 1.",
@@ -102,10 +91,10 @@ def _cw211(cf: ConfigFile) -> list[Finding]:
     prefetch = cf.get("fsdp_forward_prefetch")
     if prefetch is not None and is_true(prefetch.value):
         out.append(
-            _finding(
+            finding(
                 "CW211",
                 (version, prefetch),
-                f"{_said((version, prefetch))}: Accelerate raises 'forward_prefetch is not yet implemented in FSDP2' "
+                f"{said((version, prefetch))}: Accelerate raises 'forward_prefetch is not yet implemented in FSDP2' "
                 "when the processes start.",
                 f"Remove {prefetch.name} (or set it to false), or set {version.name} to 1.",
             )

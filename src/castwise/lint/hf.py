@@ -85,9 +85,7 @@ def read(doc: Document, shown: str, base: Path, load_link: Callable[[Path, str, 
         elif value is not None and key not in ("deepspeed", "fsdp"):  # those two may be a mapping / list
             rejected[key] = Setting(key, value, shown, doc.line((key,)))
     for path in DTYPE_KEYS:
-        node: Any = doc.data
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+        node = doc.at(path)
         if isinstance(node, str) and "weights_dtype" not in settings:
             settings["weights_dtype"] = Setting(".".join(str(p) for p in path), node, shown, doc.line(path))
     links: tuple[ConfigFile, ...] = ()

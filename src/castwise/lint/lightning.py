@@ -34,21 +34,6 @@ from castwise.policy import presets
 
 # Lightning's precision shorthands, shared with castwise.Policy's "lightning:" prefix
 ALIASES: dict[str, str] = presets.LIGHTNING_ALIASES
-TRAINER_KEYS: frozenset[str] = frozenset(
-    {
-        "precision",
-        "accelerator",
-        "devices",
-        "strategy",
-        "plugins",
-        "max_epochs",
-        "max_steps",
-        "num_nodes",
-        "accumulate_grad_batches",
-        "gradient_clip_val",
-        "log_every_n_steps",
-    }
-)
 
 
 def is_lightning_mapping(data: dict[str, Any]) -> bool:

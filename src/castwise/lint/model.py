@@ -8,10 +8,13 @@ dtypes, loss scaling, device), each value with the settings it comes from.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from castwise._dtypes import canonical, short
+from castwise.report import Finding
+from castwise.rules._rule import Severity
 
 FORMATS: dict[str, str] = {
     "accelerate": "Accelerate config (default_config.yaml)",
@@ -131,6 +134,26 @@ class PrecisionModel:
         out: dict[str, Any] = {k: (v.to_dict() if (v := getattr(self, k)) is not None else None) for k in FIELDS}
         out["gradient_mechanism"] = self.gradient_mechanism
         return out
+
+
+def said(settings: Iterable[Setting]) -> str:
+    """Settings as a finding names them: ``name=value (file:line)``, joined by "and"."""
+    return " and ".join(f"{s.name}={s.text} ({s.location})" for s in settings)
+
+
+def finding(
+    code: str, settings: Iterable[Setting], message: str, fix: str, severity: Severity | None = None
+) -> Finding:
+    """A lint-config finding naming each setting involved once, with where it is."""
+    pairs = list(dict.fromkeys((s.name, s.location) for s in settings))
+    return Finding(
+        code=code,
+        message=message,
+        fix=fix,
+        severity=severity,
+        settings=tuple(p[0] for p in pairs),
+        locations=tuple(p[1] for p in pairs),
+    )
 
 
 def is_scalar(value: Any) -> bool:

@@ -65,13 +65,6 @@ def _lines(text: str) -> dict[Path_, int]:
     return out
 
 
-def _node(data: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = data
-    for part in path:
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 def read(doc: Document, text: str, shown: str) -> ConfigFile:
     """A torchtitan TOML's precision settings, keyed by their dotted TOML names."""
     lines = _lines(text)
@@ -88,15 +81,15 @@ def read(doc: Document, text: str, shown: str) -> ConfigFile:
             rejected[key] = s
 
     for key in ("mixed_precision_param", "mixed_precision_reduce"):
-        value = _node(doc.data, ("training", key))
+        value = doc.at(("training", key))
         if value is not None:
             put(("training", key), value)
-    converters = _node(doc.data, ("model", "converters"))
+    converters = doc.at(("model", "converters"))
     if converters is not None:
         put(("model", "converters"), converters)
     for sections in (FLOAT8_SECTIONS, MX_SECTIONS):
         for path in sections.values():
-            block = _node(doc.data, path)
+            block = doc.at(path)
             if isinstance(block, dict):
                 settings[".".join(path) + ".block"] = Setting(".".join(path), "{...}", shown, doc.line(path))
                 for k, v in block.items():

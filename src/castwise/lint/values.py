@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from castwise.lint.model import ConfigFile, Setting, is_auto, is_false, is_true
+from castwise.lint.model import ConfigFile, Setting, finding, is_auto, is_false, is_true
 from castwise.policy import presets
 from castwise.report import Finding
 
@@ -119,13 +119,11 @@ def _shown(value: Any) -> str:
 
 def _finding(s: Setting, accepted: Accepted) -> Finding:
     why = f" ({accepted.why})" if accepted.why else ""
-    return Finding(
-        code="CW220",
-        message=f"{s.name}={_shown(s.value)} ({s.location}) is not a value this setting takes{why}; "
-        f"valid: {accepted.valid}.",
-        fix=f"Set {s.name} in {s.file} to one of: {accepted.valid}.",
-        settings=(s.name,),
-        locations=(s.location,),
+    return finding(
+        "CW220",
+        (s,),
+        f"{s.name}={_shown(s.value)} ({s.location}) is not a value this setting takes{why}; valid: {accepted.valid}.",
+        f"Set {s.name} in {s.file} to one of: {accepted.valid}.",
     )
 
 

@@ -46,11 +46,6 @@ class Target:
         """The recipe's forward format, which the emulated matmuls round to."""
         return None if self.recipe is None else scaling.dtype(self.recipe)
 
-    @property
-    def low_dtype(self) -> torch.dtype:
-        """The narrowest format the target computes in."""
-        return self.float8 or self.policy.compute_dtype
-
     def with_islands(self, names: Iterable[str]) -> Target:
         rules = tuple(ModuleRule(_literal(n), torch.float32) for n in names)
         return Target(self.policy.with_rules(*rules), self.recipe)

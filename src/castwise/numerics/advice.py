@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from castwise.rules.audit._text import where
+
 if TYPE_CHECKING:
     from castwise.numerics.observe import Producer
 
@@ -32,20 +34,16 @@ _BUG_HINTS: dict[str, str] = {
 }
 
 
-def _where(p: Producer) -> str:
-    return f"`{p.module}`" if p.module else "the model's top level"
-
-
 def precision_fix(p: Producer) -> str:
     if p.phase == "backward":
         return (
-            f"Gradients in {_where(p)} overflow the 16-bit dtype: use loss scaling "
+            f"Gradients in {where(p.module)} overflow the 16-bit dtype: use loss scaling "
             "(`torch.amp.GradScaler`, or the trainer's fp16 option, which skips such steps and lowers "
             "the scale), run in bfloat16 (float32's range), or keep the module in float32: "
             f"`keep[{p.module or '*'}]=f32` in the castwise policy."
         )
     return (
-        f"Keep {_where(p)} in float32 with a saturating cast back to the 16-bit dtype: add "
+        f"Keep {where(p.module)} in float32 with a saturating cast back to the 16-bit dtype: add "
         f"`keep[{p.module or '*'}]=f32` to the castwise policy (castwise.apply), as transformers does for "
         "T5's `wo`; or run in bfloat16, whose range is float32's."
     )
@@ -61,5 +59,5 @@ def bug_fix(p: Producer) -> str:
         )
     if hint is None:
         hint = f"{p.op} makes NaN/Inf in float32 too: change the computation in the module's code"
-    where = f" ({p.source})" if p.source else ""
-    return f"Change the code of {_where(p)}{where}: {hint}. A wider dtype does not help."
+    at = f" ({p.source})" if p.source else ""
+    return f"Change the code of {where(p.module)}{at}: {hint}. A wider dtype does not help."

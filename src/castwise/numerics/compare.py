@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from castwise.errors import CastwiseError
 from castwise.numerics._compare_core import (
     TOLERANCE_FACTOR,
     Measurement,
@@ -31,17 +30,10 @@ from castwise.numerics.compare_compiled import CompiledComparisonReport, compare
 from castwise.numerics.rows import RowsReport, fmt_err, where
 from castwise.report import Finding, Run
 from castwise.run import RunRequest
-from castwise.trace.events import Mode, RunStatus
+from castwise.trace.events import RunStatus, as_mode
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
 EAGER_OF_COMPILED = "eager (the module torch.compile wraps, run without compiling)"
-
-
-def _mode(mode: str) -> Mode:
-    """A checked run mode (the public functions validate it first)."""
-    if mode not in ("train", "eval"):
-        raise CastwiseError(f"mode={mode!r} is not valid; valid: eval, train")
-    return "train" if mode == "train" else "eval"
 
 
 @dataclass
@@ -111,7 +103,7 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
                     f"{where(row.module)} makes inf/nan under the policy from the reference's finite "
                     f"inputs ({row.dtype}): the non-finite values start here, they are not inherited.",
                     module=row.module,
-                    modes=(_mode(mode),),
+                    modes=(as_mode(mode),),
                     details=details,
                 )
             )
@@ -125,7 +117,7 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
                 f"({row.tolerance:.2e}){share}; ranked {rank + 1} of {len(m.modules)} by added error"
                 + (", and the first past tolerance in the run." if row is first else "."),
                 module=row.module,
-                modes=(_mode(mode),),
+                modes=(as_mode(mode),),
                 details=details,
             )
         )
@@ -148,7 +140,7 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
         "first_past_tolerance": None if first is None else first.module,
         "ranked": [row.module for row in m.modules[:TABLE_ROWS]],
     }
-    runs = [Run(_mode(mode), device, str(reference), "ok"), Run(_mode(mode), device, str(target), "ok")]
+    runs = [Run(as_mode(mode), device, str(reference), "ok"), Run(as_mode(mode), device, str(target), "ok")]
     return ComparisonReport(
         findings=_findings(m, mode),
         runs=runs,
@@ -217,7 +209,7 @@ def raised_report(
         "first_past_tolerance": None,
         "ranked": [],
     }
-    runs = [Run(_mode(mode), device, str(reference), status[0]), Run(_mode(mode), device, str(target), status[1])]
+    runs = [Run(as_mode(mode), device, str(reference), status[0]), Run(as_mode(mode), device, str(target), status[1])]
     title = f"castwise numerics --compare (real tensors, policy {target}, reference {reference})"
     return ComparisonReport(findings=findings, runs=runs, summary=summary, title=title)
 

@@ -16,7 +16,7 @@ from castwise.numerics._run import check_args
 from castwise.numerics.rows import RowsReport, fmt_err, where
 from castwise.report import Finding, Run
 from castwise.run import RunRequest
-from castwise.trace.events import Mode
+from castwise.trace.events import Mode, as_mode
 
 PROGRAM = "compiled (Inductor) against eager, both under the policy"
 
@@ -79,7 +79,7 @@ def _finding(row: CompiledRow, mode: Mode) -> Finding:
 
 
 def report_compiled(m: CompiledMeasurement, policy: str, mode: str) -> CompiledComparisonReport:
-    run_mode: Mode = "train" if mode == "train" else "eval"
+    run_mode = as_mode(mode)
     whole = m.rows[0] if m.rows else None
     first = m.first
     summary: dict[str, Any] = {
@@ -141,7 +141,7 @@ def _raised(request: RunRequest, raised: RunRaised, policy: str) -> CompiledComp
     """The report of a comparison whose eager or float32 run raised: the audit's findings for that
     run, the compiled program never run."""
     mode = request.mode
-    run_mode: Mode = "train" if mode == "train" else "eval"
+    run_mode = as_mode(mode)
     eager_failed = raised.run.startswith("the eager run")
     runs = [
         Run(run_mode, "cpu", f"{policy} (eager)", "error" if eager_failed else "incomplete"),

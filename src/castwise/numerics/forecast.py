@@ -32,11 +32,13 @@ from castwise.float8 import convert, score
 from castwise.numerics import _run
 from castwise.numerics import float8_leaveout as f8l
 from castwise.numerics._failed import RunRaised, add_diagnosis
+from castwise.numerics.locate import real_run
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
 from castwise.policy import Policy
 from castwise.policy.float8 import Float8Recipe
-from castwise.report import Finding, Report, Run
+from castwise.report import Finding, Report
+from castwise.rules.audit._text import where
 from castwise.run import Inputs
 from castwise.trace.events import as_mode
 from castwise.trace.fake import on_meta
@@ -180,10 +182,6 @@ def _state_sites(
     return found
 
 
-def _where(module: str) -> str:
-    return f"`{module}`" if module else "the model's top level"
-
-
 def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], t: Target, mode: str) -> list[Finding]:
     findings = []
     for (module, phase), ops in origins.items():
@@ -196,13 +194,13 @@ def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], 
             continue
         if phase == "forward":
             fix = (
-                f"Keep {_where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
+                f"Keep {where(module)} in float32 with a saturating cast back: `keep[{module or '*'}]=f32` in "
                 f"the castwise policy; or keep it in bfloat16."
             )
         else:
             fix = (
                 "Gradients overflow here: loss scaling (GradScaler) lowers the scale and skips the step; "
-                f"or keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`), or train in bfloat16."
+                f"or keep {where(module)} in float32 (`keep[{module or '*'}]=f32`), or train in bfloat16."
             )
         findings.append(
             Finding(
@@ -212,7 +210,7 @@ def _overflow_findings(origins: dict[tuple[str, str], list[tuple[str, float]]], 
                 modes=(as_mode(mode),),
                 fix=fix,
                 message=(
-                    f"{', '.join(names)} in {_where(module)} makes magnitudes up to {absmax:.4g} in {phase} from "
+                    f"{', '.join(names)} in {where(module)} makes magnitudes up to {absmax:.4g} in {phase} from "
                     f"inputs within {t.name}'s range: 2^{margin:.2f} past its largest {t.max:.6g}, so {t.name} "
                     f"would make Inf here ({len(ops)} op call(s))."
                 ),
@@ -235,11 +233,11 @@ def _state_finding(module: str, held: list[str], absmax: float, margin: float, t
         module=module,
         modes=(as_mode(mode),),
         fix=(
-            f"Keep {_where(module)} in float32 (`keep[{module or '*'}]=f32`: its weights stay float32), or bring "
+            f"Keep {where(module)} in float32 (`keep[{module or '*'}]=f32`: its weights stay float32), or bring "
             f"the values back into {t.name}'s range (a weight this large is usually a bug: a wrong init or scale)."
         ),
         message=(
-            f"{', '.join(held)} of {_where(module)} already holds magnitudes up to {absmax:.4g}: 2^{margin:.2f} past "
+            f"{', '.join(held)} of {where(module)} already holds magnitudes up to {absmax:.4g}: 2^{margin:.2f} past "
             f"{t.name}'s largest {t.max:.6g}, so a {t.name} copy of it is Inf before any op runs."
         ),
         details=(
@@ -275,47 +273,28 @@ def _module_stats(
             continue
         what = "activations" if phase == "forward" else "gradients"
         message = (
-            f"{100 * share:.1f}% of the non-zero {what} {_where(module)} makes in {phase} are below half of "
+            f"{100 * share:.1f}% of the non-zero {what} {where(module)} makes in {phase} are below half of "
             f"{t.name}'s smallest subnormal (2^{t.flush_log2 + 1:.0f}) and would flush to zero (smallest "
             f"about 2^{lowest:.0f})."
         )
-        if phase == "forward":
-            findings.append(
-                Finding(
-                    code="CW311",
-                    module=module,
-                    modes=(as_mode(mode),),
-                    message=message,
-                    details=(
-                        ("phase", phase),
-                        ("target", t.name),
-                        ("flush_share", share),
-                        ("min_nonzero_pow2", lowest),
-                    ),
-                )
-            )
-        else:
+        details: tuple[tuple[str, Any], ...] = (
+            ("phase", phase),
+            ("target", t.name),
+            ("flush_share", share),
+            ("min_nonzero_pow2", lowest),
+        )
+        fix = None
+        if phase != "forward":  # flushed gradients: CW312, with the loss scale that lifts them
             k = _loss_scale(hist, t.flush_log2, absmax, t.max)
             fix = (
                 f"Use loss scaling: a scale of 2^{k} lifts the flushed gradients into {t.name}'s range "
                 "(torch.amp.GradScaler finds it dynamically); or train in bfloat16."
             )
-            findings.append(
-                Finding(
-                    code="CW312",
-                    module=module,
-                    modes=(as_mode(mode),),
-                    message=message,
-                    fix=fix,
-                    details=(
-                        ("phase", phase),
-                        ("target", t.name),
-                        ("flush_share", share),
-                        ("min_nonzero_pow2", lowest),
-                        ("loss_scale_pow2", k),
-                    ),
-                )
-            )
+            details += (("loss_scale_pow2", k),)
+        code = "CW311" if phase == "forward" else "CW312"
+        findings.append(
+            Finding(code=code, module=module, modes=(as_mode(mode),), message=message, fix=fix, details=details)
+        )
     return stats, findings
 
 
@@ -359,7 +338,7 @@ def _float8(model: nn.Module, rec: RangeRecord, t: Target, mode: str) -> tuple[d
                         ("flush_share", verdict["flush_share"]),
                         ("reasons", reasons),
                     ),
-                    message=f"Leave {_where(name)} out of {t.name} ({recipe} scaling): " + "; ".join(reasons) + ".",
+                    message=f"Leave {where(name)} out of {t.name} ({recipe} scaling): " + "; ".join(reasons) + ".",
                 )
             )
     policy = ",".join(f"keep[{n}]=bf16" for n in leave)
@@ -474,14 +453,7 @@ def _forecast(
         summary["numerics"]["error"] = f"{type(error).__name__}: {error}"
     report = Report(
         findings=findings,
-        runs=[
-            Run(
-                as_mode(mode),
-                device,
-                None if policy is None else str(policy),
-                "incomplete" if error is not None else "ok",
-            )
-        ],
+        runs=[real_run(mode, device, policy, "incomplete" if error is not None else "ok")],
         summary=summary,
         extra={"numerics": forecast_rows(stats, t.name)},
         title=f"castwise numerics --forecast {t.name} ({'layerwise, ' if how else ''}real tensors, device {device}, "

@@ -26,10 +26,16 @@ from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
 from castwise.numerics.rows import locate_rows
 from castwise.report import Finding, Report, Run
+from castwise.rules.audit._text import where
 from castwise.run import Inputs, RunRequest
-from castwise.trace.events import as_mode
+from castwise.trace.events import RunStatus, as_mode
 
 _LOW = low_dtypes()
+
+
+def real_run(mode: str, device: str, policy: Any, status: RunStatus) -> Run:
+    """The one real-tensor run a numerics report (locate, forecast) describes."""
+    return Run(as_mode(mode), device, None if policy is None else str(policy), status)
 
 
 def _rng() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
@@ -84,7 +90,6 @@ def _verdict(p: Producer, wide: bool | None) -> tuple[str, str]:
 
 def _message(p: Producer, verdict: str, cause: str, absorbed: bool) -> str:
     what = {"nan": "NaN", "inf": "Inf", "nan+inf": "NaN and Inf"}[p.made]
-    where = f"`{p.module}`" if p.module else "the model's top level"
     phase = f"backward ({p.node})" if p.phase == "backward" and p.node else p.phase
     ins = (
         ", ".join(
@@ -94,7 +99,7 @@ def _message(p: Producer, verdict: str, cause: str, absorbed: bool) -> str:
         or "no tensor inputs"
     )
     text = (
-        f"{p.op} in {where} made {what} in {phase} from inputs without it ({ins}); "
+        f"{p.op} in {where(p.module)} made {what} in {phase} from inputs without it ({ins}); "
         f"{short_of(p.out_dtype)} holds up to {limits(p.out_dtype)['max']:.6g}. {cause}."
     )
     if absorbed:
@@ -212,20 +217,11 @@ def _locate(
         )
     if result.error is not None:
         numerics["error"] = f"{type(result.error).__name__}: {result.error}"
+    failed = any(f.level == "error" for f in findings)
+    status: RunStatus = "error" if failed else "incomplete" if result.error is not None else "ok"
     report = Report(
         findings=findings,
-        runs=[
-            Run(
-                as_mode(mode),
-                device,
-                None if policy is None else str(policy),
-                "error"
-                if any(f.level == "error" for f in findings)
-                else "incomplete"
-                if result.error is not None
-                else "ok",
-            )
-        ],
+        runs=[real_run(mode, device, policy, status)],
         summary={"numerics": numerics},
         extra={"numerics": locate_rows(numerics["modules"])},
         title=f"castwise numerics --locate (real tensors, device {device}, policy "

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from castwise import _dtypes
+from castwise._dtypes import is_low, short_of
 from castwise.errors import PolicyError
 from castwise.policy import fields as policy_fields
 from castwise.policy import grammar, presets
@@ -24,11 +24,7 @@ __all__ = ["LossScale", "Policy"]
 
 LossScale = float | Literal["dynamic"] | None
 
-F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
-
-
-def _short(dtype: torch.dtype) -> str:
-    return _dtypes.short_of(dtype)
+F32 = torch.float32
 
 
 @dataclass(frozen=True)
@@ -70,22 +66,22 @@ class Policy:
     def _check_together(self) -> None:
         """The rules that tie fields together: each names both settings and the fix."""
         p, c = self.param_dtype, self.compute_dtype
-        if p != c and (c not in (F16, BF16) or p != F32):
+        if p != c and (not is_low(c) or p != F32):
             raise PolicyError(
-                f"params={_short(p)} with compute={_short(c)}: mixed precision keeps float32 weights "
+                f"params={short_of(p)} with compute={short_of(c)}: mixed precision keeps float32 weights "
                 "and computes in bf16 or f16 under autocast; valid pairs: params equal to compute, "
                 "or params=f32 with compute=bf16|f16"
             )
-        if self.loss_scale is not None and p in (F16, BF16) and not self.master_weights:
+        if self.loss_scale is not None and is_low(p) and not self.master_weights:
             # GradScaler.unscale_ refuses half gradients ("Attempting to unscale FP16 gradients")
             raise PolicyError(
-                f"loss_scale={self.loss_scale} with params={_short(p)}: gradients would be stored in "
-                f"{_short(p)} and loss scaling cannot unscale them (GradScaler raises 'Attempting to "
+                f"loss_scale={self.loss_scale} with params={short_of(p)}: gradients would be stored in "
+                f"{short_of(p)} and loss scaling cannot unscale them (GradScaler raises 'Attempting to "
                 "unscale FP16 gradients'); use float32 params (a *-mixed policy), or master_weights=on"
             )
-        if self.master_weights and p not in (F16, BF16):
+        if self.master_weights and not is_low(p):
             raise PolicyError(
-                f"master_weights=on with params={_short(p)}: master weights are float32 copies of "
+                f"master_weights=on with params={short_of(p)}: master weights are float32 copies of "
                 "bf16/f16 parameters; with float32 params there is nothing to copy; drop master_weights"
             )
 
@@ -184,7 +180,7 @@ class Policy:
         if bases:
             name, clauses = min(bases, key=lambda b: len(b[1]))
             return ",".join([name, *clauses])
-        head = [f"params={_short(self.param_dtype)}", f"compute={_short(self.compute_dtype)}"]
+        head = [f"params={short_of(self.param_dtype)}", f"compute={short_of(self.compute_dtype)}"]
         clauses = grammar.clauses_against(values, self._defaults(self.param_dtype, self.compute_dtype))
         return ",".join(head + (clauses or []))
 
@@ -199,24 +195,24 @@ class Policy:
     def describe(self) -> str:
         """One line in words: what this policy does."""
         if self.is_mixed:
-            what = f"{_short(self.param_dtype)} weights, autocast to {_short(self.compute_dtype)}"
+            what = f"{short_of(self.param_dtype)} weights, autocast to {short_of(self.compute_dtype)}"
         else:
-            what = f"{_short(self.param_dtype)} weights and compute"
+            what = f"{short_of(self.param_dtype)} weights and compute"
         extras = []
         if self.norms:
-            extras.append(f"norms as {_short(self.norms)} islands")
+            extras.append(f"norms as {short_of(self.norms)} islands")
         if self.input_dtype:
-            extras.append(f"inputs cast to {_short(self.input_dtype)}")
+            extras.append(f"inputs cast to {short_of(self.input_dtype)}")
         if self.loss_scale:
             extras.append(f"{self.loss_scale} loss scaling")
         if self.default_dtype is not None:
-            extras.append(f"default dtype {_short(self.default_dtype)} while the model runs")
+            extras.append(f"default dtype {short_of(self.default_dtype)} while the model runs")
         if not self.fastpath:
             extras.append("fused fast paths off")
         if self.float8 is not None:
             extras.append(self.float8.describe())
         extras += [str(r) for r in self.rules]
-        return "; ".join([what, f"outputs {_short(self.output_dtype)}", *extras])
+        return "; ".join([what, f"outputs {short_of(self.output_dtype)}", *extras])
 
 
 _declared = tuple(f.name for f in fields(Policy))

@@ -160,11 +160,12 @@ def tree_html(modules: list[dict[str, Any]], findings: list[dict[str, Any]]) -> 
     return '<div class="cw-tree" role="tree">' + "".join(out) + "</div>"
 
 
-def _count(n: int) -> str:
+def count(n: float) -> str:
+    """An element count in a chip or chart: ``1.2M``, ``512``."""
     for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
             return f"{n / size:.1f}{unit}"
-    return str(n)
+    return f"{n:.0f}"
 
 
 def _node_open(m: dict[str, Any], depth: int, has_kids: bool, is_open: bool, pins: list[str]) -> str:
@@ -184,7 +185,7 @@ def _node_open(m: dict[str, Any], depth: int, has_kids: bool, is_open: bool, pin
     if m.get("calls", 0) > 1:
         flags.append(f'<span class="cw-flag">{m["calls"]} calls</span>')
     params = " ".join(
-        _chip(f"{k} {_count(v)}", "own parameters: elements by dtype") for k, v in sorted(m.get("params", {}).items())
+        _chip(f"{k} {count(v)}", "own parameters: elements by dtype") for k, v in sorted(m.get("params", {}).items())
     )
     ins = " ".join(_chip(t) for t in m.get("inputs", []))
     outs = " ".join(_chip(t) for t in m.get("outputs", []))

@@ -20,7 +20,7 @@ from castwise._dtypes import short
 from castwise.errors import HtmlWriteError
 from castwise.report._html_assets import CSS, JS
 from castwise.report._html_numerics import numerics_html
-from castwise.report._html_tree import findings_html, tree_html
+from castwise.report._html_tree import count, findings_html, tree_html
 from castwise.report._svg import Bar, bar_chart, fmt_bytes
 
 _IDS = itertools.count(1)
@@ -69,17 +69,10 @@ def _by_dtype_chart(name: str, counts: Mapping[str, Any], title: str, as_bytes: 
     bars = []
     for k, v in sorted(items, key=lambda kv: -kv[1]):
         label = short(k)
-        amount = fmt_bytes(v) if as_bytes else f"{_count(v)} elements"
+        amount = fmt_bytes(v) if as_bytes else f"{count(v)} elements"
         bars.append(Bar(label, v, f"{amount} ({100 * v / total:.0f}%)", label))
-    tick = fmt_bytes if as_bytes else _count
+    tick = fmt_bytes if as_bytes else count
     return bar_chart(name, bars, "linear", title, tick) if bars else ""
-
-
-def _count(n: float) -> str:
-    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:.0f}"
 
 
 def _overview(summary: dict[str, Any]) -> str:

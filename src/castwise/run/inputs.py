@@ -21,6 +21,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from castwise._dtypes import is_low
+
 
 def split(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """(args, kwargs) by the rule above (a namedtuple or a dict subclass such as ModelOutput is
@@ -124,7 +126,7 @@ class Inputs:
         """Half-precision tensors as float32 (a rerun's question: is it finite in float32?)."""
 
         def wide(t: torch.Tensor) -> torch.Tensor:
-            if t.dtype not in (torch.float16, torch.bfloat16):
+            if not is_low(t.dtype):
                 return t
             return t.detach().float().requires_grad_(t.requires_grad)
 

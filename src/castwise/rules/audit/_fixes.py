@@ -32,6 +32,15 @@ def keep_module_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
     return policy
 
 
+def keep_culprits_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
+    """Make each culprit module a float32 island."""
+    import torch
+
+    for m in fx.culprits(finding):
+        fx.add(selector_for(m, finding), torch.float32, "keep")
+    return policy
+
+
 def out_fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
     """Cast the culprit modules' outputs to the compute dtype; a culprit that contains the module
     where the finding shows (it upcasts for its own children) becomes a float32 island instead:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from castwise._dtypes import is_low, short_of
 from castwise.rules._rule import Rule
-from castwise.rules.api import Ctx, Finding, FixContext
+from castwise.rules.api import Ctx
 from castwise.rules.audit._base import AuditRule, Check, Diag
-from castwise.rules.audit._fixes import selector_for
+from castwise.rules.audit._fixes import keep_culprits_fix
 from castwise.rules.audit._text import (
     generalize,
     is_ancestor,
@@ -65,12 +63,4 @@ def _match(ctx: Ctx) -> Diag | None:
     )
 
 
-def _fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
-    import torch
-
-    for m in fx.culprits(finding):
-        fx.add(selector_for(m, finding), torch.float32, "keep")
-    return policy
-
-
-RULE = AuditRule(META, checks=(Check("CW102", _match),), policy_fix=_fix)
+RULE = AuditRule(META, checks=(Check("CW102", _match),), policy_fix=keep_culprits_fix)

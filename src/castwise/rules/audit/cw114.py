@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 from castwise._dtypes import is_low, short_of
 from castwise.rules._rule import Rule
-from castwise.rules.api import Ctx, Finding, FixContext, Origin
+from castwise.rules.api import Ctx, Origin
 from castwise.rules.audit._base import AuditRule, Check, Diag
-from castwise.rules.audit._fixes import selector_for
+from castwise.rules.audit._fixes import keep_culprits_fix
 from castwise.rules.audit._text import generalize, where
 
 META = Rule(
@@ -86,12 +85,4 @@ def _region_line(ctx: Ctx) -> str | None:
     return f"{short_path(path or '?')}:{start}"
 
 
-def _fix(policy: Any, finding: Finding, fx: FixContext) -> Any:
-    import torch
-
-    for m in fx.culprits(finding):
-        fx.add(selector_for(m, finding), torch.float32, "keep")
-    return policy
-
-
-RULE = AuditRule(META, checks=(Check("CW114", _match),), policy_fix=_fix)
+RULE = AuditRule(META, checks=(Check("CW114", _match),), policy_fix=keep_culprits_fix)
