@@ -59,7 +59,6 @@ from castwise.trace.contracts.elementwise import (
     _mean,
     _no_tensor,
     _promoting,
-    _reduce_keep,
     _reduce_sum,
     _same_as_self,
     _to,
@@ -440,7 +439,7 @@ _register(
     ),
 )
 _register(_reduce_sum, "sum", "nansum", "cumsum", "prod", "cumsum_", "cumprod", "trace")
-_register(_reduce_keep, "norm", "linalg_vector_norm", "_linalg_vector_norm", "frobenius_norm", "nanmean")
+_register(_like, "norm", "linalg_vector_norm", "_linalg_vector_norm", "frobenius_norm", "nanmean")
 _register(_mean, "mean")
 _register(_to_long, "argmax", "argmin", "nonzero", "argsort", "bucketize", "searchsorted", "count_nonzero")
 _register(_promoting, "max.other", "min.other")

@@ -21,6 +21,7 @@ from castwise.trace.contracts._base import (
     _is_float,
     _not_on_device,
     _sc,
+    _scalar,
     _viol,
 )
 from castwise.trace.contracts.norm import _norm_params
@@ -132,13 +133,7 @@ def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return _viol(
             op, "unsupported", f"memory-efficient attention does not support {_sc(q.dtype)}", args, kwargs, [q], F32
         )
-    v = _qkv(op, args, kwargs, dev, "efficient_cuda")
-    if v:
-        return v
-    bias = _arg(args, kwargs, 3, "attn_bias")
-    if bias is not None and bias.dtype != q.dtype:
-        return _viol(op, "mask", "invalid dtype for bias - should match query's dtype", args, kwargs, [bias], q.dtype)
-    return q.dtype
+    return _qkv_bias(op, args, kwargs, dev, "efficient_cuda", "invalid dtype for bias - should match query's dtype")
 
 
 def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -156,14 +151,18 @@ def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             [t for t in args[:3] if t.dtype not in _REDUCED],
             BF16,
         )
-    v = _qkv(op, args, kwargs, dev, "scalar")
+    return _qkv_bias(op, args, kwargs, dev, "scalar", "cuDNN attention: attn_bias must have the query's dtype")
+
+
+def _qkv_bias(op: str, args: Args, kwargs: Kwargs, dev: Device, msg_style: str, bias_message: str) -> Any:
+    # the memory-efficient and cuDNN kernels: q, k, v in one dtype, then an attn_bias in q's
+    q = args[0]
+    v = _qkv(op, args, kwargs, dev, msg_style)
     if v:
         return v
     bias = _arg(args, kwargs, 3, "attn_bias")
     if bias is not None and bias.dtype != q.dtype:
-        return _viol(
-            op, "mask", "cuDNN attention: attn_bias must have the query's dtype", args, kwargs, [bias], q.dtype
-        )
+        return _viol(op, "mask", bias_message, args, kwargs, [bias], q.dtype)
     return q.dtype
 
 
@@ -226,8 +225,7 @@ def _fused_weights(
     # CUDA (measured, H100): the qkv bias must be x's dtype too ("expected scalar type ...")
     qkv_bias = layers[0][1]
     if dev.kernels == "cuda" and qkv_bias is not None and qkv_bias.dtype != x.dtype:
-        msg = f"expected scalar type {_sc(x.dtype)} but found {_sc(qkv_bias.dtype)}"
-        return _viol(op, "mismatch", msg, args, kwargs, [qkv_bias], x.dtype)
+        return _scalar(op, "mismatch", args, kwargs, x.dtype, [qkv_bias])
     bad_b = [b for i, (_, b) in enumerate(layers) if i > 0 and b is not None and b.dtype != x.dtype]
     if bad_b:
         return _viol(
@@ -322,15 +320,7 @@ def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if dev.kernels == "cuda":
         return _softmax_backward_cuda(op, args, kwargs, go, out, input_dtype)
     if go.dtype != out.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(go.dtype)} but found {_sc(out.dtype)}",
-            args,
-            kwargs,
-            [out],
-            go.dtype,
-        )
+        return _scalar(op, "mismatch", args, kwargs, go.dtype, [out])
     if input_dtype == F16 and go.dtype == F32:  # CPU measured: the half_to_float backward is refused
         return _viol(op, "unsupported", "expected scalar type Float but found Half", args, kwargs, [go], F16)
     return go.dtype

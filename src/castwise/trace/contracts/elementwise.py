@@ -162,6 +162,7 @@ def _to(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 
 
 def _like(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # *_like factories, and reductions that keep the input's dtype (norm, nanmean): dtype= or self's
     dtype = kwargs.get("dtype")
     return dtype if dtype is not None else args[0].dtype
 
@@ -181,11 +182,6 @@ def _factory(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if op in ("aten.randint", "aten.randperm"):
         return I64
     return torch.get_default_dtype()
-
-
-def _reduce_keep(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    dtype = kwargs.get("dtype")
-    return dtype if dtype is not None else args[0].dtype
 
 
 def _reduce_sum(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:

@@ -22,6 +22,7 @@ from castwise.trace.contracts._base import (
     _cpp,
     _legacy,
     _sc,
+    _scalar,
     _viol,
     result_type,
 )
@@ -277,9 +278,9 @@ def _loss_same(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return x.dtype
 
 
-def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    x, target = args[0], args[1]
-    weight = _arg(args, kwargs, 2, "weight")
+def _nll_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, target: Tensor, others: Args) -> Any:
+    """nll_loss's checks, forward and backward: the target's dtype, then ``others`` (weight; the
+    backward's grad and total_weight too) in the input's dtype."""
     if target.dtype not in (I64, U8):
         cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
         return _viol(
@@ -293,47 +294,17 @@ def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             [target],
             I64,
         )
-    if weight is not None and weight.dtype != x.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(weight.dtype)}",
-            args,
-            kwargs,
-            [weight],
-            x.dtype,
-        )
-    return x.dtype
+    bad = [a for a in others if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
+    return _scalar(op, "mismatch", args, kwargs, x.dtype, bad) if bad else x.dtype
+
+
+def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    return _nll_check(op, args, kwargs, dev, args[0], args[1], (_arg(args, kwargs, 2, "weight"),))
 
 
 def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    grad, x, target = args[0], args[1], args[2]
     weight, total = _arg(args, kwargs, 3, "weight"), _arg(args, kwargs, 6, "total_weight")
-    if target.dtype not in (I64, U8):
-        cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
-        return _viol(
-            op,
-            "index",
-            f"\"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for '{_sc(target.dtype)}'"
-            if cuda_2d
-            else f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
-            args,
-            kwargs,
-            [target],
-            I64,
-        )
-    bad = [a for a in (grad, weight, total) if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
-    if bad:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(bad[0].dtype)}",
-            args,
-            kwargs,
-            bad,
-            x.dtype,
-        )
-    return x.dtype
+    return _nll_check(op, args, kwargs, dev, args[1], args[2], (args[0], weight, total))
 
 
 # ---------------------------------------------------------------------------------------------
