@@ -69,7 +69,6 @@ from castwise.trace.contracts.elementwise import (
 from castwise.trace.contracts.float8 import _scaled_mm
 from castwise.trace.contracts.index import (
     _embedding,
-    _embedding_backward,
     _gather,
     _index,
     _index_add,
@@ -189,7 +188,7 @@ _register(
 )
 _register(_softmax_backward, "_softmax_backward_data", "_log_softmax_backward_data")
 _register(_embedding, "embedding")
-_register(_embedding_backward, "embedding_dense_backward", "embedding_backward")
+_register(_embedding, "embedding_dense_backward", "embedding_backward")
 _register(_index_put, "index_put", "index_put_", "_index_put_impl", "_index_put_impl_", "_unsafe_index_put")
 _register(_index, "index", "_unsafe_index")
 _register(_masked_scatter, "masked_scatter", "masked_scatter_")

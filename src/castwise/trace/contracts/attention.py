@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from castwise.devices import Device
 from castwise.trace.contracts._base import (
     _REDUCED,
@@ -108,20 +110,19 @@ def _sdpa_flash_cuda(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if bad:
         return bad
     if q.dtype not in _REDUCED:
-        return _viol(
-            op,
-            "unsupported",
-            "FlashAttention only support fp16 and bf16 data type",
-            args,
-            kwargs,
-            [t for t in args[:3] if t.dtype not in _REDUCED],
-            args[2].dtype if args[2].dtype in _REDUCED else BF16,
-        )
+        v = args[2].dtype if args[2].dtype in _REDUCED else BF16  # v's dtype where v is 16-bit
+        return _half_only(op, args, kwargs, "FlashAttention only support fp16 and bf16 data type", v)
     if isinstance(q.shape[-1], int) and q.shape[-1] % 8:
         return _viol(
             op, "unsupported", "head_size must be a multiple of 8, this is ensured by padding!", args, kwargs, [q], None
         )
     return _qkv(op, args, kwargs, dev, "flash_cuda") or q.dtype
+
+
+def _half_only(op: str, args: Args, kwargs: Kwargs, message: str, expected: torch.dtype) -> Violation:
+    # the flash and cuDNN kernels take f16/bf16 only: each of q, k, v in another dtype is at fault
+    culprits = [t for t in args[:3] if t.dtype not in _REDUCED]
+    return _viol(op, "unsupported", message, args, kwargs, culprits, expected)
 
 
 def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -142,15 +143,7 @@ def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if bad:
         return bad
     if q.dtype not in _REDUCED:
-        return _viol(
-            op,
-            "unsupported",
-            "cuDNN attention only supports fp16 and bf16 query, key and value",
-            args,
-            kwargs,
-            [t for t in args[:3] if t.dtype not in _REDUCED],
-            BF16,
-        )
+        return _half_only(op, args, kwargs, "cuDNN attention only supports fp16 and bf16 query, key and value", BF16)
     return _qkv_bias(op, args, kwargs, dev, "scalar", "cuDNN attention: attn_bias must have the query's dtype")
 
 
@@ -267,19 +260,24 @@ def _native_mha(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 # grad to be at::Float").
 
 
+def _no_softmax_kernel(op: str, args: Args, kwargs: Kwargs, x: Tensor) -> Violation:
+    # softmax's kernels dispatch on floating and complex types only
+    return _viol(
+        op,
+        "unsupported",
+        f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'",
+        args,
+        kwargs,
+        [x],
+        F32,
+    )
+
+
 def _softmax(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     half_to_float = bool(_arg(args, kwargs, 2, "half_to_float", False))
     if not (_is_float(x.dtype) or x.dtype.is_complex):
-        return _viol(
-            op,
-            "unsupported",
-            f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'",
-            args,
-            kwargs,
-            [x],
-            F32,
-        )
+        return _no_softmax_kernel(op, args, kwargs, x)
     if half_to_float:
         if dev.kernels == "cpu":
             return _viol(
@@ -302,15 +300,7 @@ def _softmax_dtype(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     dtype = _arg(args, kwargs, 2, "dtype")
     if dtype is None and not (_is_float(x.dtype) or x.dtype.is_complex):
-        return _viol(
-            op,
-            "unsupported",
-            f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'",
-            args,
-            kwargs,
-            [x],
-            F32,
-        )
+        return _no_softmax_kernel(op, args, kwargs, x)
     return dtype if dtype is not None else x.dtype
 
 

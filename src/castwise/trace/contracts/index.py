@@ -29,37 +29,22 @@ from castwise.trace.contracts._base import (
 
 
 def _embedding(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    w, idx = args[0], args[1]
+    # embedding(weight, indices) / embedding_(dense_)backward(grad, indices): weight's or grad's dtype
+    idx = args[1]
     if idx.dtype not in _INDEX_TYPES:
+        number, checked = ("#2", "embedding_backward") if op.endswith("_backward") else ("#1", "embedding")
         return _viol(
             op,
             "index",
-            "Expected tensor for argument #1 'indices' to have one of the following scalar "
+            f"Expected tensor for argument {number} 'indices' to have one of the following scalar "
             f"types: Long, Int; but got {_legacy(idx.dtype, dev)} instead (while checking arguments for "
-            "embedding)",
+            f"{checked})",
             args,
             kwargs,
             [idx],
             I64,
         )
-    return w.dtype
-
-
-def _embedding_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    g, idx = args[0], args[1]
-    if idx.dtype not in _INDEX_TYPES:
-        return _viol(
-            op,
-            "index",
-            "Expected tensor for argument #2 'indices' to have one of the following scalar "
-            f"types: Long, Int; but got {_legacy(idx.dtype, dev)} instead (while checking arguments for "
-            "embedding_backward)",
-            args,
-            kwargs,
-            [idx],
-            I64,
-        )
-    return g.dtype
+    return args[0].dtype
 
 
 def _check_indices(op: str, args: Args, kwargs: Kwargs, indices: Sequence[Tensor | None]) -> Violation | None:
