@@ -62,7 +62,6 @@ from castwise.trace.contracts.elementwise import (
     _reduce_sum,
     _same_as_self,
     _to,
-    _to_copy,
     _to_long,
     _true_divide,
 )
@@ -426,7 +425,7 @@ _register(
 """
     ),
 )
-_register(_to_copy, "_to_copy")
+_register(_like, "_to_copy")
 _register(_to, "to", "type_as")
 _register(
     _factory,

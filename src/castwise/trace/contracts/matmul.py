@@ -130,29 +130,14 @@ def _conv_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, w: 
     path = dev.path(_name(x.dtype))
     if path != "cpu.native":
         tail = " or input should be a MKLDNN tensor and {0} is a dense tensor" if path == "cpu.onednn" else ""
-        if w.dtype != x.dtype:
-            culprits, ref = _odd([x, w, b], prefer=w)
-            return _viol(
-                op,
-                "mismatch",
-                f"Input type ({_legacy(x.dtype, dev)}) and weight type "
-                f"({_legacy(w.dtype, dev)}) should be the same" + tail.format("weight"),
-                args,
-                kwargs,
-                culprits,
-                ref,
-            )
-        if b is not None and b.dtype != x.dtype:
-            return _viol(
-                op,
-                "mismatch",
-                f"Input type ({_legacy(x.dtype, dev)}) and bias type "
-                f"({_legacy(b.dtype, dev)}) should be the same" + tail.format("bias"),
-                args,
-                kwargs,
-                [b],
-                x.dtype,
-            )
+        for name, p in (("weight", w), ("bias", b)):
+            if p is not None and p.dtype != x.dtype:
+                # a weight of another type: the odd one out is at fault; a bias: the bias
+                culprits, ref = _odd([x, w, b], prefer=w) if name == "weight" else ([b], x.dtype)
+                msg = (
+                    f"Input type ({_legacy(x.dtype, dev)}) and {name} type ({_legacy(p.dtype, dev)}) should be the same"
+                )
+                return _viol(op, "mismatch", msg + tail.format(name), args, kwargs, culprits, ref)
         return x.dtype
     if w.dtype != x.dtype:
         culprits, ref = _odd([x, w], prefer=w)
