@@ -96,9 +96,8 @@ from castwise.trace.contracts.no_kernel import (
 from castwise.trace.contracts.norm import (
     _batch_norm,
     _batch_norm_backward,
-    _group_norm,
     _group_norm_backward,
-    _layer_norm,
+    _layer_group_norm,
     _layer_norm_backward,
     _rms_norm,
 )
@@ -146,8 +145,8 @@ _register(
 )
 _register(_conv_nobias, "cudnn_convolution", "cudnn_convolution_transpose")
 _register(_conv_backward, "convolution_backward")
-_register(_layer_norm, "native_layer_norm", "layer_norm")
-_register(_group_norm, "native_group_norm", "group_norm")
+_register(_layer_group_norm, "native_layer_norm", "layer_norm")
+_register(_layer_group_norm, "native_group_norm", "group_norm")
 _register(
     _batch_norm,
     "native_batch_norm",

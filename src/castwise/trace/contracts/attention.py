@@ -162,10 +162,8 @@ def _qkv_bias(op: str, args: Args, kwargs: Kwargs, dev: Device, msg_style: str, 
 def _sdpa_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # flash/efficient/cudnn backward: (grad_out, q, k, v, out, ...) in one dtype, as the forward
     grad, q, k, v = args[0], args[1], args[2], args[3]
-    if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
-        bad = _not_on_device(op, args, kwargs, dev, ("cpu",))
-    else:
-        bad = _not_on_device(op, args, kwargs, dev, ("cuda",))
+    cpu = op == "aten._scaled_dot_product_flash_attention_for_cpu_backward"
+    bad = _not_on_device(op, args, kwargs, dev, ("cpu",) if cpu else ("cuda",))
     if bad:
         return bad
     mismatched = [t for t in (grad, q, k) if t.dtype != v.dtype]

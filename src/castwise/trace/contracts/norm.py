@@ -65,28 +65,13 @@ def _norm_params(
     return _viol(op, "norm", msg, args, kwargs, bad, expected)
 
 
-def _layer_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    x = args[0]
-    v = _norm_params(
-        op, args, kwargs, dev, x, [_arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")], cuda_mixed=False
-    )
-    return v or x.dtype
-
-
-def _group_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    x = args[0]
-    at = 2 if op == "aten.group_norm" else 1  # group_norm(input, num_groups, weight, bias, ...)
-    v = _norm_params(
-        op,
-        args,
-        kwargs,
-        dev,
-        x,
-        [_arg(args, kwargs, at, "weight"), _arg(args, kwargs, at + 1, "bias")],
-        cuda_mixed=False,
-        shared_mixed_check=True,
-    )
-    return v or x.dtype
+def _layer_group_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # (native_)layer_norm(input, normalized_shape, weight, bias, ...), group_norm(input, num_groups,
+    # weight, bias, ...), native_group_norm(input, weight, bias, ...)
+    x, group = args[0], "group_norm" in op
+    at = 1 if op == "aten.native_group_norm" else 2
+    params = [_arg(args, kwargs, at, "weight"), _arg(args, kwargs, at + 1, "bias")]
+    return _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=False, shared_mixed_check=group) or x.dtype
 
 
 def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
