@@ -11,7 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from castwise._dtypes import is_low
 from castwise.errors import AuditError, CastwiseError
+from castwise.numerics._failed import RunRaised, add_diagnosis
+from castwise.report import Report
 from castwise.run import Inputs, RunRequest, check, model_device
 from castwise.run.request import RUN_MODES
 from castwise.trace.attribution import tensors_of
@@ -83,7 +86,7 @@ def widened(model: nn.Module) -> Iterator[None]:
     back as they were: no round trip through a cast)."""
     saved: list[tuple[Any, torch.Tensor]] = []
     for t in (*model.parameters(), *model.buffers()):
-        if t.dtype in (torch.float16, torch.bfloat16):
+        if is_low(t.dtype):
             saved.append((t, t.data))
             t.data = t.data.float()  # the rerun's question: is it finite in float32?
     try:
@@ -135,6 +138,34 @@ def on_device(model: nn.Module, policy: Any, device: str) -> tuple[nn.Module, An
         return dup, apply(dup, policy)
     except CastwiseError as exc:
         raise AuditError(f"policy {policy}: {exc}") from exc
+
+
+def reported(
+    request: RunRequest,
+    what: str,
+    body: Callable[[nn.Module], tuple[Report, BaseException | None]],
+    *,
+    copy_ok: bool = True,
+    audit: bool = True,
+) -> Report:
+    """``body``'s report of a run on the model to run (``on_device``; ``copy_ok`` False: the model
+    itself, one on the meta device), kept as is, with the policy removed again and global state
+    left as it was (castwise.auditor). Where the model raised, the audit's diagnosis goes first."""
+    from castwise.auditor import preserved_state
+
+    model, policy = request.model, request.policy
+    with preserved_state():
+        target, applied = on_device(model, policy, request.torch_device) if copy_ok else (model, None)
+        try:
+            with kept_as_is(target):
+                report, error = body(target)
+        finally:
+            if applied is not None:
+                applied.remove()
+    if error is not None:
+        raised = RunRaised(f"{what}'s run (policy {policy if policy is not None else 'none'})", policy, error)
+        add_diagnosis(report, request, raised, audit=audit)
+    return report
 
 
 def nonfinite_state(model: nn.Module, inputs: Inputs) -> list[str]:

@@ -31,7 +31,6 @@ from castwise.errors import AuditError, PolicyError
 from castwise.float8 import convert, score
 from castwise.numerics import _run
 from castwise.numerics import float8_leaveout as f8l
-from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.locate import real_run
 from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
@@ -399,20 +398,10 @@ def forecast(
             "policy= with a model on the meta device is not supported: forecast would copy it to apply the policy; "
             "run it in the precision to forecast from (its own dtypes), or materialise it first"
         )
-    from castwise.auditor import preserved_state
-
-    with preserved_state():
-        run_model, applied = _run.on_device(model, pol, dev) if not meta else (model, None)
-        try:
-            with _run.kept_as_is(run_model):
-                report, error = _forecast(run_model, request.inputs, t, pol, mode, dev, lw.Plan(layerwise, weights))
-        finally:
-            if applied is not None:
-                applied.remove()
-    if error is not None:
-        raised = RunRaised(f"forecast's run (policy {pol if pol is not None else 'none'})", pol, error)
-        add_diagnosis(report, request, raised)
-    return report
+    plan = lw.Plan(layerwise, weights)
+    return _run.reported(
+        request, "forecast", lambda m: _forecast(m, request.inputs, t, pol, mode, dev, plan), copy_ok=not meta
+    )
 
 
 def _forecast(

@@ -21,7 +21,6 @@ from torch import nn
 from castwise._autocast import DEVICE_TYPES, autocast
 from castwise._dtypes import low_dtypes, short_of
 from castwise.numerics import _run
-from castwise.numerics._failed import RunRaised, add_diagnosis
 from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
 from castwise.numerics.rows import locate_rows
@@ -153,21 +152,10 @@ def _state_finding(bad: list[str], mode: str) -> Finding:
 def locate_in(request: RunRequest, fn: Callable[..., Any] | None = None) -> Report:
     """locate_nonfinite of a checked request; ``fn(model, *args, **kwargs)`` replaces the forward
     call (a training step's own loss). Global state is left as it was (castwise.auditor)."""
-    from castwise.auditor import preserved_state
-
-    model, policy, mode, device = request.model, request.policy, request.mode, request.torch_device
-    with preserved_state():
-        target, applied = _run.on_device(model, policy, device)
-        try:
-            with _run.kept_as_is(target):
-                report, error = _locate(target, request.inputs, policy, mode, device, fn)
-        finally:
-            if applied is not None:
-                applied.remove()
-    if error is not None:
-        raised = RunRaised(f"locate's run (policy {policy if policy is not None else 'none'})", policy, error)
-        add_diagnosis(report, request, raised, audit=fn is None)
-    return report
+    policy, mode, device = request.policy, request.mode, request.torch_device
+    return _run.reported(
+        request, "locate", lambda target: _locate(target, request.inputs, policy, mode, device, fn), audit=fn is None
+    )
 
 
 def _locate(

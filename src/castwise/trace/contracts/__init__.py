@@ -59,18 +59,15 @@ from castwise.trace.contracts.elementwise import (
     _mean,
     _no_tensor,
     _promoting,
-    _reduce_keep,
     _reduce_sum,
     _same_as_self,
     _to,
-    _to_copy,
     _to_long,
     _true_divide,
 )
 from castwise.trace.contracts.float8 import _scaled_mm
 from castwise.trace.contracts.index import (
     _embedding,
-    _embedding_backward,
     _gather,
     _index,
     _index_add,
@@ -99,9 +96,8 @@ from castwise.trace.contracts.no_kernel import (
 from castwise.trace.contracts.norm import (
     _batch_norm,
     _batch_norm_backward,
-    _group_norm,
     _group_norm_backward,
-    _layer_norm,
+    _layer_group_norm,
     _layer_norm_backward,
     _rms_norm,
 )
@@ -149,8 +145,8 @@ _register(
 )
 _register(_conv_nobias, "cudnn_convolution", "cudnn_convolution_transpose")
 _register(_conv_backward, "convolution_backward")
-_register(_layer_norm, "native_layer_norm", "layer_norm")
-_register(_group_norm, "native_group_norm", "group_norm")
+_register(_layer_group_norm, "native_layer_norm", "layer_norm")
+_register(_layer_group_norm, "native_group_norm", "group_norm")
 _register(
     _batch_norm,
     "native_batch_norm",
@@ -190,7 +186,7 @@ _register(
 )
 _register(_softmax_backward, "_softmax_backward_data", "_log_softmax_backward_data")
 _register(_embedding, "embedding")
-_register(_embedding_backward, "embedding_dense_backward", "embedding_backward")
+_register(_embedding, "embedding_dense_backward", "embedding_backward")
 _register(_index_put, "index_put", "index_put_", "_index_put_impl", "_index_put_impl_", "_unsafe_index_put")
 _register(_index, "index", "_unsafe_index")
 _register(_masked_scatter, "masked_scatter", "masked_scatter_")
@@ -428,7 +424,7 @@ _register(
 """
     ),
 )
-_register(_to_copy, "_to_copy")
+_register(_like, "_to_copy")
 _register(_to, "to", "type_as")
 _register(
     _factory,
@@ -440,7 +436,7 @@ _register(
     ),
 )
 _register(_reduce_sum, "sum", "nansum", "cumsum", "prod", "cumsum_", "cumprod", "trace")
-_register(_reduce_keep, "norm", "linalg_vector_norm", "_linalg_vector_norm", "frobenius_norm", "nanmean")
+_register(_like, "norm", "linalg_vector_norm", "_linalg_vector_norm", "frobenius_norm", "nanmean")
 _register(_mean, "mean")
 _register(_to_long, "argmax", "argmin", "nonzero", "argsort", "bucketize", "searchsorted", "count_nonzero")
 _register(_promoting, "max.other", "min.other")

@@ -150,6 +150,12 @@ def _viol(
     return Violation(op, kind, message, tuple(sorted(idx)), None if expected is None else _name(expected))
 
 
+def _scalar(op: str, kind: str, args: Args, kwargs: Kwargs, want: torch.dtype, bad: Sequence[Tensor]) -> Violation:
+    """A kernel's typed read refuses ``bad`` (the first one named): "expected scalar type Float but
+    found BFloat16"; ``want`` is the dtype it read them as."""
+    return _viol(op, kind, f"expected scalar type {_sc(want)} but found {_sc(bad[0].dtype)}", args, kwargs, bad, want)
+
+
 def _odd(tensors: Sequence[Tensor | None], prefer: Tensor) -> tuple[list[Tensor], torch.dtype]:
     """The operands whose dtype differs from the reference dtype, and that dtype. The reference
     is the dtype most operands share; ties go to ``prefer`` (the weight-like operand)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from castwise.devices import Device
 from castwise.trace.contracts._base import (
     _REDUCED,
@@ -21,6 +23,7 @@ from castwise.trace.contracts._base import (
     _is_float,
     _not_on_device,
     _sc,
+    _scalar,
     _viol,
 )
 from castwise.trace.contracts.norm import _norm_params
@@ -107,20 +110,19 @@ def _sdpa_flash_cuda(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if bad:
         return bad
     if q.dtype not in _REDUCED:
-        return _viol(
-            op,
-            "unsupported",
-            "FlashAttention only support fp16 and bf16 data type",
-            args,
-            kwargs,
-            [t for t in args[:3] if t.dtype not in _REDUCED],
-            args[2].dtype if args[2].dtype in _REDUCED else BF16,
-        )
+        v = args[2].dtype if args[2].dtype in _REDUCED else BF16  # v's dtype where v is 16-bit
+        return _half_only(op, args, kwargs, "FlashAttention only support fp16 and bf16 data type", v)
     if isinstance(q.shape[-1], int) and q.shape[-1] % 8:
         return _viol(
             op, "unsupported", "head_size must be a multiple of 8, this is ensured by padding!", args, kwargs, [q], None
         )
     return _qkv(op, args, kwargs, dev, "flash_cuda") or q.dtype
+
+
+def _half_only(op: str, args: Args, kwargs: Kwargs, message: str, expected: torch.dtype) -> Violation:
+    # the flash and cuDNN kernels take f16/bf16 only: each of q, k, v in another dtype is at fault
+    culprits = [t for t in args[:3] if t.dtype not in _REDUCED]
+    return _viol(op, "unsupported", message, args, kwargs, culprits, expected)
 
 
 def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -132,13 +134,7 @@ def _sdpa_efficient(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return _viol(
             op, "unsupported", f"memory-efficient attention does not support {_sc(q.dtype)}", args, kwargs, [q], F32
         )
-    v = _qkv(op, args, kwargs, dev, "efficient_cuda")
-    if v:
-        return v
-    bias = _arg(args, kwargs, 3, "attn_bias")
-    if bias is not None and bias.dtype != q.dtype:
-        return _viol(op, "mask", "invalid dtype for bias - should match query's dtype", args, kwargs, [bias], q.dtype)
-    return q.dtype
+    return _qkv_bias(op, args, kwargs, dev, "efficient_cuda", "invalid dtype for bias - should match query's dtype")
 
 
 def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -147,33 +143,27 @@ def _sdpa_cudnn(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if bad:
         return bad
     if q.dtype not in _REDUCED:
-        return _viol(
-            op,
-            "unsupported",
-            "cuDNN attention only supports fp16 and bf16 query, key and value",
-            args,
-            kwargs,
-            [t for t in args[:3] if t.dtype not in _REDUCED],
-            BF16,
-        )
-    v = _qkv(op, args, kwargs, dev, "scalar")
+        return _half_only(op, args, kwargs, "cuDNN attention only supports fp16 and bf16 query, key and value", BF16)
+    return _qkv_bias(op, args, kwargs, dev, "scalar", "cuDNN attention: attn_bias must have the query's dtype")
+
+
+def _qkv_bias(op: str, args: Args, kwargs: Kwargs, dev: Device, msg_style: str, bias_message: str) -> Any:
+    # the memory-efficient and cuDNN kernels: q, k, v in one dtype, then an attn_bias in q's
+    q = args[0]
+    v = _qkv(op, args, kwargs, dev, msg_style)
     if v:
         return v
     bias = _arg(args, kwargs, 3, "attn_bias")
     if bias is not None and bias.dtype != q.dtype:
-        return _viol(
-            op, "mask", "cuDNN attention: attn_bias must have the query's dtype", args, kwargs, [bias], q.dtype
-        )
+        return _viol(op, "mask", bias_message, args, kwargs, [bias], q.dtype)
     return q.dtype
 
 
 def _sdpa_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # flash/efficient/cudnn backward: (grad_out, q, k, v, out, ...) in one dtype, as the forward
     grad, q, k, v = args[0], args[1], args[2], args[3]
-    if op == "aten._scaled_dot_product_flash_attention_for_cpu_backward":
-        bad = _not_on_device(op, args, kwargs, dev, ("cpu",))
-    else:
-        bad = _not_on_device(op, args, kwargs, dev, ("cuda",))
+    cpu = op == "aten._scaled_dot_product_flash_attention_for_cpu_backward"
+    bad = _not_on_device(op, args, kwargs, dev, ("cpu",) if cpu else ("cuda",))
     if bad:
         return bad
     mismatched = [t for t in (grad, q, k) if t.dtype != v.dtype]
@@ -226,8 +216,7 @@ def _fused_weights(
     # CUDA (measured, H100): the qkv bias must be x's dtype too ("expected scalar type ...")
     qkv_bias = layers[0][1]
     if dev.kernels == "cuda" and qkv_bias is not None and qkv_bias.dtype != x.dtype:
-        msg = f"expected scalar type {_sc(x.dtype)} but found {_sc(qkv_bias.dtype)}"
-        return _viol(op, "mismatch", msg, args, kwargs, [qkv_bias], x.dtype)
+        return _scalar(op, "mismatch", args, kwargs, x.dtype, [qkv_bias])
     bad_b = [b for i, (_, b) in enumerate(layers) if i > 0 and b is not None and b.dtype != x.dtype]
     if bad_b:
         return _viol(
@@ -269,19 +258,24 @@ def _native_mha(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 # grad to be at::Float").
 
 
+def _no_softmax_kernel(op: str, args: Args, kwargs: Kwargs, x: Tensor) -> Violation:
+    # softmax's kernels dispatch on floating and complex types only
+    return _viol(
+        op,
+        "unsupported",
+        f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'",
+        args,
+        kwargs,
+        [x],
+        F32,
+    )
+
+
 def _softmax(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     half_to_float = bool(_arg(args, kwargs, 2, "half_to_float", False))
     if not (_is_float(x.dtype) or x.dtype.is_complex):
-        return _viol(
-            op,
-            "unsupported",
-            f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'",
-            args,
-            kwargs,
-            [x],
-            F32,
-        )
+        return _no_softmax_kernel(op, args, kwargs, x)
     if half_to_float:
         if dev.kernels == "cpu":
             return _viol(
@@ -304,15 +298,7 @@ def _softmax_dtype(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     x = args[0]
     dtype = _arg(args, kwargs, 2, "dtype")
     if dtype is None and not (_is_float(x.dtype) or x.dtype.is_complex):
-        return _viol(
-            op,
-            "unsupported",
-            f"\"softmax_lastdim_kernel_impl\" not implemented for '{_sc(x.dtype)}'",
-            args,
-            kwargs,
-            [x],
-            F32,
-        )
+        return _no_softmax_kernel(op, args, kwargs, x)
     return dtype if dtype is not None else x.dtype
 
 
@@ -322,15 +308,7 @@ def _softmax_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if dev.kernels == "cuda":
         return _softmax_backward_cuda(op, args, kwargs, go, out, input_dtype)
     if go.dtype != out.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(go.dtype)} but found {_sc(out.dtype)}",
-            args,
-            kwargs,
-            [out],
-            go.dtype,
-        )
+        return _scalar(op, "mismatch", args, kwargs, go.dtype, [out])
     if input_dtype == F16 and go.dtype == F32:  # CPU measured: the half_to_float backward is refused
         return _viol(op, "unsupported", "expected scalar type Float but found Half", args, kwargs, [go], F16)
     return go.dtype

@@ -96,26 +96,10 @@ def _lerp(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # dims too (a 0-dim weight is exempt, measured)
     s, end = args[0], args[1]
     weight = _arg(args, kwargs, 2, "weight")
-    if end.dtype != s.dtype:
-        return _viol(
-            op,
-            "strict",
-            f"expected dtype {_cpp(s.dtype)} for `end` but got dtype {_cpp(end.dtype)}",
-            args,
-            kwargs,
-            [end],
-            s.dtype,
-        )
-    if isinstance(weight, torch.Tensor) and weight.dim() > 0 and weight.dtype != s.dtype:
-        return _viol(
-            op,
-            "strict",
-            f"expected dtype {_cpp(s.dtype)} for `weight` but got dtype {_cpp(weight.dtype)}",
-            args,
-            kwargs,
-            [weight],
-            s.dtype,
-        )
+    for name, t in (("end", end), ("weight", weight)):
+        if isinstance(t, torch.Tensor) and (name == "end" or t.dim() > 0) and t.dtype != s.dtype:
+            msg = f"expected dtype {_cpp(s.dtype)} for `{name}` but got dtype {_cpp(t.dtype)}"
+            return _viol(op, "strict", msg, args, kwargs, [t], s.dtype)
     return s.dtype
 
 
@@ -145,11 +129,6 @@ def _float_only(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return x.dtype
 
 
-def _to_copy(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    dtype = kwargs.get("dtype")
-    return dtype if dtype is not None else args[0].dtype
-
-
 def _to(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     dtype = kwargs.get("dtype")
     if dtype is None:
@@ -162,6 +141,7 @@ def _to(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 
 
 def _like(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # _to_copy, *_like factories, reductions that keep the input's dtype (norm, nanmean): dtype= or self's
     dtype = kwargs.get("dtype")
     return dtype if dtype is not None else args[0].dtype
 
@@ -181,11 +161,6 @@ def _factory(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if op in ("aten.randint", "aten.randperm"):
         return I64
     return torch.get_default_dtype()
-
-
-def _reduce_keep(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    dtype = kwargs.get("dtype")
-    return dtype if dtype is not None else args[0].dtype
 
 
 def _reduce_sum(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:

@@ -22,43 +22,29 @@ from castwise.trace.contracts._base import (
     _cpp,
     _legacy,
     _sc,
+    _scalar,
     _viol,
     result_type,
 )
 
 
 def _embedding(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    w, idx = args[0], args[1]
+    # embedding(weight, indices) / embedding_(dense_)backward(grad, indices): weight's or grad's dtype
+    idx = args[1]
     if idx.dtype not in _INDEX_TYPES:
+        number, checked = ("#2", "embedding_backward") if op.endswith("_backward") else ("#1", "embedding")
         return _viol(
             op,
             "index",
-            "Expected tensor for argument #1 'indices' to have one of the following scalar "
+            f"Expected tensor for argument {number} 'indices' to have one of the following scalar "
             f"types: Long, Int; but got {_legacy(idx.dtype, dev)} instead (while checking arguments for "
-            "embedding)",
+            f"{checked})",
             args,
             kwargs,
             [idx],
             I64,
         )
-    return w.dtype
-
-
-def _embedding_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    g, idx = args[0], args[1]
-    if idx.dtype not in _INDEX_TYPES:
-        return _viol(
-            op,
-            "index",
-            "Expected tensor for argument #2 'indices' to have one of the following scalar "
-            f"types: Long, Int; but got {_legacy(idx.dtype, dev)} instead (while checking arguments for "
-            "embedding_backward)",
-            args,
-            kwargs,
-            [idx],
-            I64,
-        )
-    return g.dtype
+    return args[0].dtype
 
 
 def _check_indices(op: str, args: Args, kwargs: Kwargs, indices: Sequence[Tensor | None]) -> Violation | None:
@@ -277,9 +263,9 @@ def _loss_same(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     return x.dtype
 
 
-def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    x, target = args[0], args[1]
-    weight = _arg(args, kwargs, 2, "weight")
+def _nll_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, target: Tensor, others: Args) -> Any:
+    """nll_loss's checks, forward and backward: the target's dtype, then ``others`` (weight; the
+    backward's grad and total_weight too) in the input's dtype."""
     if target.dtype not in (I64, U8):
         cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
         return _viol(
@@ -293,47 +279,17 @@ def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             [target],
             I64,
         )
-    if weight is not None and weight.dtype != x.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(weight.dtype)}",
-            args,
-            kwargs,
-            [weight],
-            x.dtype,
-        )
-    return x.dtype
+    bad = [a for a in others if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
+    return _scalar(op, "mismatch", args, kwargs, x.dtype, bad) if bad else x.dtype
+
+
+def _nll_loss(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    return _nll_check(op, args, kwargs, dev, args[0], args[1], (_arg(args, kwargs, 2, "weight"),))
 
 
 def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    grad, x, target = args[0], args[1], args[2]
     weight, total = _arg(args, kwargs, 3, "weight"), _arg(args, kwargs, 6, "total_weight")
-    if target.dtype not in (I64, U8):
-        cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
-        return _viol(
-            op,
-            "index",
-            f"\"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for '{_sc(target.dtype)}'"
-            if cuda_2d
-            else f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
-            args,
-            kwargs,
-            [target],
-            I64,
-        )
-    bad = [a for a in (grad, weight, total) if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
-    if bad:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(bad[0].dtype)}",
-            args,
-            kwargs,
-            bad,
-            x.dtype,
-        )
-    return x.dtype
+    return _nll_check(op, args, kwargs, dev, args[1], args[2], (args[0], weight, total))
 
 
 # ---------------------------------------------------------------------------------------------

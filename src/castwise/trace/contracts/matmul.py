@@ -18,6 +18,7 @@ from castwise.trace.contracts._base import (
     _name,
     _odd,
     _sc,
+    _scalar,
     _viol,
 )
 
@@ -99,8 +100,7 @@ def _addmv(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         return m.dtype  # CUDA (measured, H100): self is cast to the matrix's dtype, not checked
     culprits, ref = _odd([s, m, v], prefer=m)
     if dev.kernels == "cuda":
-        msg = f"expected scalar type {_sc(m.dtype)} but found {_sc(v.dtype)}"
-        return _viol(op, "mismatch", msg, args, kwargs, [v], m.dtype)
+        return _scalar(op, "mismatch", args, kwargs, m.dtype, [v])
     return _viol(
         op,
         "mismatch",
@@ -130,29 +130,14 @@ def _conv_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, w: 
     path = dev.path(_name(x.dtype))
     if path != "cpu.native":
         tail = " or input should be a MKLDNN tensor and {0} is a dense tensor" if path == "cpu.onednn" else ""
-        if w.dtype != x.dtype:
-            culprits, ref = _odd([x, w, b], prefer=w)
-            return _viol(
-                op,
-                "mismatch",
-                f"Input type ({_legacy(x.dtype, dev)}) and weight type "
-                f"({_legacy(w.dtype, dev)}) should be the same" + tail.format("weight"),
-                args,
-                kwargs,
-                culprits,
-                ref,
-            )
-        if b is not None and b.dtype != x.dtype:
-            return _viol(
-                op,
-                "mismatch",
-                f"Input type ({_legacy(x.dtype, dev)}) and bias type "
-                f"({_legacy(b.dtype, dev)}) should be the same" + tail.format("bias"),
-                args,
-                kwargs,
-                [b],
-                x.dtype,
-            )
+        for name, p in (("weight", w), ("bias", b)):
+            if p is not None and p.dtype != x.dtype:
+                # a weight of another type: the odd one out is at fault; a bias: the bias
+                culprits, ref = _odd([x, w, b], prefer=w) if name == "weight" else ([b], x.dtype)
+                msg = (
+                    f"Input type ({_legacy(x.dtype, dev)}) and {name} type ({_legacy(p.dtype, dev)}) should be the same"
+                )
+                return _viol(op, "mismatch", msg + tail.format(name), args, kwargs, culprits, ref)
         return x.dtype
     if w.dtype != x.dtype:
         culprits, ref = _odd([x, w], prefer=w)
@@ -174,20 +159,10 @@ def _conv_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     go, x, w = args[0], args[1], args[2]
     mask = _arg(args, kwargs, 10, "output_mask", [True, True, True])
     if go.dtype != x.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(go.dtype)}",
-            args,
-            kwargs,
-            [go],
-            x.dtype,
-        )
+        return _scalar(op, "mismatch", args, kwargs, x.dtype, [go])
     # oneDNN's backward also takes an f32 weight (measured for bf16); native and cuDNN want one type
     if w.dtype != x.dtype and not (dev.path(_name(x.dtype)) == "cpu.onednn" and w.dtype == F32):
-        return _viol(
-            op, "mismatch", f"expected scalar type {_sc(x.dtype)} but found {_sc(w.dtype)}", args, kwargs, [w], x.dtype
-        )
+        return _scalar(op, "mismatch", args, kwargs, x.dtype, [w])
     return x.dtype if mask[0] else w.dtype
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from castwise.devices import Device
-from castwise.trace.contracts._base import _REDUCED, F32, Args, Kwargs, Tensor, Violation, _arg, _sc, _viol
+from castwise.trace.contracts._base import _REDUCED, F32, Args, Kwargs, Tensor, Violation, _arg, _sc, _scalar, _viol
 
 
 def _norm_params(
@@ -48,11 +48,7 @@ def _norm_params(
         return _viol(op, "norm", msg, args, kwargs, bad, x.dtype)
     if not mixed:
         bad = [p for p in defined if p.dtype != x.dtype]
-        if not bad:
-            return None
-        return _viol(
-            op, "norm", f"expected scalar type {_sc(x.dtype)} but found {_sc(bad[0].dtype)}", args, kwargs, bad, x.dtype
-        )
+        return _scalar(op, "norm", args, kwargs, x.dtype, bad) if bad else None
     if x.dtype in _REDUCED:
         bad = [p for p in defined if p.dtype != F32]
         if not bad:
@@ -69,28 +65,13 @@ def _norm_params(
     return _viol(op, "norm", msg, args, kwargs, bad, expected)
 
 
-def _layer_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    x = args[0]
-    v = _norm_params(
-        op, args, kwargs, dev, x, [_arg(args, kwargs, 2, "weight"), _arg(args, kwargs, 3, "bias")], cuda_mixed=False
-    )
-    return v or x.dtype
-
-
-def _group_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
-    x = args[0]
-    at = 2 if op == "aten.group_norm" else 1  # group_norm(input, num_groups, weight, bias, ...)
-    v = _norm_params(
-        op,
-        args,
-        kwargs,
-        dev,
-        x,
-        [_arg(args, kwargs, at, "weight"), _arg(args, kwargs, at + 1, "bias")],
-        cuda_mixed=False,
-        shared_mixed_check=True,
-    )
-    return v or x.dtype
+def _layer_group_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    # (native_)layer_norm(input, normalized_shape, weight, bias, ...), group_norm(input, num_groups,
+    # weight, bias, ...), native_group_norm(input, weight, bias, ...)
+    x, group = args[0], "group_norm" in op
+    at = 1 if op == "aten.native_group_norm" else 2
+    params = [_arg(args, kwargs, at, "weight"), _arg(args, kwargs, at + 1, "bias")]
+    return _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=False, shared_mixed_check=group) or x.dtype
 
 
 def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -103,12 +84,14 @@ def _batch_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         # CUDA (measured, H100): the running statistics are read in any float dtype; only the
         # affine parameters must be x's dtype or float32
         return _batch_norm_cuda_params(op, args, kwargs, dev, x, (("weight", params[0]), ("bias", params[1])))
-    for i, name in ((3, "running_mean"), (4, "running_var")):
-        p = _arg(args, kwargs, i, name)
-        if isinstance(p, torch.Tensor):
-            params.append(p)
-    v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=True)
+    v = _norm_params(op, args, kwargs, dev, x, params + _running_stats(args, kwargs), cuda_mixed=True)
     return v or x.dtype
+
+
+def _running_stats(args: Args, kwargs: Kwargs) -> list[Tensor | None]:
+    # batch norm's running_mean, running_var at 3 and 4, where given (.no_stats has a bool at 3)
+    stats = (_arg(args, kwargs, 3, "running_mean"), _arg(args, kwargs, 4, "running_var"))
+    return [s for s in stats if isinstance(s, torch.Tensor)]
 
 
 def _batch_norm_cuda_stats(args: Args, kwargs: Kwargs, x: Tensor, weight: Tensor | None) -> tuple[str, Tensor] | None:
@@ -145,15 +128,7 @@ def _layer_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> An
     go, x = args[0], args[1]
     w, b = _arg(args, kwargs, 5, "weight"), _arg(args, kwargs, 6, "bias")
     if go.dtype != x.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(go.dtype)}",
-            args,
-            kwargs,
-            [go],
-            x.dtype,
-        )
+        return _scalar(op, "mismatch", args, kwargs, x.dtype, [go])
     return _norm_params(op, args, kwargs, dev, x, [w, b], cuda_mixed=False, kernel_message=True) or x.dtype
 
 
@@ -182,25 +157,12 @@ def _batch_norm_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> An
             return v
         stats = _batch_norm_cuda_stats(args, kwargs, x, w)
         return v if stats is None else _viol(op, "norm", stats[0], args, kwargs, [stats[1]], x.dtype)
-    params = [_arg(args, kwargs, 2, "weight")]
-    for i, name in ((3, "running_mean"), (4, "running_var")):
-        p = _arg(args, kwargs, i, name)
-        if isinstance(p, torch.Tensor):
-            params.append(p)
-    v = _norm_params(op, args, kwargs, dev, x, params, cuda_mixed=True)
+    v = _norm_params(
+        op, args, kwargs, dev, x, [_arg(args, kwargs, 2, "weight"), *_running_stats(args, kwargs)], cuda_mixed=True
+    )
     if v:
         return v
-    if go.dtype != x.dtype:
-        return _viol(
-            op,
-            "mismatch",
-            f"expected scalar type {_sc(x.dtype)} but found {_sc(go.dtype)}",
-            args,
-            kwargs,
-            [go],
-            x.dtype,
-        )
-    return x.dtype
+    return _scalar(op, "mismatch", args, kwargs, x.dtype, [go]) if go.dtype != x.dtype else x.dtype
 
 
 def _rms_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
@@ -211,9 +173,7 @@ def _rms_norm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     if op == "aten._fused_rms_norm" and dev.kernels == "cuda" and w is not None and w.dtype != x.dtype:
         # called directly, the CUDA fused kernel reads weight as data_ptr<T> of the input's type
         # (cuda/layer_norm_kernel.cu); the composite rms_norm never calls it with a mismatch
-        return _viol(
-            op, "norm", f"expected scalar type {_sc(x.dtype)} but found {_sc(w.dtype)}", args, kwargs, [w], x.dtype
-        )
+        return _scalar(op, "norm", args, kwargs, x.dtype, [w])
     return x.dtype
 
 
