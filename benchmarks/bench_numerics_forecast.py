@@ -351,8 +351,9 @@ def main() -> None:
     tp = sum(len(r["predicted"] & r["real"]) for r in rows)
     n_real = sum(len(r["real"]) for r in rows)
     n_pred = sum(len(r["predicted"]) for r in rows)
+    n_models = len({r["model"] for r in rows})
     print(
-        f"\nforecast(f16) vs a real float16 run: {len(rows)} cases across {len(ratios)} models (seed {seed}"
+        f"\nforecast(f16) vs a real float16 run: {len(rows)} cases across {n_models} models (seed {seed}"
         f"{', held-out' if args.held_out else ''}), {n_real} real overflow sites"
     )
     for kind in dict.fromkeys(kinds):
