@@ -390,3 +390,46 @@ def test_a_layer_that_upcasts_its_own_input_is_the_origin_where_its_check_raises
         _train_step(model, x)
     finally:
         applied.remove()
+
+
+class _Rotated(nn.Module):
+    """An adapter whose forward multiplies its weight by a matrix it makes (a user's LoRA-style
+    rotation): ``torch.eye`` takes torch's default dtype, float32, beside bf16 weights."""
+
+    def __init__(self, made: bool) -> None:
+        super().__init__()
+        self.base = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+        self.made = made
+        self.rot = torch.eye(16)  # a plain attribute: .to() does not convert it either
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rot = torch.eye(16) if self.made else self.rot
+        return self.head(nn.functional.linear(x, self.base.weight @ rot, self.base.bias))
+
+
+def test_a_tensor_made_with_the_default_dtype_gets_a_default_dtype_policy_verified_for_real() -> None:
+    torch.manual_seed(0)
+    model = _Rotated(made=True).to(torch.bfloat16)
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="same dtype"):  # the real run as the user has it
+        model(x)
+    report = castwise.audit(model, x)
+    assert [f.code for f in report.errors] == ["CW106"]
+    assert str(report.suggested_policy) == "bf16-true,default_dtype=bf16"
+    applied = castwise.apply(model, report.suggested_policy)
+    try:
+        out = model(x)
+        out.float().sum().backward()
+        assert out.dtype == torch.bfloat16  # low precision kept
+    finally:
+        applied.remove()
+
+
+def test_a_tensor_attribute_gets_no_default_dtype_policy() -> None:
+    # the control: torch's default dtype does not reach a tensor made before the run
+    model = _Rotated(made=False).to(torch.bfloat16)
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    report = castwise.audit(model, x)
+    assert [f.code for f in report.errors] == ["CW106"]
+    assert "default_dtype" not in str(report.suggested_policy)

@@ -93,18 +93,40 @@ def suggest_policy(request: RunRequest, report: Report, runs: list[RunRecord], m
             continue
         tried.add(str(candidate))
         audits += 1
-        try:
-            again, again_runs = run_request(request.under(candidate))
-        except CastwiseError:
-            continue
-        # a candidate whose run stops earlier than the user's (CW902) is not verified by it
-        cut_short = any(f.code == "CW902" for f in again.findings) and not incomplete
-        if not again.errors and not cut_short and _signature(again_runs) != before:
+        verified, again = _verified(request, candidate, before, incomplete)
+        if verified:
             return candidate
-        following = _safe_fixes(candidate, again.findings, compute, f64)
+        following = _safe_fixes(candidate, again.findings, compute, f64) if again is not None else None
         if following is not None and str(following) not in tried:
-            queue.append((following, again.findings))
+            queue.append((following, again.findings if again is not None else []))
+    # last: tensors made in forward with torch's default dtype (CW106 "created by aten.eye"), made
+    # in the compute dtype instead (Lightning's *-true presets do so), where no module fix worked
+    last = _default_dtype(base, report, compute)
+    if last is not None and audits < max_audits and str(last) not in tried and last != policy:
+        return last if _verified(request, last, before, incomplete)[0] else None
     return None
+
+
+def _verified(
+    request: RunRequest, candidate: Policy, before: list[Any], incomplete: bool
+) -> tuple[bool, Report | None]:
+    """Whether a re-audit under ``candidate`` finds no error and changes what runs (its report)."""
+    try:
+        again, again_runs = run_request(request.under(candidate))
+    except CastwiseError:
+        return False, None
+    # a candidate whose run stops earlier than the user's (CW902) is not verified by it
+    cut_short = any(f.code == "CW902" for f in again.findings) and not incomplete
+    return not again.errors and not cut_short and _signature(again_runs) != before, again
+
+
+def _default_dtype(base: Policy, report: Report, compute: torch.dtype) -> Policy | None:
+    """``base`` with torch's default dtype set to the low compute dtype while the model runs, when
+    an error is a tensor an op made in forward (not an attribute: a factory op, ``origin.op``)."""
+    made = any(f.code == "CW106" and f.origin is not None and f.origin.op for f in report.errors)
+    if not made or not is_low(compute) or base.default_dtype is not None:
+        return None
+    return base.replace(default_dtype=compute)
 
 
 def _signature(runs: list[RunRecord]) -> list[Any]:
