@@ -100,7 +100,9 @@ def test_findings_are_those_of_the_unsharded_model_under_the_same_policy() -> No
     key = sorted((f.code, f.module, f.modes) for f in unsharded.findings)
     assert sorted((f.code, f.module, f.modes) for f in sharded.findings) == key
     assert any(f.code == "CW106" and f.module == "blocks.0.mix" for f in sharded.findings)
-    assert unsharded.suggested_policy is None and sharded.suggested_policy is None  # CW106 is a code fix
+    # a tensor made in forward with the default dtype: the unsharded model's fix search verifies the
+    # default dtype in bf16; the sharded model's policy is its sharding's, and none is suggested
+    assert str(unsharded.suggested_policy) == "bf16-true,default_dtype=bf16" and sharded.suggested_policy is None
 
 
 class Up(nn.Module):
