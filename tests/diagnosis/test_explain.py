@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from castwise import rules
 from castwise.categories import CATEGORIES
 from castwise.diagnosis._frames import library_of, parse_frames
 from castwise.diagnosis._patterns import dtype_name, read_signals
-from castwise.diagnosis.explain import Explanation, explain
+from castwise.diagnosis.explain import Explanation, explain, read_evidence
 
 PY = sys.executable
 
@@ -808,3 +809,52 @@ def test_onednn_primitive_failure_reads_as_a_device_limit() -> None:
     # module) by the reports it was fitted on; which comes first is the data's call, not the test's
     top3 = [c.category for c in e.candidates[:3]]
     assert {"DTYPE_UNSUPPORTED_ON_DEVICE", "MODEL_INPUT_DTYPE_MISMATCH"} <= set(top3)
+
+
+# -- an eager op's error met while dynamo traced ---------------------------------------------
+
+
+def test_an_eager_dtype_error_raised_under_torch_compile_is_not_blamed_on_compile() -> None:
+    # the compiled graph runs the op eager runs: a Linear fed bf16 activations with f32 weights
+    # raises through dynamo's frames what eager raises. Codebases that always compile (nanochat,
+    # torchtitan) paste it so: the cause is the op's, not torch.compile's
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError) as eager:
+        lin(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as compiled:
+        torch.compile(lin, backend="eager")(x)
+    torch._dynamo.reset()
+    assert "torch/_dynamo" in "".join(traceback.format_tb(compiled.value.__traceback__))
+    e_eager, e_compiled = explain(eager.value), explain(compiled.value)
+    assert e_compiled.category != "TORCH_COMPILE_DTYPE"
+    assert e_compiled.category == e_eager.category
+
+
+def test_dynamos_fake_tensor_replay_of_an_eager_error_is_the_ops_error() -> None:
+    # while tracing, dynamo runs the op on fake tensors and wraps its refusal; eager raises the same
+    text = (
+        "torch._dynamo.exc.TorchRuntimeError: Dynamo failed to run FX node with fake tensors: call_function "
+        "<built-in function linear>(*(FakeTensor(..., size=(2, 8, 64), dtype=torch.bfloat16), "
+        "Parameter(FakeTensor(..., size=(64, 64), requires_grad=True))), **{}): got "
+        "RuntimeError('expected mat1 and mat2 to have the same dtype, but got: c10::BFloat16 != float')"
+    )
+    assert explain(text).category != "TORCH_COMPILE_DTYPE"
+    assert explain(text + "\nIt works in eager mode, only fails with torch.compile.").category == "TORCH_COMPILE_DTYPE"
+
+
+def test_a_cpu_scalar_operand_in_dynamos_replay_still_points_at_compile() -> None:
+    # a 0-d tensor is a CPU scalar eager lets through; fake-tensor propagation checks its dtype:
+    # there compile really differs from eager (nanochat's lerp_ with an f32 0-d weight)
+    text = (
+        "Under torch.compile, the fused AdamW step fails:\n"
+        "torch._dynamo.exc.TorchRuntimeError: Failed running call_method lerp_(*(FakeTensor(..., "
+        "device='cuda:0', size=(4096, 256), dtype=torch.bfloat16), FakeTensor(..., device='cuda:0', "
+        "size=(4096, 256), dtype=torch.bfloat16), FakeTensor(..., size=())), **{}):\n"
+        "expected dtype torch.bfloat16 for `weight`, but got dtype torch.float32"
+    )
+    names = {f.name for f in read_evidence(text).features}
+    assert "text:torch.compile" in names
+    plain = text.replace("FakeTensor(..., size=())", "FakeTensor(..., device='cuda:0', size=(4096, 256))")
+    assert "text:torch.compile" not in {f.name for f in read_evidence(plain).features}

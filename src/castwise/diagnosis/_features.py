@@ -170,6 +170,8 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     feats += _frame_features(frames, keys)
     feats += _word_features(text, signals, frames, keys)
     feats += _bag_of_words(text)
+    if compile_incidental(text, frames):
+        feats = [f for f in feats if not _COMPILE_FEATURE.match(f.name)]
     # 4. the report's shape: an error raised, or a silent problem described in words. The same
     # words mean different things in the two (a T4 named next to an error is a missing kernel,
     # next to NaN outputs an fp16 overflow): in silent reports the word clues get their own weights
@@ -177,6 +179,45 @@ def extract(text: str, signals: list[Signal] | None = None, frames: list[Frame] 
     if not has_error and not signals and _SILENT_WORDS.search(text) and not _ERROR_WORDS.search(text):
         feats = _silent_features(feats)
     return Evidence(tuple(feats), tuple(signals), tuple(frames), has_error)
+
+
+# An error that meets torch.compile is not always compile's. The compiled graph runs the same ops
+# eager runs: where the raising frame is the graph's own line (``<eval_with_key>``) or code outside
+# the compiler, eager raises the same. Dynamo also runs each op on fake tensors while it traces;
+# an op refusing its dtypes there is wrapped ("Failed running call_function ... got
+# RuntimeError(...)") and is the op's error too. Compile differs from eager where the compiler
+# itself raises (inductor, AOTAutograd, a backend), where a 0-d tensor is an operand (a CPU
+# scalar eager's TensorIterator lets through, fake propagation checks), or where the user says
+# eager works
+_REPLAY = re.compile(
+    r"(?:Dynamo failed to run FX node with fake tensors|Failed running call_(?:function|method|module))"
+    r"(?P<call>.*?)(?:\bgot \w+\(|\n\S)",
+    re.S,
+)
+_EAGER_DIFFERS = re.compile(
+    r"size=\(\)|\b(?:works|fine|runs|passes) (?:in|with|under) eager|without (?:torch\.)?compile[^.\n]{0,30}"
+    r"\b(?:works|fine|runs|passes)|\bonly (?:with|under|when) (?:torch\.)?compil|eager (?:mode )?(?:works|is fine)|"
+    r"BackendCompilerFailed|LoweringException|InductorError|CompilationError",
+    re.I,
+)
+_COMPILER_FRAME = re.compile(r"torch/(?:_dynamo|_inductor|_functorch|_subclasses|fx|_higher_order_ops)/|triton/")
+_COMPILE_FEATURE = re.compile(
+    r"(?:frame|text):torch\.compile$|clue:compiled graph$|word:(?:\w*dynamo\w*|\w*inductor\w*|compiled?|fake\w*|"
+    r"torchruntimeerror|call_(?:function|method|module)|convert_frame|eval_frame|external_utils|run_node|"
+    r"make_error_message|eval_with_key|compile_wrapper)$"
+)
+
+
+def compile_incidental(text: str, frames: list[Frame]) -> bool:
+    """Whether torch.compile only carried an error eager raises too (see above)."""
+    if _EAGER_DIFFERS.search(text):
+        return False
+    if _REPLAY.search(text):
+        return True
+    real = [f for f in frames if f.file != "<listing>" and not f.native]
+    if not real or not any(_COMPILER_FRAME.search(f.path or f.file) for f in real):
+        return False
+    return not _COMPILER_FRAME.search(real[-1].path or real[-1].file)
 
 
 def _default_frames(text: str) -> list[Frame]:
