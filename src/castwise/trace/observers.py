@@ -263,6 +263,53 @@ class UpcastObserver(Observer):
                 break
 
 
+@dataclass(frozen=True)
+class Narrowed:
+    """A complex tensor cast to a real dtype: torch keeps the real part and drops the imaginary one
+    (Copy.cpp only warns), so nothing raises and the values are another function's."""
+
+    module: str
+    op: str
+    phase: str
+    src: torch.dtype
+    dst: torch.dtype
+    shape: tuple[int, ...]
+    origin: Prov | None  # where the complex tensor came from
+    cast: Prov | None  # the cast itself (its line)
+
+
+# the ops a cast reaches in dispatch (.to, type_as, .float(), copy_ into a real tensor)
+_CASTS = frozenset({"aten._to_copy", "aten.copy_", "aten.copy", "aten.to"})
+
+
+class ComplexToRealObserver(Observer):
+    """Casts that turn a complex tensor real (CW117): trace.observed["complex_to_real"]."""
+
+    name = "complex_to_real"
+    # a reused block's casts are its first run's: the rule names each cast once per generalized
+    # module (blocks.0 for blocks.*), so the block that ran stands for the ones replayed
+    splices = True
+
+    def __init__(self) -> None:
+        self.seen: list[Narrowed] = []
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        if call.name not in _CASTS or not outputs:
+            return
+        src = call.tensors[-1] if call.name.startswith("aten.copy") else call.tensors[0]
+        out = outputs[0]
+        if src.dtype.is_complex and not out.dtype.is_complex:
+            self.seen.append(
+                Narrowed(
+                    call.module, call.name, call.phase, src.dtype, out.dtype, shape_of(out),
+                    call.prov_of(src), call.prov_of(out),
+                )
+            )  # fmt: skip
+
+    def finish(self, trace: Trace) -> None:
+        trace.observed[self.name] = list(self.seen)
+
+
 def default_observers() -> list[Observer]:
-    """What an audit observes: contracts, silent up-casts, activation bytes."""
-    return [ContractObserver(), UpcastObserver(), ActivationBytesObserver()]
+    """What an audit observes: contracts, silent up-casts, activation bytes, complex made real."""
+    return [ContractObserver(), UpcastObserver(), ActivationBytesObserver(), ComplexToRealObserver()]
