@@ -33,6 +33,10 @@ _DTYPE_ERROR = re.compile(
     r"only supports? (?:fp16|bf16|half|float16|bfloat16)",
     re.IGNORECASE,
 )
+# a check that an index tensor is integral, raised before an op dispatched (one_hot's TORCH_CHECK)
+_NEEDS_INDEX = re.compile(
+    r"only applicable to index tensor|index tensor(?:s)? (?:must|should) be|used as indices must be"
+)
 _DTYPE_EXCEPTIONS = (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError)
 _UNSUPPORTED_TEXT = re.compile(
     r"not implemented for '(\w+)'|[Uu]nsupported dtype:? '?(\w+)|not supported for (?:dtype )?'?(\w+)'?|"
@@ -68,7 +72,8 @@ _FAKE_LIMITS = frozenset(
 
 def is_dtype_error(exc: BaseException) -> bool:
     """An exception that reports dtypes (a kernel's or a layer's own dtype check)."""
-    return isinstance(exc, _DTYPE_EXCEPTIONS) and bool(_DTYPE_ERROR.search(str(exc)))
+    text = str(exc)
+    return isinstance(exc, _DTYPE_EXCEPTIONS) and bool(_DTYPE_ERROR.search(text) or _NEEDS_INDEX.search(text))
 
 
 def unsupported_dtype(text: str) -> torch.dtype | bool:
@@ -201,8 +206,29 @@ def _dtype_reads(exc: BaseException) -> tuple[str, list[torch.Tensor]] | None:
     return (line, found) if found else None  # a dtype read off no tensor (a config's): not this case
 
 
+def _index_arg(exc: BaseException) -> torch.Tensor | None:
+    """The tensor given as the first argument to the function an index check names ("one_hot is
+    only applicable to index tensor ...": ``F.one_hot(idx, n)`` -> ``idx``), read in the raising frame."""
+    fn = re.match(r"\w+", str(exc))
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if fn is None or tb is None:
+        return None
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    arg = re.search(rf"\b{fn.group(0)}\(\s*([A-Za-z_]\w*)", line)
+    value = tb.tb_frame.f_locals.get(arg.group(1)) if arg else None
+    return value if isinstance(value, torch.Tensor) and value.dtype != torch.int64 else None
+
+
 def _raised_in_python(
-    r: RunRecord, module: str, kind: str | None, text: str, bad: torch.dtype | None, read: list[torch.Tensor] | None
+    r: RunRecord,
+    module: str,
+    kind: str | None,
+    text: str,
+    bad: torch.dtype | None,
+    read: list[torch.Tensor] | None,
+    exc: BaseException | None = None,
 ) -> Diag:
     """Code raised on dtypes before any op dispatched (a strict layer's own check, sdpa's q/k/v
     check, the model's own dtype assert): the tensors whose dtypes the raising line reads (no
@@ -220,6 +246,12 @@ def _raised_in_python(
         # the module's forward changed its input's dtype itself (`x.float()`) before the layer's
         # own check raised: that tensor, not the input it was given, met the weights
         tensors = made
+    expected = "int64" if _NEEDS_INDEX.search(text) else None
+    index = _index_arg(exc) if expected is not None and exc is not None else None
+    if index is not None:
+        # a composite's own check (one_hot's) that its index is integral: that argument is the
+        # culprit, not a precision clash between the line's other tensors
+        tensors, own = [index], {}
     provs = tuple(prov_of(t) for t in tensors) + tuple(provenance.param(module, n, d) for n, d in own.items())
     dtypes = tuple(t.dtype for t in tensors) + tuple(own.values())
     return classify(
@@ -234,7 +266,7 @@ def _raised_in_python(
         culprits=culprits_of(dtypes, (), r.compute, own),
         is_fast=False,
         autocast=frame.autocast if frame else None,
-        expected=None,
+        expected=expected,
         unsupported=bad,
         disabled_by=_region_off(trace.stack, dtypes),
         region_module=r.submodule(_region_off(trace.stack, dtypes)),
@@ -312,7 +344,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     if dtype_error or line_read is not None:
         if line_read is not None and not str(exc):
             text = f"{type(exc).__name__}: {line_read[0]}"  # a bare assert: its line says what failed
-        return _raised_in_python(r, module, kind, text, bad, line_read[1] if line_read else None)
+        return _raised_in_python(r, module, kind, text, bad, line_read[1] if line_read else None, exc)
     if r.fake and r.trace.sizes:
         # the run went on with assumed values (CW903): what they lead to need not happen for real
         return cw902.diagnose(

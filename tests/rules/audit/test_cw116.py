@@ -198,3 +198,31 @@ def test_float_ids_given_as_a_model_input_stay_with_the_embedding_rule() -> None
     assert _real_error(model, ids) is not None
     report = castwise.audit(model, ids, mode="eval")
     assert [f.code for f in report.errors] == ["CW110"], str(report)
+
+
+class _OneHot(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return (h * nn.functional.one_hot(labels, 4).to(h.dtype)).sum()
+
+
+@pytest.mark.parametrize("make", [lambda t: t.to(torch.bfloat16), lambda t: t / 1], ids=["cast", "true_division"])
+def test_one_hots_own_index_check_names_the_index_not_the_activations(
+    make: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    # one_hot checks its index before any op dispatches: the raising line reads the activations
+    # too, but the tensor it names is the one given to one_hot
+    f = _cw116(_OneHot(), torch.randn(8, 4), make(torch.randint(0, 4, (8,))))
+    assert f.origin is not None and f.origin.tensor is not None and "labels" in f.origin.tensor
+    assert "only applicable to index tensor" in f.message and "(int64)" in f.message
+
+
+def test_int64_labels_for_one_hot_are_clean() -> None:
+    m = _OneHot()
+    labels = torch.randint(0, 4, (8,))
+    assert _real_error(m, torch.randn(8, 4), labels) is None
+    assert not castwise.audit(m, (torch.randn(8, 4), labels), mode="eval").findings

@@ -90,7 +90,9 @@ def _match(ctx: Ctx) -> Diag | None:
         return None
     what, fix = became
     boolean = ctx.expected == "bool"
-    needs = "a boolean mask" if boolean else "integer indices (int64 or int32)"
+    # one_hot's own check takes int64 only ("index tensor of type LongTensor")
+    ints = "int64" if "LongTensor" in ctx.text else "int64 or int32"
+    needs = "a boolean mask" if boolean else f"integer indices ({ints})"
     use = "`.bool()`" if boolean else "`.long()`"
     return ctx.diag(
         "CW116",
