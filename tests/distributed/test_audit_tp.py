@@ -127,3 +127,31 @@ def test_fp8_audit_of_a_tp_model_checks_the_local_gemm_dims(hidden: int, convert
     assert not [f for f in report.findings if f.code == "CW130"], [f.message for f in report.findings]
     left_out = " ".join(str(w.message) for w in caught)
     assert ("(64, 25) are not multiples of 16" in left_out) is not converted
+
+
+class _Experts(nn.Module):
+    """Expert parallel as MoE layers write it: the layer holds its process group and all-to-alls
+    the tokens to the experts this rank owns."""
+
+    def __init__(self, group: Any) -> None:
+        super().__init__()
+        self.group = group
+        self.experts = nn.ModuleList(nn.Linear(32, 32) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=self.group)
+        return sum((e(out) for e in self.experts), torch.zeros_like(out))
+
+
+def test_a_model_holding_its_process_group_is_audited() -> None:
+    """Not "cannot pickle 'ProcessGroup'": the copy shares the group, as the real run does."""
+    import torch.distributed as dist
+
+    with fake_process_group(4):
+        model = _Experts(dist.new_group([0, 1, 2, 3]))
+        report = castwise.audit(model, torch.randn(8, 32), policy="bf16-mixed", mode="train")
+    assert report.ok, [f.message for f in report.findings]
+    assert report.runs
