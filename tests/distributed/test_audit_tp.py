@@ -155,3 +155,29 @@ def test_a_model_holding_its_process_group_is_audited() -> None:
         report = castwise.audit(model, torch.randn(8, 32), policy="bf16-mixed", mode="train")
     assert report.ok, [f.message for f in report.findings]
     assert report.runs
+
+
+@pytest.mark.parametrize(
+    ("hidden", "tp", "policy", "expected"),
+    [
+        (208, 8, "fp8", {"up", "down"}),  # 208 = 13 x 16; 26 per rank
+        (256, 8, "fp8", set()),  # 32 per rank: a multiple of 16
+        (200, 8, "fp8", set()),  # not a multiple of 16 unsharded either: apply's filter leaves it out
+        (208, 8, "bf16-mixed", set()),  # no float8 GEMM
+        (384, 8, "mxfp8", {"up", "down"}),  # 48 per rank: a multiple of 16, not of MX's 32-element blocks
+        (384, 8, "fp8", set()),
+    ],
+)
+def test_cw170_names_the_linears_whose_tp_shard_breaks_the_lowp_gemm(
+    hidden: int, tp: int, policy: str, expected: set[str]
+) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    with fake_process_group(tp):
+        mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+        model = parallelize_module(_MLP(hidden), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = castwise.audit(model, torch.randn(4, 64), device="cuda", policy=policy, mode="eval")
+    assert {f.module for f in report.findings if f.code == "CW170"} == expected

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from castwise._dtypes import short_of
-from castwise.distributed import fsdp1, tp, unit_runs
+from castwise.distributed import fsdp1, scale_rules, tp, unit_runs
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
@@ -405,6 +405,9 @@ def finish(model: nn.Module, sharded: Sharded, report: Report) -> Report:
     if setup.tp is not None:
         report.extra["collectives"] = setup.tp.collectives.to_list()
         report.extra["mesh"] = setup.what
+        modes = tuple(dict.fromkeys(r.mode for r in report.runs))
+        policy = sharded.policy if sharded.policy is not None else (setup.plan.policy if setup.plan else None)
+        report.findings = [*scale_rules.tp_gemm_findings(model, setup.tp, policy, modes), *report.findings]
     if is_sharded(model):
         modes = tuple(dict.fromkeys(r.mode for r in report.runs))
         report.findings = [*mixed_unit_findings(model, modes), *report.findings]
