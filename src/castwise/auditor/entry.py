@@ -51,7 +51,9 @@ def audit_sharded(
     its plan finds no error); ``verify=False`` skips looking for one.
     """
     sharded = prepare(model, policy, world_size, units, fake)
-    request = check("audit", sharded.view, inputs, device=device or model_device(model), mode=mode)
+    request = check(
+        "audit", sharded.view, inputs, policy=sharded.policy, device=device or model_device(model), mode=mode
+    )
     report = finish(model, sharded, audited(request))
     found, report.suggested_policy = report.suggested_policy, None
     plan = sharded.setup.plan

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from castwise._dtypes import short_of
-from castwise.distributed import fsdp1, unit_runs
+from castwise.distributed import fsdp1, scale_rules, tp, unit_runs
 from castwise.distributed.plan import Plan, UnitPlan, make_plan
 from castwise.errors import AuditError
 from castwise.policy import Policy
@@ -47,6 +47,8 @@ _STATE_KEY = "__composable_api_state_key"
 def is_sharded(model: Any) -> bool:
     """Whether ``model`` (or a module in it) is sharded by FSDP2 or wrapped by FSDP1. Cheap when
     torch.distributed's FSDP was never imported: nothing can be sharded then."""
+    if tp.has_tp(model):  # tensor / sequence parallel (DTensor parameters), with FSDP2 or without
+        return True
     if "torch.distributed.fsdp" not in sys.modules:
         return False
     from torch import nn
@@ -201,6 +203,7 @@ def _view_module(
     memo: dict[Any, torch.Tensor],
     prefix: str,
     wrapped: fsdp1.Wrapped | None = None,
+    shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> nn.Module:
     from torch import nn
 
@@ -226,9 +229,8 @@ def _view_module(
             continue
         if id(p) not in memo:
             dtype = gather(p, prefix + pname) if p.is_floating_point() else p.dtype
-            memo[id(p)] = nn.Parameter(
-                torch.empty(tuple(p.shape), dtype=dtype, device="meta"), requires_grad=p.requires_grad
-            )
+            shape = (shapes or {}).get(id(p), tuple(p.shape))  # TP: this rank's local shard
+            memo[id(p)] = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=p.requires_grad)
         params[pname] = memo[id(p)]  # type: ignore[assignment]
     for pname, spec in originals.items():
         state.pop(pname, None)  # FSDP1 sets unsharded views as plain attributes during its forward
@@ -243,7 +245,7 @@ def _view_module(
     )
     children = ((n, None if c is None else _user_module(c)) for n, c in module._modules.items())
     state["_modules"] = type(module._modules)(
-        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.", wrapped)) for n, c in children
+        (n, None if c is None else _view_module(c, gather, memo, f"{prefix}{n}.", wrapped, shapes)) for n, c in children
     )
     for key, value in list(state.items()):
         if isinstance(value, types.MethodType) and value.__self__ is module:
@@ -324,10 +326,15 @@ def build_view(
     wrapped: fsdp1.Wrapped | None = None,
     reshards: dict[str, bool | None] | None = None,
     seen: unit_runs.Seen | None = None,
+    tensor_parallel: tp.TensorParallel | None = None,
 ) -> nn.Module:
     """The unsharded model computing in the units' dtypes (see the module docstring); ``wrapped``:
-    what FSDP1's wrappers do, for a model wrapped by FSDP1; ``seen``: what its runs record."""
-    view = _view_module(fsdp1.unwrap(model) if wrapped is not None else model, gather, {}, "", wrapped)
+    what FSDP1's wrappers do, for a model wrapped by FSDP1; ``seen``: what its runs record;
+    ``tensor_parallel``: local shard shapes and TP styles (tp.py), for a TP plan."""
+    shapes = tensor_parallel.shapes if tensor_parallel is not None else None
+    view = _view_module(fsdp1.unwrap(model) if wrapped is not None else model, gather, {}, "", wrapped, shapes)
+    if tensor_parallel is not None:
+        tp.install(view, tensor_parallel.styles, tensor_parallel.collectives)
     restore = wrapped.restore if wrapped is not None else frozenset()
     for u in records:  # every unit gets one: it also records what the unit computed
         module = view.get_submodule(u.name) if u.name else view
@@ -354,6 +361,7 @@ class Sharded:
     setup: _Setup
     view: nn.Module
     seen: unit_runs.Seen
+    policy: Policy | str | None = None  # a TP plan without FSDP: the user's policy, audited on the view
 
 
 def prepare(
@@ -371,8 +379,10 @@ def prepare(
         else _planned_setup(model, policy, units, world_size)
     )
     seen = unit_runs.Seen()
-    view = build_view(model, setup.records, setup.gather, setup.output_rules, setup.wrapped, setup.reshards, seen)
-    return Sharded(setup, view, seen)
+    view = build_view(
+        model, setup.records, setup.gather, setup.output_rules, setup.wrapped, setup.reshards, seen, setup.tp
+    )
+    return Sharded(setup, view, seen, policy if setup.tp is not None and not setup.records else None)
 
 
 def finish(model: nn.Module, sharded: Sharded, report: Report) -> Report:
@@ -384,10 +394,20 @@ def finish(model: nn.Module, sharded: Sharded, report: Report) -> Report:
     ]
     torch_own = "torch FullyShardedDataParallel" if setup.wrapped is not None else "torch fully_shard"
     shown = str(setup.plan.policy) if setup.plan is not None else torch_own
-    report.title = report.title.replace("policy none", f"{setup.what}, policy {shown}")
-    engine = "fsdp1" if setup.wrapped is not None else "fsdp2"
+    if setup.tp is not None and not records:  # TP alone: the policy (if any) is the audit's own
+        report.title = report.title.replace("policy ", f"{setup.what}, policy ", 1)
+        shown = f"torch parallelize_module+{sharded.policy or 'none'}"
+    else:
+        report.title = report.title.replace("policy none", f"{setup.what}, policy {shown}")
+    engine = "fsdp1" if setup.wrapped is not None else ("fsdp2" if records else "tp")
     report.runs = [replace(r, policy=f"{engine}:{shown}") for r in report.runs]
     report.extra["units"] = [_unit_dict(u, setup.world) for u in records]
+    if setup.tp is not None:
+        report.extra["collectives"] = setup.tp.collectives.to_list()
+        report.extra["mesh"] = setup.what
+        modes = tuple(dict.fromkeys(r.mode for r in report.runs))
+        policy = sharded.policy if sharded.policy is not None else (setup.plan.policy if setup.plan else None)
+        report.findings = [*scale_rules.tp_gemm_findings(model, setup.tp, policy, modes), *report.findings]
     if is_sharded(model):
         modes = tuple(dict.fromkeys(r.mode for r in report.runs))
         report.findings = [*mixed_unit_findings(model, modes), *report.findings]
@@ -408,6 +428,7 @@ class _Setup:
     what: str
     wrapped: fsdp1.Wrapped | None = None  # a model wrapped by FSDP1: what its wrappers do
     reshards: dict[str, bool | None] | None = None  # unit -> frees its parameters after forward
+    tp: tp.TensorParallel | None = None  # a TP plan (with FSDP2 or alone): local shards, styles
 
 
 def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: int | None) -> _Setup:
@@ -427,6 +448,15 @@ def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: in
         return _Setup(None, wrapped.units, lambda p, name: p.dtype, (), world, what, wrapped, wrapped.reshards)
 
     plan = fsdp2.plan_of(model)
+    specs = {
+        id(fp.sharded_param): (fp._unsharded_dtensor_spec if getattr(fp, "is_dtensor", False) else None)
+        for _name, _module, state in _states(model)
+        for fp in _fsdp_params(state)
+    }
+    tensor_parallel = tp.read(model, specs)
+    if not specs and tensor_parallel is not None:  # TP alone: no unit, parameters in their own dtypes
+        world = world_size or _mesh_size(model)
+        return _Setup(None, [], lambda p, name: p.dtype, (), world, tensor_parallel.title, tp=tensor_parallel)
     if policy is not None and (plan is None or Policy.parse(policy) != plan.policy):
         sharded_with = f"castwise policy {plan.policy}" if plan is not None else "torch's fully_shard"
         raise AuditError(
@@ -445,7 +475,8 @@ def _sharded_setup(model: nn.Module, policy: Policy | str | None, world_size: in
         name: getattr(getattr(state, "_fsdp_param_group", None), "post_forward_mesh_info", True) is not None
         for name, _module, state in _states(model)
     }
-    return _Setup(plan, records, gather, out_rules, world, f"FSDP2 over {world} ranks", None, reshards)
+    what = tensor_parallel.title if tensor_parallel is not None else f"FSDP2 over {world} ranks"
+    return _Setup(plan, records, gather, out_rules, world, what, None, reshards, tensor_parallel)
 
 
 def _planned_setup(

@@ -55,6 +55,8 @@ def fake_model(model: nn.Module, mode: FakeTensorMode, device: str) -> nn.Module
         for value in vars(module).values():
             if isinstance(value, torch.Tensor) and id(value) not in memo:
                 memo[id(value)] = fake_like(mode, value, device)
+            elif type(value).__name__ == "ProcessGroup":  # shared, as the real run shares it (not picklable)
+                memo[id(value)] = value
     try:
         copied = copy.deepcopy(model, memo)
     except Exception as exc:
