@@ -35,11 +35,14 @@ def _base_is(p: Policy, text: str) -> bool:
     return p.replace(float8=None, rules=()) == Policy.parse(text).replace(float8=None)
 
 
-def accelerate(p: Policy, fsdp: bool) -> tuple[dict[str, Any], list[str]]:
-    """``fp8_config`` for ``p``'s recipe, and what Accelerate cannot say of it."""
+def accelerate(p: Policy, fsdp: bool) -> tuple[dict[str, Any] | None, list[str]]:
+    """``fp8_config`` for ``p``'s recipe (None: Accelerate has none for it), and what Accelerate
+    cannot say of it."""
     recipe = p.float8
     assert recipe is not None
     left: list[str] = []
+    if recipe.fp4:  # Accelerate's fp8_config has no 4-bit recipe: the base trains, the GEMMs stay bf16
+        return None, [f"fp8={recipe} (Accelerate has no 4-bit recipe: convert the Linears in the script)"]
     if not _base_is(p, "bf16-mixed"):
         left.append(f"the base precision {p.replace(float8=None, rules=())} (Accelerate's fp8 runs bf16 autocast)")
     if recipe.scaling in ("tensorwise", "rowwise"):
@@ -131,12 +134,15 @@ def torchtitan(p: Policy, model: Any, fsdp: bool) -> tuple[dict[str, Any], list[
         out["model"] = {"converters": []}
         return out, left
     fqns = _filter_fqns(p, model)
-    if recipe.scaling == "mxfp8":
+    if recipe.scaling in ("mxfp8", "mxfp4"):
+        name = "mxfp8_cublas" if recipe.scaling == "mxfp8" else "mxfp4_cutlass"  # torchao's MX recipe names
         out["model"] = {"converters": ["quantize.linear.mx"]}
-        out["quantize"] = {"linear": {"mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": fqns}}}
+        out["quantize"] = {"linear": {"mx": {"recipe_name": name, "filter_fqns": fqns}}}
         return out, left
     if recipe.scaling not in ("tensorwise", "rowwise"):
-        left.append(f"fp8={recipe} (torchtitan's float8 converter scales tensorwise or rowwise)")
+        left.append(
+            f"fp8={recipe} (torchtitan's float8 converter scales tensorwise or rowwise; its MX one mxfp8, mxfp4)"
+        )
         out["model"] = {"converters": []}
         return out, left
     section: dict[str, Any] = {"filter_fqns": fqns}

@@ -13,7 +13,10 @@ the audit's ``device=`` check, numerics) derives from :func:`names`. It holds
   same model on an AVX2 and an AVX-512 CPU runs different convolution kernels);
 - ``cpu:avx2``, ``cpu:avx512``, ``cpu:amx``: CPU classes to audit for another machine than this one;
 - ``cuda`` (a current data-center GPU, H100-class) and ``cuda:a100``, ``cuda:l4``, ``cuda:t4``,
-  ``cuda:v100``, ``cuda:b200``: simulated GPUs by compute capability.
+  ``cuda:v100``, ``cuda:b200``: simulated GPUs by compute capability;
+- ``cuda:h200``, ``cuda:gb200``, ``cuda:sm120`` (``cuda:rtx5090``), ``cuda:mi300x``, ``cuda:mi355x``:
+  GPU classes with their low-precision GEMMs spelled out (:class:`LowPrecision`: float8 flavour,
+  MX and NVFP4 support, the shapes their kernels take; docs/devices.md cites each fact).
 
 ``cuda:0`` (a device index, as torch spells it) means ``cuda``. A new device or CPU class is one
 :func:`register` call (CONTRIBUTING shows how, with its measured cases). Torch-free at import.
@@ -73,6 +76,37 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class LowPrecision:
+    """The float8/float4 GEMMs a GPU class runs and the shapes its kernels take (docs/devices.md).
+
+    ``fp8``: the float8 dtypes its GEMM operands may be (canonical names; MI300's are the FNUZ
+    flavour, everyone else's the OCP one); ``mx``: the MX recipes (E8M0 scale per 32
+    elements) it runs; ``nvfp4``: NVFP4 GEMMs (E2M1 in 16-element blocks, E4M3 scales);
+    ``multiple``: what every float8 GEMM dim must be a multiple of; ``mx_k``: the reduction dim
+    of an MX GEMM; ``fp4_multiple``: every dim of an NVFP4 GEMM."""
+
+    fp8: tuple[str, ...] = ()
+    mx: tuple[str, ...] = ()
+    nvfp4: bool = False
+    multiple: int = 16
+    mx_k: int = 32
+    fp4_multiple: int = 128
+
+    def missing(self, recipe: str) -> str | None:
+        """What this class lacks to run a policy's fp8 ``recipe`` ("tensorwise", "mxfp8", "nvfp4"...);
+        None when it runs it."""
+        if recipe == "nvfp4":
+            return None if self.nvfp4 else "NVFP4 GEMMs"
+        if recipe in ("mxfp8", "mxfp4"):
+            return None if recipe in self.mx else f"{recipe.upper()} (MX block-scaled) GEMMs"
+        return None if self.fp8 else "float8 GEMMs"
+
+
+OCP_FP8 = ("float8_e4m3fn", "float8_e5m2")
+FNUZ_FP8 = ("float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+@dataclass(frozen=True)
 class Device:
     """A target device castwise can audit for.
 
@@ -95,6 +129,7 @@ class Device:
     contracts: Mapping[str, ContractRule] = field(default_factory=lambda: MappingProxyType({}))
     caps: Capabilities | None = None
     summary: str = ""
+    low: LowPrecision | None = None  # None: derived from the compute capability (``low_precision``)
 
     def __str__(self) -> str:
         return self.name
@@ -107,8 +142,38 @@ class Device:
 
     def runs_float8(self, mx: bool = False) -> bool:
         """Whether float8 GEMMs (``mx``: MX block-scaled ones) run here: on every CPU (its kernel takes
-        any), on FP8 tensor cores from compute capability 8.9 (Ada, Hopper), MX from 10.0 (Blackwell)."""
-        return self.kernels != "cuda" or self.capability is None or self.capability >= ((10, 0) if mx else (8, 9))
+        any), on FP8 tensor cores from compute capability 8.9 (Ada, Hopper), MX from 10.0 (Blackwell);
+        a class with its own ``low`` says so itself (MI355X runs MX at ROCm's capability 9.5)."""
+        if self.kernels != "cuda" or self.capability is None:
+            return True
+        return self.low_precision().missing("mxfp8" if mx else "tensorwise") is None
+
+    def low_precision(self) -> LowPrecision:
+        """What low-precision GEMMs this device runs: the class's own, else by compute capability
+        (every CPU kernel takes any float8 dtype and shape)."""
+        if self.low is not None:
+            return self.low
+        sm = self.capability
+        if self.kernels != "cuda" or sm is None:
+            return LowPrecision(OCP_FP8 + FNUZ_FP8, ("mxfp8", "mxfp4"), True, 1, 1, 1)
+        blackwell = sm >= (10, 0)
+        return LowPrecision(OCP_FP8 if sm >= (8, 9) else (), ("mxfp8", "mxfp4") if blackwell else (), nvfp4=blackwell)
+
+    def refuses_gemm(self, dtypes: tuple[str, str], k: int, mx: bool) -> tuple[str, str] | None:
+        """(violation kind, message) when this class's float8 GEMM kernels refuse operands of
+        ``dtypes`` (canonical names) over a reduction dim ``k`` (``mx``: E8M0 block scales); None
+        when they take them. What the compute capability decides is the contract's own check."""
+        low = self.low
+        if self.kernels != "cuda" or low is None:
+            return None
+        wrong = sorted({d for d in dtypes if d.startswith("float8") and d not in low.fp8})
+        if wrong:
+            return "fp8-flavour", (
+                f"{self.name} takes float8 GEMM operands in {' and '.join(low.fp8)} only, not {', '.join(wrong)}"
+            )
+        if mx and k % low.mx_k:
+            return "mx-shape", f"{self.name}'s MX GEMMs need the reduction dim a multiple of {low.mx_k}, got {k}"
+        return None
 
     def legacy_type(self, scalar: str) -> str:
         """``legacy_type("FloatTensor")`` -> ``"torch.cuda.FloatTensor"`` on CUDA."""
@@ -233,8 +298,13 @@ def _cpu_class(name: str, summary: str, caps: Capabilities) -> Device:
     return _builtin(replace(CPU, name=name, caps=caps, summary=summary))
 
 
-def _gpu(name: str, summary: str, sm: tuple[int, int]) -> Device:
-    return _builtin(replace(CUDA, name=name, caps=Capabilities(sm=sm, measured=False), summary=summary))
+def _gpu(name: str, summary: str, sm: tuple[int, int], low: LowPrecision | None = None) -> Device:
+    return _builtin(replace(CUDA, name=name, caps=Capabilities(sm=sm, measured=False), summary=summary, low=low))
+
+
+def alias(name: str, of: str) -> Device:
+    """Register ``name`` as another name of the device ``of`` (``cuda:rtx5090`` for ``cuda:sm120``)."""
+    return _builtin(replace(_REGISTRY[of], name=name))
 
 
 CPU = _builtin(
@@ -276,3 +346,22 @@ _gpu("cuda:a100", "an A100-class GPU (sm 8.0)", (8, 0))
 _gpu("cuda:l4", "an L4 / Ada GPU (sm 8.9)", (8, 9))
 _gpu("cuda:t4", "a T4-class GPU (sm 7.5, no bf16 tensor cores)", (7, 5))
 _gpu("cuda:v100", "a V100-class GPU (sm 7.0, no bf16 tensor cores)", (7, 0))
+# the 2026 classes: each fact cited in docs/devices.md. Capability as torch reports it (ROCm: the
+# gfx arch, gfx942 -> 9.4, gfx950 -> 9.5)
+_BLACKWELL = LowPrecision(OCP_FP8, ("mxfp8", "mxfp4"), nvfp4=True)
+_gpu("cuda:h200", "an H200 (Hopper, sm 9.0): float8 e4m3fn/e5m2, no MX, no FP4", (9, 0), LowPrecision(OCP_FP8))
+_gpu("cuda:gb200", "a GB200's Blackwell GPU (sm 10.0): float8, MXFP8, MXFP4, NVFP4", (10, 0), _BLACKWELL)
+_gpu("cuda:sm120", "an RTX 50-series / RTX PRO Blackwell GPU (sm 12.0): float8, MX, NVFP4", (12, 0), _BLACKWELL)
+alias("cuda:rtx5090", "cuda:sm120")
+_gpu(
+    "cuda:mi300x",
+    "an AMD MI300X (gfx942, ROCm): float8 in the FNUZ flavour (e4m3fnuz, e5m2fnuz), no MX, no FP4",
+    (9, 4),
+    LowPrecision(FNUZ_FP8),
+)
+_gpu(
+    "cuda:mi355x",
+    "an AMD MI355X (gfx950, ROCm): OCP float8 (e4m3fn, e5m2), MXFP8 and MXFP4 (K a multiple of 128), no NVFP4",
+    (9, 5),
+    LowPrecision(OCP_FP8, ("mxfp8", "mxfp4"), mx_k=128),
+)

@@ -1,4 +1,5 @@
-"""A castwise policy as the precision settings of DeepSpeed, Accelerate and Lightning.
+"""A castwise policy as the precision settings of DeepSpeed, Accelerate, Lightning, torchtitan and
+Megatron-Bridge.
 
 >>> castwise.export.deepspeed("bf16-mixed")
 {'fp16': {'enabled': False}, 'bf16': {'enabled': True}, 'communication_data_type': 'fp32'}
@@ -34,7 +35,7 @@ from castwise.errors import ExportError
 if TYPE_CHECKING:
     from castwise.policy import Policy
 
-__all__ = ["ExportError", "ExportWarning", "accelerate", "deepspeed", "lightning", "torchtitan"]
+__all__ = ["ExportError", "ExportWarning", "accelerate", "deepspeed", "lightning", "megatron_bridge", "torchtitan"]
 
 _DS_NAME = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -135,9 +136,11 @@ def accelerate(policy: Policy | str, *, fsdp: bool = True, strict: bool = False)
     out: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": mp}
     left = _script_only(p, "Accelerate")
     if p.float8 is not None:
-        out["mixed_precision"] = "fp8"
-        out["fp8_config"], fp8_left = _fp8.accelerate(p, fsdp)
+        config, fp8_left = _fp8.accelerate(p, fsdp)
         left += fp8_left
+        if config is not None:
+            out["mixed_precision"] = "fp8"
+            out["fp8_config"] = config
     if not p.is_mixed and p.param_dtype != torch.float32:
         left.append(f"{short_of(p.param_dtype)} weights (load the model with torch_dtype={short_of(p.param_dtype)})")
     if fsdp:
@@ -233,3 +236,24 @@ def torchtitan(policy: Policy | str, *, model: Any = None, fsdp: bool = True, st
         "parallelize), or train another recipe torchtitan's settings can say.",
     )
     return out
+
+
+def megatron_bridge(policy: Policy | str, *, strict: bool = False) -> dict[str, Any]:
+    """Megatron-Bridge's ``mixed_precision`` recipe name for ``policy`` (``ConfigContainer(
+    mixed_precision=NAME)``): the recipe that means the policy's precision and GEMM recipe
+    (``castwise.policy.vocab.BRIDGE``); module rules are left to the script. ExportError naming the
+    recipes when none means it (Bridge's recipes are Megatron's --bf16 / --fp16 with a recipe)."""
+    from castwise.policy import Policy
+    from castwise.policy.vocab import BRIDGE
+
+    p = _policy(policy)
+    bare = p.replace(rules=())
+    names = [name for name, clauses in BRIDGE.items() if Policy.parse(clauses) == bare]
+    if not names:
+        raise ExportError(
+            f"no Megatron-Bridge recipe means {bare}; valid: "
+            + ", ".join(f"{n} ({Policy.parse(c)})" for n, c in sorted(BRIDGE.items()))
+        )
+    left = [f"module rule {r}" for r in p.rules]
+    _left_out("Megatron-Bridge", left, strict, "Apply them where the recipe builds its model (castwise.apply).")
+    return {"mixed_precision": min(names, key=len)}

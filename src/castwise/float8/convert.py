@@ -65,18 +65,22 @@ def mx_training(model: nn.Module, emulate: bool, chosen: Callable[[nn.Module, st
 def mx_drops_bias() -> bool:
     """Whether the installed torchao's MXFP8 training linear leaves the bias out of its output,
     measured once on a tiny emulated layer (zero weight, bias 1: the output must be the bias)."""
-    layer = nn.Linear(32, 32)
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.bias.fill_(1.0)
-    probe = nn.Sequential(layer)
-    try:
-        mx_training(probe, True, lambda m, _: isinstance(m, nn.Linear))
-    except ImportError:
-        return False  # no MX training to convert with: apply refuses the recipe itself
-    with torch.no_grad():
-        out = probe(torch.zeros(32, 32))
-    return not bool(torch.allclose(out, torch.ones_like(out)))
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # measured on real CPU tensors even when first asked inside a fake-tensor audit (its modes off)
+    with _disable_current_modes():
+        layer = nn.Linear(32, 32, device="cpu")
+        with torch.no_grad():
+            layer.weight.zero_()
+            layer.bias.fill_(1.0)
+        probe = nn.Sequential(layer)
+        try:
+            mx_training(probe, True, lambda m, _: isinstance(m, nn.Linear))
+        except ImportError:
+            return False  # no MX training to convert with: apply refuses the recipe itself
+        with torch.no_grad():
+            out = probe(torch.zeros(32, 32, device="cpu"))
+        return not bool(torch.allclose(out, torch.ones_like(out)))
 
 
 MX_BIAS = "it has a bias, which the installed torchao's MXFP8 training linear drops from its output (measured)"
@@ -295,6 +299,33 @@ def _mxfp8(model: nn.Module, conv: Float8Conversion) -> None:
             conv._forwards.append(module)
 
 
+def _fp4(model: nn.Module, conv: Float8Conversion) -> None:
+    """NVFP4 / MXFP4 Linears: torchao's NVFP4 training layers on a real CUDA model where torchao has
+    them, else castwise's bit-exact emulation (``emulate``: E2M1 blocks, straight-through gradients)."""
+    recipe = conv.plan.recipe
+    fake = any(type(p).__name__ == "FakeTensor" for p in model.parameters())
+    if recipe.scaling == "nvfp4" and not conv.emulated and not fake:
+        try:
+            from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import NVFP4TrainingConfig
+            from torchao.quantization import quantize_
+        except ImportError:
+            pass
+        else:
+            chosen = set(conv.plan.converted)
+            for name in chosen:
+                module = model.get_submodule(name)
+                conv._params += [(module, n, p) for n, p in module._parameters.items() if p is not None]
+            quantize_(model, NVFP4TrainingConfig(), filter_fn=lambda _m, fqn: fqn in chosen)
+            return
+    conv.emulated = True
+    from castwise.float8 import emulate
+
+    for name in conv.plan.converted:
+        module = model.get_submodule(name)
+        module.forward = types.MethodType(emulate.linear_forward(recipe), module)  # type: ignore[method-assign]
+        conv._forwards.append(module)
+
+
 def _weight_dtype_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     where = x.device.type
     with torch.autocast(where, enabled=False):
@@ -304,7 +335,7 @@ def _weight_dtype_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def convert(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Decision]) -> Float8Conversion:
     """Convert ``model``'s Linears per castwise's filter; emulated unless the model is on CUDA."""
-    if recipe.scaling not in RECIPES:
+    if recipe.scaling not in RECIPES and not recipe.fp4:
         raise ApplyError(
             f"apply cannot run fp8={recipe} yet: torchao trains {', '.join(RECIPES)} (valid: fp8=tensorwise, "
             "fp8=rowwise, fp8=mxfp8); TransformerEngine's delayed and Megatron's blockwise recipes run in "
@@ -312,6 +343,9 @@ def convert(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Deci
         )
     device = next((p.device.type for p in model.parameters()), "cpu")
     conv = Float8Conversion(plan(model, recipe, decisions), emulated=device != "cuda")
+    if recipe.fp4:
+        _fp4(model, conv)
+        return conv
     if recipe.scaling == "mxfp8":
         _mxfp8(model, conv)
         return conv

@@ -15,13 +15,14 @@ from torch import nn
 
 from castwise.policy.float8 import MX_BLOCK, Float8Recipe, Scaling
 
-__all__ = ["EPS", "MX_BLOCK", "RECIPES", "amax", "dtype", "multiple", "recipe_in", "scale"]
+__all__ = ["EPS", "MX_BLOCK", "RECIPES", "amax", "dtype", "multiple", "mx_scale", "recipe_in", "scale"]
 
 EPS = 1e-12  # torchao.float8.float8_utils.EPS: the amax floor of per-tensor and per-row scales
 # the recipes torchao trains: apply converts them, forecast scores every operand under each
 RECIPES: tuple[Scaling, ...] = ("tensorwise", "rowwise", "mxfp8")
 Role = Literal["input", "weight", "grad_output"]
 _E8M0_BIAS = 127
+NVFP4_MULTIPLE = 128
 
 
 def dtype(recipe: Float8Recipe, role: Role = "input") -> torch.dtype:
@@ -37,8 +38,9 @@ def recipe_in(scaling: str, dtype_name: str) -> Float8Recipe:
 
 
 def multiple(recipe: Float8Recipe) -> int:
-    """What every GEMM dimension must be a multiple of: 16 (``_scaled_mm``), the block for MX."""
-    return MX_BLOCK if recipe.scaling == "mxfp8" else 16
+    """What every GEMM dimension must be a multiple of: 16 (``_scaled_mm``), the block for MX,
+    128 for NVFP4 (torchao's NVFP4 training GEMM: "M, K, N all divisible by 128")."""
+    return {"mxfp8": MX_BLOCK, "mxfp4": MX_BLOCK, "nvfp4": NVFP4_MULTIPLE}.get(recipe.scaling, 16)
 
 
 def amax(x: torch.Tensor, recipe: Float8Recipe) -> torch.Tensor:
@@ -63,13 +65,13 @@ def scale(x: torch.Tensor, recipe: Float8Recipe, role: Role = "input") -> torch.
     fmax = torch.finfo(dtype(recipe, role)).max
     a = amax(x, recipe).float()
     if recipe.scaling == "mxfp8":
-        return _mx_scale(a, fmax)
+        return mx_scale(a, fmax)
     # float64 as torchao's amax_to_scale (compiled and eager agree there); MPS has no float64
     s = (fmax / (a if a.device.type == "mps" else a.double()).clamp(min=EPS)).float()
     return torch.exp2(torch.floor(torch.log2(s))) if recipe.scaling == "rowwise" else s
 
 
-def _mx_scale(a: torch.Tensor, fmax: float) -> torch.Tensor:
+def mx_scale(a: torch.Tensor, fmax: float) -> torch.Tensor:
     """torchao's RCEIL E8M0 scale of blocks with absmax ``a``, the eager path of ``_to_mx_rceil``:
     2^-ceil(log2(amax / max)) within E8M0's exponents; 1 for an all-zero block (torchao's own
     choice), 2^-127 for an Inf, NaN for a NaN."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from castwise.float8 import fp4
 from castwise.float8.scaling import RECIPES, recipe_in, scale
+from castwise.policy.float8 import FP4
 
 # a result feature whose error is over this share of its terms' root-sum-square has lost most of
 # its signal (bench_float8_leaveout's truth: a feature flushed whole errs by about 1, float8
@@ -64,6 +66,10 @@ def _moments(a: torch.Tensor, scaling: str, dtype: str) -> tuple[torch.Tensor, t
     """Per value of ``a`` (magnitudes, scaled along its rows), q/a and (q/a)^2 where q is the
     value as the recipe casts it (scaled, clamped to the format's largest, rounded): 0 where it
     flushes, near 1 where it keeps its bits."""
+    if scaling in FP4:  # the 4-bit formats' own blocks and E2M1 rounding (castwise.float8.fp4)
+        cast = fp4.nvfp4(a) if scaling == "nvfp4" else fp4.mxfp4(a)
+        ratio4 = torch.where(a > 0, cast / torch.where(a > 0, a, torch.ones_like(a)), torch.ones_like(a))
+        return ratio4, ratio4.square()
     fi = torch.finfo(getattr(torch, dtype))
     s = (a * scale(a, recipe_in(scaling, dtype))).clamp(max=fi.max)  # torchao saturates before the cast
     # the cast, in float32 arithmetic (no float8 tensor: every device and tracer takes it): round
@@ -85,9 +91,9 @@ def lost(
     rows: bool = True,
 ) -> dict[str, torch.Tensor]:
     """For the float8 GEMM ``a @ b`` (a: m x k, b: k x n; ``scaling`` one of tensorwise, rowwise,
-    mxfp8; ``dtypes`` the two operands' float8 formats): how many result columns and (with
-    ``rows``) rows lose over ``error`` of their signal, their counts and the worst error; 0-d
-    tensors (no host sync)."""
+    mxfp8, or the 4-bit nvfp4, mxfp4; ``dtypes`` the two operands' float8 formats, unused for
+    4-bit): how many result columns and (with ``rows``) rows lose over ``error`` of their signal,
+    their counts and the worst error; 0-d tensors (no host sync)."""
     # a non-finite value is an overflow, reported as one; here it would make every ratio NaN
     a = a.detach().float().abs().nan_to_num(0.0, 0.0, 0.0)
     b = b.detach().float().abs().nan_to_num(0.0, 0.0, 0.0)

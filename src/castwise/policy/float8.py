@@ -12,9 +12,17 @@ precision (``bf16-mixed`` for Accelerate's ``fp8``, Lightning's ``bf16-true`` fo
   ``DelayedScaling``, Lightning's and Megatron's default), ``blockwise`` (1x128 / 128x128
   blocks: Megatron's ``--fp8-recipe blockwise``), ``mxfp8`` (blocks of 32 with power-of-two
   scales: the OCP MX format, torchao's and TransformerEngine's MXFP8);
+- scaling, 4-bit: ``nvfp4`` (E2M1 values in 16-element blocks, an E4M3 scale per block and an
+  f32 scale per tensor: TransformerEngine's ``NVFP4BlockScaling``, torchao's NVFP4 training,
+  Megatron's ``--fp4-recipe nvfp4``), ``mxfp4`` (E2M1 in blocks of 32 with E8M0 scales: the OCP
+  MX format, trained through QAT);
 - format: ``e4m3`` (float8_e4m3fn everywhere), ``e5m2``, or ``hybrid`` (e4m3 forward, e5m2 for
-  gradients: TransformerEngine's ``Format.HYBRID``). The default is ``hybrid`` for ``delayed``
-  (TransformerEngine's default) and ``e4m3`` for the others.
+  gradients: TransformerEngine's ``Format.HYBRID``); ``e2m1`` for the 4-bit scalings (their only
+  one). The default is ``hybrid`` for ``delayed`` (TransformerEngine's default), ``e2m1`` for the
+  4-bit ones and ``e4m3`` for the others.
+
+``current`` (TransformerEngine's ``Float8CurrentScaling``: per tensor from the current amax) reads
+as ``tensorwise``, and ``subchannel`` (Megatron-Bridge's 1x128 / 128x128 blocks) as ``blockwise``.
 """
 
 from __future__ import annotations
@@ -24,20 +32,73 @@ from typing import Literal, cast
 
 from castwise.errors import PolicyError
 
-__all__ = ["FORMATS", "SCALINGS", "Float8Recipe"]
+__all__ = ["FORMATS", "NAMED", "SCALINGS", "Float8Recipe", "named"]
 
-Scaling = Literal["tensorwise", "rowwise", "delayed", "blockwise", "mxfp8"]
-Format = Literal["e4m3", "e5m2", "hybrid"]
-SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8")
-FORMATS: tuple[str, ...] = ("e4m3", "e5m2", "hybrid")
+Scaling = Literal["tensorwise", "rowwise", "delayed", "blockwise", "mxfp8", "nvfp4", "mxfp4"]
+Format = Literal["e4m3", "e5m2", "hybrid", "e2m1"]
+SCALINGS: tuple[str, ...] = ("tensorwise", "rowwise", "delayed", "blockwise", "mxfp8", "nvfp4", "mxfp4")
+FP4: tuple[str, ...] = ("nvfp4", "mxfp4")  # the 4-bit scalings: E2M1 values
+FORMATS: tuple[str, ...] = ("e4m3", "e5m2", "hybrid", "e2m1")
+# other tools' words for a scaling castwise has
+SCALING_ALIASES: dict[str, str] = {"current": "tensorwise", "subchannel": "blockwise"}
 MX_BLOCK = 32  # the OCP MX block: elements per shared E8M0 scale
+NVFP4_BLOCK = 16  # NVFP4: elements per E4M3 block scale
 # the elements one scale covers along a GEMM's reduction dim (absent: the whole tensor or row)
-BLOCK: dict[str, int] = {"blockwise": 128, "mxfp8": MX_BLOCK}
-_DTYPE: dict[str, str] = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+BLOCK: dict[str, int] = {"blockwise": 128, "mxfp8": MX_BLOCK, "nvfp4": NVFP4_BLOCK, "mxfp4": MX_BLOCK}
+# other tools' names for a GEMM recipe (any case) -> castwise's fp8= value; docs/policy.md cites them.
+# TransformerEngine's recipe classes (transformer_engine.common.recipe), with their default formats
+TE_RECIPES: dict[str, str] = {
+    "DelayedScaling": "delayed",
+    "Float8CurrentScaling": "tensorwise:hybrid",
+    "Float8BlockScaling": "blockwise",
+    "MXFP8BlockScaling": "mxfp8",
+    "NVFP4BlockScaling": "nvfp4",
+}
+# torchao: Float8LinearConfig's recipe names, the MX linear recipe names torchtitan passes
+# (quantize.linear.mx.recipe_name), and the config classes that say one recipe
+TORCHAO_RECIPES: dict[str, str] = {
+    "tensorwise": "tensorwise",
+    "rowwise": "rowwise",
+    "rowwise_with_gw_hp": "rowwise",
+    "Float8LinearConfig": "tensorwise",
+    "Float8TrainingOpConfig": "rowwise",
+    "Float8DynamicActivationFloat8WeightConfig": "tensorwise",
+    "Float8BlockwiseLinearConfig": "blockwise",
+    "mxfp8_emulated": "mxfp8",
+    "mxfp8_cublas": "mxfp8",
+    "mxfp8_cublas_rceil": "mxfp8",
+    "mxfp8_cutlass": "mxfp8",
+    "MXFP8TrainingOpConfig": "mxfp8",
+    "MXDynamicActivationMXWeightConfig": "mxfp8",
+    "mxfp4_emulated": "mxfp4",
+    "mxfp4_cutlass": "mxfp4",
+    "MXFakeQuantizeConfig": "mxfp4",
+    "NVFP4TrainingConfig": "nvfp4",
+    "NVFP4FakeQuantizeConfig": "nvfp4",
+    "NVFP4DynamicActivationNVFP4WeightConfig": "nvfp4",
+}
+NAMED: dict[str, dict[str, str]] = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES}
+
+
+def named(text: str) -> str | None:
+    """castwise's fp8= value for a tool's recipe name (``te:NVFP4BlockScaling``,
+    ``torchao:rowwise``); None when ``text`` is not one. PolicyError for an unknown name of a tool."""
+    tool, colon, name = text.strip().partition(":")
+    table = NAMED.get(tool.strip().lower()) if colon else None
+    if table is None:
+        return None
+    key = name.strip().lower().removeprefix("recipe.")
+    found = {k.lower(): v for k, v in table.items()}.get(key)
+    if found is None:
+        raise PolicyError(f"unknown {tool.strip()} recipe {name.strip()!r}; valid: {', '.join(sorted(table))}")
+    return found
+
+
+_DTYPE: dict[str, str] = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e2m1": "float4_e2m1fn_x2"}
 
 
 def default_format(scaling: str) -> Format:
-    return "hybrid" if scaling == "delayed" else "e4m3"
+    return "hybrid" if scaling == "delayed" else "e2m1" if scaling in FP4 else "e4m3"
 
 
 @dataclass(frozen=True)
@@ -54,15 +115,20 @@ class Float8Recipe:
             object.__setattr__(self, "format", default_format(self.scaling))
         elif self.format not in FORMATS:
             raise PolicyError(f"fp8 format {self.format!r} is not valid; valid: {', '.join(FORMATS)}")
+        elif (self.format == "e2m1") != (self.scaling in FP4):
+            valid = "e2m1" if self.scaling in FP4 else ", ".join(f for f in FORMATS if f != "e2m1")
+            raise PolicyError(f"fp8={self.scaling}:{self.format} is not valid; {self.scaling} takes {valid}")
 
     @classmethod
     def parse(cls, text: str) -> Float8Recipe:
         """``"tensorwise"``, ``"delayed:e4m3"``...; PolicyError naming the valid values."""
-        scaling, _, fmt = text.strip().lower().partition(":")
+        scaling, _, fmt = (named(text) or text).strip().lower().partition(":")
+        scaling = SCALING_ALIASES.get(scaling, scaling)
         if scaling not in SCALINGS:
             raise PolicyError(
                 f"fp8={text.strip()!r} is not valid; valid: none, or SCALING[:FORMAT] with SCALING one of "
-                f"{', '.join(SCALINGS)} and FORMAT one of {', '.join(FORMATS)}"
+                f"{', '.join(SCALINGS)} and FORMAT one of {', '.join(FORMATS)}; or a tool's recipe name: "
+                f"{', '.join(f'{tool}:NAME' for tool in NAMED)}"
             )
         return cls(cast(Scaling, scaling), cast(Format, fmt) if fmt else None)
 
@@ -76,8 +142,16 @@ class Float8Recipe:
 
     @property
     def gradient_dtype(self) -> str:
-        """The float8 dtype the backward GEMMs take gradients in."""
+        """The float8 dtype the backward GEMMs take gradients in (E2M1 for NVFP4, which quantizes
+        gradients too; MXFP4's QAT passes them through in the base dtype, named as its format)."""
+        if self.format == "e2m1":
+            return _DTYPE["e2m1"]
         return "float8_e4m3fn" if self.format == "e4m3" else "float8_e5m2"
+
+    @property
+    def fp4(self) -> bool:
+        """Whether the GEMMs take 4-bit (E2M1) values: nvfp4, mxfp4."""
+        return self.scaling in FP4
 
     @property
     def block(self) -> int | None:
@@ -85,5 +159,9 @@ class Float8Recipe:
         return BLOCK.get(self.scaling)
 
     def describe(self) -> str:
+        if self.scaling == "nvfp4":
+            return "NVFP4 GEMMs in Linears (e2m1 in blocks of 16, e4m3 block scales, an f32 tensor scale)"
+        if self.scaling == "mxfp4":
+            return "MXFP4 GEMMs in Linears (e2m1 in blocks of 32, e8m0 block scales)"
         fmt = {"e4m3": "e4m3", "e5m2": "e5m2", "hybrid": "e4m3 forward, e5m2 gradients"}[str(self.format)]
         return f"float8 GEMMs in Linears ({self.scaling} scaling, {fmt})"

@@ -52,6 +52,9 @@ def _scaled_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
             )
         msg += f"; {dev.name} is {sm[0]}.{sm[1]}"
         return _viol(op, "fp8-device", msg, args, kwargs, [a, b], None)
+    refused = dev.refuses_gemm((str(a.dtype)[6:], str(b.dtype)[6:]), int(a.shape[-1]), mx)  # the class's own rules
+    if refused is not None:
+        return _viol(op, refused[0], refused[1], args, kwargs, [a, b], None)
     if a.dim() == 2 and b.dim() == 2:
         if a.shape[1] % MULTIPLE:
             msg = f"Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: ({_shape(a)})."

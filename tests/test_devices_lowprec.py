@@ -1,0 +1,100 @@
+"""The 2026 GPU classes: their float8 flavour, MX / NVFP4 support and kernel shape rules, and a
+planted fault per class found by the audit before any GPU time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import castwise
+from castwise import devices
+from castwise.trace.contracts.float8 import _scaled_mm
+
+CLASSES = ("cuda:h200", "cuda:gb200", "cuda:sm120", "cuda:rtx5090", "cuda:mi300x", "cuda:mi355x")
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_each_class_is_registered_with_its_low_precision(name: str) -> None:
+    dev = devices.get(name)
+    assert dev.kernels == "cuda" and dev.low is not None and dev.capability is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "fp8", "mxfp8", "mxfp4", "nvfp4"),
+    [
+        ("cuda:h200", "float8_e4m3fn", False, False, False),
+        ("cuda:gb200", "float8_e4m3fn", True, True, True),
+        ("cuda:rtx5090", "float8_e4m3fn", True, True, True),
+        ("cuda:mi300x", "float8_e4m3fnuz", False, False, False),
+        ("cuda:mi355x", "float8_e4m3fn", True, True, False),
+    ],
+)
+def test_formats_per_class(name: str, fp8: str, mxfp8: bool, mxfp4: bool, nvfp4: bool) -> None:
+    low = devices.get(name).low_precision()
+    assert low.fp8[0] == fp8
+    assert (low.missing("mxfp8") is None, low.missing("mxfp4") is None, low.missing("nvfp4") is None) == (
+        mxfp8,
+        mxfp4,
+        nvfp4,
+    )
+    assert devices.get(name).runs_float8(mx=True) == mxfp8
+
+
+def test_older_devices_keep_their_capability_rules() -> None:
+    assert devices.get("cuda:b200").low_precision().nvfp4
+    assert not devices.get("cuda").low_precision().mx and devices.get("cuda").runs_float8()
+    assert devices.get("cuda:a100").low_precision().missing("tensorwise") == "float8 GEMMs"
+
+
+def _gemm(dev: str, dtype: torch.dtype, k: int, mx: bool = False) -> object:
+    with torch.device("meta"):
+        a, b = torch.empty(32, k, dtype=dtype), torch.empty(k, 32, dtype=dtype)
+        scale = torch.empty(32, k // 32, dtype=torch.float8_e8m0fnu) if mx else torch.empty(())
+    return _scaled_mm("aten._scaled_mm", (a, b, scale, scale), {"out_dtype": torch.bfloat16}, devices.get(dev))
+
+
+def test_contract_refuses_the_other_float8_flavour() -> None:
+    assert getattr(_gemm("cuda:mi300x", torch.float8_e4m3fn, 64), "kind", None) == "fp8-flavour"
+    assert _gemm("cuda:mi300x", torch.float8_e4m3fnuz, 64) == torch.bfloat16
+    assert getattr(_gemm("cuda:mi355x", torch.float8_e4m3fnuz, 64), "kind", None) == "fp8-flavour"
+    assert _gemm("cuda:h200", torch.float8_e4m3fn, 64) == torch.bfloat16
+
+
+def test_mi355x_mx_gemms_need_k_in_multiples_of_128() -> None:
+    assert getattr(_gemm("cuda:mi355x", torch.float8_e4m3fn, 96, mx=True), "kind", None) == "mx-shape"
+    assert _gemm("cuda:mi355x", torch.float8_e4m3fn, 128, mx=True) == torch.bfloat16
+    assert _gemm("cuda:gb200", torch.float8_e4m3fn, 96, mx=True) == torch.bfloat16
+    assert getattr(_gemm("cuda:h200", torch.float8_e4m3fn, 128, mx=True), "kind", None) == "fp8-device"
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128))
+
+
+@pytest.mark.parametrize(
+    ("policy", "device", "code"),
+    [
+        ("nvfp4", "cuda:h200", "CW181"),
+        ("mxfp4", "cuda:mi300x", "CW181"),
+        ("nvfp4", "cuda:mi355x", "CW181"),
+        ("mxfp8", "cuda:mi300x", "CW132"),
+        ("mxfp8", "cuda:h200", "CW132"),
+    ],
+)
+def test_a_planted_recipe_fault_per_class_is_found(policy: str, device: str, code: str) -> None:
+    report = castwise.audit(_mlp(), torch.randn(2, 64, 128), policy=policy, device=device, mode="train")
+    assert code in {f.code for f in report.errors}
+
+
+@pytest.mark.parametrize(
+    ("policy", "device"), [("nvfp4", "cuda:gb200"), ("nvfp4", "cuda:sm120"), ("mxfp4", "cuda:mi355x")]
+)
+def test_look_alikes_on_classes_that_run_them_are_clean(policy: str, device: str) -> None:
+    report = castwise.audit(_mlp(), torch.randn(2, 64, 128), policy=policy, device=device, mode="train")
+    assert not [f for f in report.errors if f.code in ("CW132", "CW180", "CW181")]
+
+
+def test_nvfp4_on_hopper_suggests_its_float8() -> None:
+    report = castwise.audit(_mlp(), torch.randn(2, 64, 128), policy="nvfp4", device="cuda:h200", mode="train")
+    assert str(report.suggested_policy) == "fp8"
