@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any
 
@@ -108,8 +107,14 @@ class _Logits(nn.Module):
 
 def vit_loop_norm() -> Built:
     # a ViT-B width (768 channels): the loop's running sum outgrows the bf16 grid of its addends
-    net = _vit(norm_layer=functools.partial(k.ChunkRMSNorm, chunk=1), embed_dim=768, depth=1, num_heads=12)
+    net = _vit(embed_dim=768, depth=1, num_heads=12)
+    net.norm = k.ChunkRMSNorm(768, chunk=1)
     return Built(_Logits(net), {"x": _images(4)})
+
+
+def aux_moe() -> Built:
+    _seed()
+    return Built(k.AuxTask(), {"x": torch.randint(0, 4096, (4096,), generator=torch.Generator().manual_seed(17))})
 
 
 def strong_condition(net: nn.Module, scale: float = 8.0) -> nn.Module:
@@ -218,7 +223,7 @@ def bias_moe() -> Built:
 
 def norm_lm(chunk: int) -> Built:
     _seed()
-    return Built(k.NormLM(k.ChunkRMSNorm(1024, chunk=chunk)), {"input_ids": _tokens(1, 64, 512, 14)})
+    return Built(k.NormLM(k.ChunkRMSNorm(512, chunk=chunk), dim=512), {"input_ids": _tokens(1, 64, 512, 14)})
 
 
 def scan_lm() -> Built:

@@ -150,3 +150,36 @@ class ScanLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         mixed = self.mixer(self.embed(input_ids)) / input_ids.shape[1]
         return {"loss": self.head(mixed).float().square().mean(), "out": mixed}
+
+
+class LoadBalance(nn.Module):
+    """Switch-style auxiliary loss E * sum_i f_i * P_i, the per-expert token counts f_i taken with
+    ``index_add_`` of ones in the activation dtype (bf16 counts stop at 256)."""
+
+    def __init__(self, experts: int) -> None:
+        super().__init__()
+        self.experts = experts
+        self.upcast = False
+
+    def forward(self, probs: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones(idx.numel(), dtype=torch.float32 if self.upcast else like.dtype)
+        counts = torch.zeros(self.experts, dtype=ones.dtype).index_add_(0, idx.flatten(), ones)
+        share = counts.float() / idx.numel()
+        return self.experts * (share * probs.mean(0)).sum()
+
+
+class AuxTask(nn.Module):
+    """Token embedding, a router (f32 softmax, top-2) and its load-balancing loss."""
+
+    def __init__(self, tokens: int = 4096, dim: int = 64, experts: int = 8) -> None:
+        super().__init__()
+        self.trunk = nn.Embedding(tokens, dim)
+        self.gate = nn.Linear(dim, experts, bias=False)
+        self.balance = LoadBalance(experts)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.trunk(x)
+        probs = self.gate(h).float().softmax(-1)
+        idx = probs.topk(2, dim=-1).indices
+        aux = self.balance(probs, idx, h)
+        return {"loss": aux, "out": aux.reshape(1)}

@@ -241,7 +241,7 @@ class TinyDiT(nn.Module):
         self.out = nn.Linear(dim, channels * patch * patch)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
-        h = self.patch(x).flatten(2).transpose(1, 2)
+        h = self.patch(x.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)
         h = h + self.t_embedder(t)[:, None]
         out = self.out(h + self.block(h))
         return {"loss": out.float().square().mean(), "out": out}
