@@ -255,13 +255,13 @@ def test_presets_match_openclip_training_code(precision: str) -> None:
 
 PRESETS_SORTED = (
     "--bf16, --fp16, 16, 16-mixed, 16-true, 32, 32-true, 64, 64-true, O0, O1, O2, O3, amp, amp_bf16, amp_bfloat16, "
-    "bf16, bf16-mixed, bf16-true, e4m3, e4m3fn, e5m2, f8e4m3fn, f8e5m2, float8, float8_e4m3fn, float8_e5m2, "
-    "fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, mxfp8, no, pure_bf16, pure_fp16, transformer-engine, "
-    "transformer-engine-float16"
+    "bf16, bf16-mixed, bf16-true, deepspeed-bf16, deepspeed-f16, e4m3, e4m3fn, e5m2, f8e4m3fn, f8e5m2, float8, "
+    "float8_e4m3fn, float8_e5m2, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, fsdp2-bf16, fsdp2-f16, hf-bf16, hf-f16, "
+    "mxfp8, no, pure_bf16, pure_fp16, transformer-engine, transformer-engine-float16"
 )
 CLAUSES_SORTED = (
-    "buffers, cast_back, compute, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], keep_in_fp32, loss_scale, "
-    "master_weights, norms, out[SELECTOR], output, params, reduce"
+    "buffers, cast_back, compute, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], keep_in_fp32, "
+    "keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
 
@@ -300,8 +300,8 @@ BAD = [
     (
         "foo:bf16",
         PolicyError,
-        "unknown precision prefix 'foo'; valid prefixes: accelerate, apex, hf, lightning, megatron, nanogpt, "
-        "openclip, timm",
+        "unknown precision prefix 'foo'; valid prefixes: accelerate, apex, deepspeed, fsdp2, hf, lightning, "
+        "megatron, nanogpt, openclip, timm",
     ),
     (
         "openclip:amp_fp8",

@@ -125,8 +125,10 @@ def test_megatron_flags() -> None:
         ("nanogpt:float16", "16-mixed"),  # ... with GradScaler(enabled=(dtype == 'float16'))
         ("timm:bfloat16", "bf16-mixed"),  # --amp --amp-dtype bfloat16
         ("timm:torch.float16", "16-mixed"),  # NativeScaler for float16
-        ("hf:bfloat16", "pure_bf16"),  # torch_dtype=: every weight, norms included, in bf16
-        ("hf:torch.float16", "pure_fp16"),
+        # torch_dtype=: every weight, norms included, in bf16; buffers outside the state dict (the
+        # rotary inv_freq) as the model built them; inputs and outputs as the model makes them
+        ("hf:bfloat16", "pure_bf16,keep_nonpersistent=on,inputs=none,output=f32"),
+        ("hf:torch.float16", "pure_fp16,keep_nonpersistent=on,inputs=none,output=f32"),
     ],
 )
 def test_a_prefix_says_which_reading_a_dtype_name_has(text: str, means: str) -> None:

@@ -347,7 +347,8 @@ class Applied:
                 if b is None or id(b) in seen or not b.is_floating_point():
                     continue
                 seen.add(id(b))
-                target = island or default_buffer
+                kept = policy.keep_nonpersistent and bname in module._non_persistent_buffers_set
+                target = island or (None if kept else default_buffer)
                 if target is None or b.dtype == target:
                     continue
                 lossless = _lossless(b.dtype, target)

@@ -23,13 +23,14 @@ from castwise.numerics._compare_core import (
     measure,
     reference_run,
 )
-from castwise.numerics._compare_target import Target, parse_target
+from castwise.numerics._compare_fix import IslandFix, island_fixes, verifier
+from castwise.numerics._compare_target import Target, _literal, parse_target
 from castwise.numerics._failed import RunRaised, diagnosed
 from castwise.numerics._run import check_args
 from castwise.numerics.compare_compiled import CompiledComparisonReport, compare_compiled
 from castwise.numerics.rows import RowsReport, fmt_err, where
 from castwise.report import Finding, Run
-from castwise.run import RunRequest
+from castwise.run import Inputs, RunRequest
 from castwise.trace.events import RunStatus, as_mode
 
 TABLE_ROWS = 10  # modules shown in the text report (JSON has all)
@@ -84,17 +85,38 @@ def _cell(x: Any) -> str:
     return f"{float(x):.2e}"
 
 
-def _findings(m: Measurement, mode: str) -> list[Finding]:
+def _own_island(name: str) -> str:
+    return (
+        f"Keep the module in float32: add `keep[{_literal(name)}]=f32` to the policy (not verified: no re-run "
+        "with it alone); or let `castwise.tune(model, batch, policy=..., budget=...)` choose the islands."
+    )
+
+
+def _fix(row: ModuleNumerics, fixes: dict[str, IslandFix]) -> tuple[str | None, tuple[tuple[str, Any], ...]]:
+    """The finding's fix text (the module named) and what its re-run measured."""
+    if not row.module:
+        return None, ()
+    fix = fixes.get(row.module)
+    if fix is None:
+        return _own_island(row.module), ()
+    reduction = "inf" if math.isinf(fix.reduction) else float(f"{fix.reduction:.4g}")
+    return fix.text(), (("fix_island", fix.selector), ("fix_verified", fix.verified), ("error_reduction", reduction))
+
+
+def _findings(m: Measurement, mode: str, fixes: dict[str, IslandFix] | None = None) -> list[Finding]:
     out: list[Finding] = []
+    fixes = fixes or {}
     first = m.first_past_tolerance()
     for rank, row in enumerate(m.modules):
         if not row.past_tolerance:
             continue
-        details = (
+        fix, measured = _fix(row, fixes)
+        details: tuple[tuple[str, Any], ...] = (
             ("added_err", row.to_dict()["added_err"]),
             ("tolerance", row.to_dict()["tolerance"]),
             ("rank", rank + 1),
             ("first", row is first),
+            *measured,
         )
         if math.isinf(row.added_err):
             out.append(
@@ -105,6 +127,7 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
                     module=row.module,
                     modes=(as_mode(mode),),
                     details=details,
+                    fix=fix,
                 )
             )
             continue
@@ -119,12 +142,20 @@ def _findings(m: Measurement, mode: str) -> list[Finding]:
                 module=row.module,
                 modes=(as_mode(mode),),
                 details=details,
+                fix=fix,
             )
         )
     return out
 
 
-def report_of(m: Measurement, target: Target, reference: Target, mode: str, device: str = "cpu") -> ComparisonReport:
+def report_of(
+    m: Measurement,
+    target: Target,
+    reference: Target,
+    mode: str,
+    device: str = "cpu",
+    fixes: dict[str, IslandFix] | None = None,
+) -> ComparisonReport:
     first = m.first_past_tolerance()
     summary = {
         "reference": str(reference),
@@ -142,7 +173,7 @@ def report_of(m: Measurement, target: Target, reference: Target, mode: str, devi
     }
     runs = [Run(as_mode(mode), device, str(reference), "ok"), Run(as_mode(mode), device, str(target), "ok")]
     return ComparisonReport(
-        findings=_findings(m, mode),
+        findings=_findings(m, mode, fixes),
         runs=runs,
         summary=summary,
         title=f"castwise numerics --compare (real tensors, policy {target}, reference {reference})",
@@ -179,12 +210,23 @@ def compare(
     try:
         with preserved_state():
             m = measure(request.model, request.inputs, target, ref, mode)
+            fixes = _verified_fixes(request.model, request.inputs, target, ref, mode, m)
     except RunRaised as raised:
         report = raised_report(request, raised, target, ref, device)
     else:
-        report = report_of(m, target, ref, mode, device)
+        report = report_of(m, target, ref, mode, device, fixes)
     report.summary["program"] = EAGER_OF_COMPILED if was_compiled else "eager"
     return report
+
+
+def _verified_fixes(
+    model: Any, inputs: Inputs, target: Target, ref: Target, mode: str, m: Measurement
+) -> dict[str, IslandFix]:
+    """Each past-tolerance module's island, verified by re-running the policy with it alone."""
+    if not any(row.past_tolerance and row.module for row in m.modules):
+        return {}
+    errors = verifier(model, inputs, target, ref, mode, m)
+    return island_fixes(errors, m.loss_err if m.has_loss else m.output_err, m)
 
 
 def raised_report(

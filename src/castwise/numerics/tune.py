@@ -27,12 +27,10 @@ from castwise.errors import CastwiseError
 from castwise.numerics._compare_core import (
     Measurement,
     ModuleNumerics,
-    loss_error,
-    loss_only,
     measure,
     reference_run,
 )
-from castwise.numerics._compare_iso import err
+from castwise.numerics._compare_fix import ErrorOf
 from castwise.numerics._compare_run import call_model, projection, seed_all
 from castwise.numerics._compare_target import Target, parse_target, prepared
 from castwise.numerics._failed import RunRaised, diagnosed, raised_in
@@ -210,32 +208,7 @@ def _candidates(m: Measurement, flops: dict[str, int]) -> list[ModuleNumerics]:
     return sorted(rows, key=key)
 
 
-class _Search:
-    def __init__(
-        self,
-        model: nn.Module,
-        inputs: Inputs,
-        target: Target,
-        mode: str,
-        metric: str,
-        ref_loss: float,
-        scale: float,
-        ref_out: Any,
-        dirs: list[torch.Tensor],
-    ) -> None:
-        self.model, self.inputs, self.target, self.mode, self.metric = model, inputs, target, mode, metric
-        self.ref_loss, self.scale, self.ref_out, self.dirs = ref_loss, scale, ref_out, dirs
-        self.runs = 0
-
-    def error(self, islands: list[str]) -> float:
-        self.runs += 1
-        loss, out = loss_only(self.model, self.inputs, self.target.with_islands(islands), self.mode, self.dirs)
-        if self.metric == "output":
-            return err(out, self.ref_out).value
-        return loss_error(loss, self.ref_loss, self.scale)
-
-
-def _bisect(search: _Search, ordered: list[ModuleNumerics], baseline: float, budget: float) -> tuple[list[str], float]:
+def _bisect(search: ErrorOf, ordered: list[ModuleNumerics], baseline: float, budget: float) -> tuple[list[str], float]:
     """The shortest prefix of the ranking whose real run meets the budget (or the best seen)."""
     ranked = [r.module for r in ordered]
     prefix = [_union(ranked[:k]) for k in range(len(ranked) + 1)]
@@ -267,7 +240,7 @@ def _bisect(search: _Search, ordered: list[ModuleNumerics], baseline: float, bud
 
 
 def _prune(
-    search: _Search, islands: list[str], error: float, budget: float, flops: dict[str, int], limit: int
+    search: ErrorOf, islands: list[str], error: float, budget: float, flops: dict[str, int], limit: int
 ) -> tuple[list[str], float]:
     """Greedy, while runs are left under ``limit``: drop the most expensive island when a real
     run without it still meets the budget (fewer float32 FLOPs, verified)."""
@@ -338,7 +311,8 @@ def _tune(
     m = measure(model, inputs, target, ref, mode)
     if metric == "loss" and not m.has_loss:
         metric = "output"  # no loss of its own: its outputs are what it gives, not a projection of them
-    search = _Search(model, inputs, target, mode, metric, m.loss_ref, m.loss_scale, ref_out, dirs)
+    search = ErrorOf(model, inputs, target, mode, metric, m)
+    search.reference(ref_out, dirs)
     search.runs = 1  # the measurement's run of the policy is the run without islands
     baseline = m.loss_err if metric == "loss" else m.output_err
     ordered = _candidates(m, flops)

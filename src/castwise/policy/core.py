@@ -41,6 +41,7 @@ class Policy:
     compute_dtype: torch.dtype = F32
     output_dtype: torch.dtype = F32
     buffer_dtype: torch.dtype | None = None  # None: as param_dtype
+    keep_nonpersistent: bool = False  # non-persistent buffers left in the dtype the model built them in
     input_dtype: torch.dtype | None = None  # None: inputs are not cast
     loss_scale: LossScale = None
     master_weights: bool = False

@@ -21,11 +21,13 @@ from castwise.policy.float8 import Float8Recipe
 __all__ = [
     "ACCELERATE",
     "ECOSYSTEMS",
+    "ENGINES",
     "LIGHTNING",
     "LIGHTNING_ALIASES",
     "LIGHTNING_CLAUSES",
     "PREFERRED",
     "PRESETS",
+    "Engine",
     "Preset",
     "accelerate",
     "did_you_mean",
@@ -91,6 +93,70 @@ _F8E5M2 = Preset("float32", "float32", fp8="tensorwise:e5m2")
 # default dtype set while a step runs, te.fp8_autocast with DelayedScaling() (HYBRID format)
 _LIGHTNING_TRUE = ("norms=none", "keep_in_fp32=off")
 
+
+@dataclass(frozen=True)
+class Engine:
+    """What an engine does to a float32 model told to train in a 16-bit dtype, as its code runs it:
+    the parameters cast (no autocast anywhere: ops run in the parameters' dtype, cross-entropy
+    included), and what else it casts or keeps. The one model the audit, compare and tune read
+    (through the presets below), so that they measure the program the engine runs."""
+
+    casts_buffers: bool  # floating buffers cast with the parameters
+    keeps_nonpersistent: bool  # buffers outside the state dict stay as the model built them
+    casts_inputs: bool  # floating inputs cast to the dtype on the way in
+    master_weights: bool  # the optimizer steps float32 copies
+    keep_in_fp32: bool  # a model's _keep_in_fp32_modules honoured
+    f16_loss_scale: str | None = None  # what float16 adds
+
+    def preset(self, dtype: str) -> Preset:
+        clauses = ["norms=none"]  # the engine converts norms with everything else
+        clauses += [] if self.casts_buffers else ["buffers=f32"]
+        clauses += ["keep_nonpersistent=on"] if self.keeps_nonpersistent else []
+        clauses += [] if self.casts_inputs else ["inputs=none"]
+        clauses += ["master_weights=on"] if self.master_weights else []
+        clauses += [] if self.keep_in_fp32 else ["keep_in_fp32=off"]
+        scale = self.f16_loss_scale if dtype == "float16" else None
+        # no engine casts the outputs: castwise's float32 output is exact over 16-bit ones, so the numbers
+        # are the engine's, and a float32 loss the model computes (transformers' upcast) stays float32
+        return Preset(dtype, dtype, "float32", loss_scale=scale, clauses=tuple(clauses))
+
+
+ENGINES: dict[str, Engine] = {
+    # transformers' from_pretrained(dtype=...): the model is built under torch.set_default_dtype(dtype)
+    # (modeling_utils.local_torch_dtype) and the checkpoint loaded into it; buffers outside the state
+    # dict are re-made by _init_weights as the model's code makes them (the rotary inv_freq in float32:
+    # _move_missing_keys_from_meta_to_device, _init_weights' RotaryEmbedding branch);
+    # _get_dtype_plan keeps _keep_in_fp32_modules (float16) and _keep_in_fp32_modules_strict (both) in
+    # float32. Inputs are the caller's (input_ids; vision models cast pixel_values to their weights)
+    "hf": Engine(
+        casts_buffers=True, keeps_nonpersistent=True, casts_inputs=False, master_weights=False, keep_in_fp32=True
+    ),
+    # FSDP2 fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=dt)): float32 shards all-gathered in
+    # dt, no autocast, buffers left as they are, cast_forward_inputs=True casts floating inputs,
+    # output_dtype=None leaves outputs as computed; the optimizer steps the float32 shards
+    "fsdp2": Engine(
+        casts_buffers=False, keeps_nonpersistent=False, casts_inputs=True, master_weights=True, keep_in_fp32=False
+    ),
+    # DeepSpeed bf16/fp16 (runtime/engine.py _configure_distributed_model, _cast_module_mixed_precision):
+    # parameters cast, buffers kept unless buffer_dtype is set, inputs cast only by fp16.auto_cast (off
+    # by default), no autocast unless torch_autocast is set; float32 master weights in its optimizers,
+    # a dynamic loss scale for fp16 (loss_scale 0)
+    "deepspeed": Engine(
+        casts_buffers=False,
+        keeps_nonpersistent=False,
+        casts_inputs=False,
+        master_weights=True,
+        keep_in_fp32=False,
+        f16_loss_scale="dynamic",
+    ),
+}
+# each engine's presets by the dtype name, e.g. "fsdp2-bf16" (what fsdp2:bfloat16 stands for)
+_ENGINE_PRESETS: dict[str, Preset] = {
+    f"{engine}-{short(dtype)}": model.preset(dtype)
+    for engine, model in ENGINES.items()
+    for dtype in ("bfloat16", "float16")
+}
+
 PRESETS: dict[str, Preset] = {
     # Lightning
     "32-true": _FP32,
@@ -143,6 +209,7 @@ PRESETS: dict[str, Preset] = {
     # with a DynamicGradScaler (no --loss-scale given)
     "--bf16": Preset("bfloat16", "bfloat16", "float32", clauses=("norms=none", "master_weights=on")),
     "--fp16": Preset("float16", "float16", "float32", "dynamic", ("norms=none", "master_weights=on", "reduce=f16")),
+    **_ENGINE_PRESETS,
 }
 
 # printed names, in order of preference when several presets mean the same policy
@@ -165,6 +232,7 @@ PREFERRED: tuple[str, ...] = (
     "transformer-engine-float16",
     "--bf16",
     "--fp16",
+    *_ENGINE_PRESETS,
 )
 
 # Lightning's shorthands for its precision strings (accelerator_connector's alias conversion,
@@ -199,11 +267,12 @@ LIGHTNING_CLAUSES: dict[str, tuple[str, ...]] = {
 ACCELERATE: dict[str, str] = {"no": "no", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
 # projects whose setting is a bare dtype name, by canonical name: nanoGPT's dtype= and timm's
 # --amp-dtype pick the autocast dtype (float16 with a GradScaler); transformers' torch_dtype=
-# loads the weights in it (norms too; _keep_in_fp32_modules stay float32)
+# loads the weights in it (norms too; _keep_in_fp32_modules stay float32); the engines (ENGINES)
+# cast the weights to it
 DTYPE_SETTINGS: dict[str, dict[str, str]] = {
     "nanogpt": {"float32": "32-true", "bfloat16": "bf16-mixed", "float16": "16-mixed"},
     "timm": {"float32": "32-true", "bfloat16": "bf16-mixed", "float16": "16-mixed"},
-    "hf": {"float32": "32-true", "bfloat16": "pure_bf16", "float16": "pure_fp16"},
+    **{engine: {"float32": "32-true", "bfloat16": f"{engine}-bf16", "float16": f"{engine}-f16"} for engine in ENGINES},
 }
 
 ECOSYSTEMS: dict[str, dict[str, str]] = {

@@ -33,7 +33,10 @@ RULES: tuple[Rule, ...] = (
         ),
         fix=(
             "Keep the module in float32: add `keep[NAME]=f32` to the policy (an island: weights "
-            "f32, inputs cast in, output cast back, saturating to float16's range), or let "
+            "f32, inputs cast in, output cast back, saturating to float16's range). Each finding "
+            "names its island, verified by re-running the policy with it alone (the error >= 4x "
+            "lower); modules past tolerance with one cause get one island (their class, or their "
+            "parent) where the first module's alone is not enough. Or let "
             "`castwise.tune(model, batch, policy=..., budget=...)` choose the smallest islands by "
             "FLOPs; or make the op stable (two-pass variance, a larger epsilon, subtract before "
             "casting)."
