@@ -38,6 +38,7 @@ KEYS: dict[str, Path_] = {
     "torch_autocast.enabled": ("torch_autocast", "enabled"),
     "torch_autocast.dtype": ("torch_autocast", "dtype"),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
+    "optimizer.params.lr": ("optimizer", "params", "lr"),
 }
 MARKERS: frozenset[str] = frozenset(
     {

@@ -44,6 +44,7 @@ KEYS: dict[str, Path_] = {
     "no_cuda": ("no_cuda",),
     "optim": ("optim",),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
+    "learning_rate": ("learning_rate",),
     "transformers_version": ("transformers_version",),
     "model_name_or_path": ("model_name_or_path",),
 }
