@@ -45,6 +45,7 @@ KEYS: dict[str, Path_] = {
     "optim": ("optim",),
     "gradient_accumulation_steps": ("gradient_accumulation_steps",),
     "learning_rate": ("learning_rate",),
+    "optim_args": ("optim_args",),
     "transformers_version": ("transformers_version",),
     "model_name_or_path": ("model_name_or_path",),
 }
@@ -129,8 +130,10 @@ _PARAM = "param"
 OPTIM_STATE: dict[str, tuple[str, str, str]] = {
     **{
         name: (_PARAM, _PARAM, "torch.optim: state zeros_like(p)")
-        for name in ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
+        for name in ("adamw_torch", "adamw_torch_fused", "adagrad", "rmsprop")
     },
+    # _get_sgd: torch.optim.SGD with momentum from optim_args only; momentum 0 keeps no buffer
+    "sgd": ("none", "none", "torch.optim.SGD without momentum keeps no state"),
     **{
         name: ("8-bit", "uint8", "bitsandbytes Optimizer8bit: uint8 blockwise (float32 below 4096 elements)")
         for name in (
@@ -216,6 +219,9 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     optim = cf.get("optim")
     name = str(optim.value).strip().lower() if optim is not None else "adamw_torch"
     scheme, state, note = OPTIM_STATE.get(name, ("unknown", "unknown", f"castwise does not model optim={name}"))
+    args = cf.get("optim_args")
+    if name == "sgd" and args is not None and "momentum" in str(args.value):
+        scheme, state, note = _PARAM, _PARAM, "torch.optim.SGD momentum_buffer: clone of the gradient"
     if state == _PARAM:
         state, scheme = weights, _SCHEME.get(weights, "unknown")
     osrc = (optim, *wsrc) if optim is not None else wsrc
