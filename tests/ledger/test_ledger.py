@@ -147,3 +147,33 @@ def test_cli_config_and_bad_optimizer(capsys: pytest.CaptureFixture[str]) -> Non
     target = f"{Path(__file__).parent / 'builders.py'}:bf16_mlp"
     assert main(["ledger", target, "--optimizer", "torch.optim.Nope"]) == 2
     assert "not an importable class" in capsys.readouterr().err
+
+
+def _findings(model: nn.Module, cls: type, **kw: object) -> list[str]:
+    from castwise.ledger.checks import ledger_with_findings
+    from castwise.ledger.model import OptimizerSpec
+
+    names = tuple(n for n, _ in model.named_parameters())
+    return [f.code for f in ledger_with_findings(model, OptimizerSpec(cls, ((names, kw),))).findings]
+
+
+def test_cw150_pure_bf16_adamw_stalls_and_f32_control_moves() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64)
+    assert _findings(model, torch.optim.AdamW, lr=1e-3) == []  # f32 weights: the update lands
+    assert _findings(copy_bf16(model), torch.optim.AdamW, lr=1e-5) == ["CW150"]
+    assert _findings(copy_bf16(model), torch.optim.SGD, lr=1e-5) == []  # step scales with synthetic grads
+
+
+def copy_bf16(model: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(model).bfloat16()
+
+
+def test_cw151_resume_demotes_wide_state() -> None:
+    from tests.ledger.builders import WideStateAdam
+
+    model = nn.Linear(8, 8).bfloat16()
+    assert _findings(model, WideStateAdam, lr=1e-3) == ["CW151"]
+    assert _findings(model, torch.optim.AdamW, lr=1e-3) == []  # state in the parameter's dtype: kept

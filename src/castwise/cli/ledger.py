@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from castwise.cli import EXIT_OK, check_json_path, emit, guard, json_option, terminal_width
+from castwise.cli import EXIT_FINDINGS, EXIT_OK, check_json_path, emit, guard, json_option, terminal_width
 from castwise.errors import CastwiseError
 
 _CONFIG_SUFFIXES = (".json", ".yaml", ".yml", ".toml", ".env", ".sh")
@@ -49,7 +49,8 @@ def _optimizer_class(path: str) -> Any:
 
 def _model_ledger(target: str, optimizer: str, lr: float, kwargs: str | None) -> Any:
     from castwise.cli.target import load_target
-    from castwise.ledger.model import OptimizerSpec, ledger_from_model
+    from castwise.ledger.checks import ledger_with_findings
+    from castwise.ledger.model import OptimizerSpec
 
     try:
         extra = json.loads(kwargs) if kwargs else {}
@@ -60,8 +61,7 @@ def _model_ledger(target: str, optimizer: str, lr: float, kwargs: str | None) ->
     model, _ = load_target(target)
     names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
     spec = OptimizerSpec(_optimizer_class(optimizer), ((names, {"lr": lr, **extra}),))
-    ledger, _ = ledger_from_model(model, spec, source=target)
-    return ledger
+    return ledger_with_findings(model, spec, source=target)
 
 
 @click.command("ledger")
@@ -83,6 +83,6 @@ def ledger(
                 raise CastwiseError("give one model target, or training configuration files")
             result = _model_ledger(targets[0], optimizer, lr, optimizer_kwargs)
         emit(result.render(terminal_width()), json.dumps(result.to_dict(), indent=2), json_path)
-        return EXIT_OK
+        return EXIT_FINDINGS if any(f.level == "error" for f in result.findings) else EXIT_OK
 
     return guard(body)

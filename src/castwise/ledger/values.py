@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from castwise._dtypes import short
+from castwise.rules.api import Finding
 
 __all__ = ["FIELDS", "UNKNOWN", "Entry", "Ledger", "Row", "group_rows"]
 
@@ -103,9 +104,15 @@ class Ledger:
     rows: tuple[Row, ...]
     source: str  # what was read: config paths, or the model target and its optimizer
     notes: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()  # CW150/CW151, measured on the model's copy
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "rows": [r.to_dict() for r in self.rows], "notes": list(self.notes)}
+        return {
+            "source": self.source,
+            "rows": [r.to_dict() for r in self.rows],
+            "notes": list(self.notes),
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
     def unknown(self) -> int:
         return sum(not e.known for r in self.rows for e in r.entries().values())
@@ -126,4 +133,6 @@ class Ledger:
                 why = "; ".join(x for x in (e.source, e.note) if x)
                 lines.append(f"  {k:<16} {e.show():<10} {why}".rstrip())
         lines += [f"note: {n}" for n in self.notes]
+        for f in self.findings:
+            lines += ["", f"{f.level} {f.code} {f.rule.name}", f"  {f.message}", f"  fix: {f.fix}"]
         return "\n".join(lines)

@@ -245,4 +245,33 @@ RULES: tuple[Rule, ...] = (
         fix="Reduce in the gradients' dtype (communication_data_type fp32, mixed_precision_reduce "
         "float32, reduce_dtype=torch.float32), or keep the gradients in the reduce dtype on purpose.",
     ),
+    Rule(
+        code="CW150",
+        name="update-rounds-away-in-storage",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="An optimizer step leaves bf16/f16 weights unchanged that the same step in f32 changes.",
+        detects="castwise ledger TARGET runs one step of the user's optimizer on a copy of the model and "
+        "the same step in float32 (same class, settings and gradients); a bf16/f16 parameter most of "
+        "whose changing elements stay put in storage is reported, with the share lost. Measured for "
+        "optimizers whose step does not scale with the gradient (Adam-like).",
+        why="Without an f32 master copy, stochastic rounding or Kahan summation an update below half "
+        "the spacing of the stored dtype rounds back to the old value: the weights stop training.",
+        example="castwise ledger model.py:build --optimizer torch.optim.AdamW --lr 1e-5",
+        fix="Keep f32 master weights (f32 parameters under autocast), or an optimizer with bf16 "
+        "stochastic rounding or Kahan summation.",
+    ),
+    Rule(
+        code="CW151",
+        name="resume-changes-state-precision",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="Loading the optimizer's state_dict gives its state another dtype than training made.",
+        detects="castwise ledger TARGET saves the optimizer's state after one step and loads it into a "
+        "fresh optimizer, as a resume does; a state tensor whose dtype differs after loading is reported.",
+        why="torch's Optimizer.load_state_dict casts floating state to its parameter's dtype: f32 moments "
+        "kept for bf16 parameters come back bf16 after a resume, and the run continues less precisely.",
+        example="castwise ledger model.py:build --optimizer mylib.MixedAdamW",
+        fix="Keep the saved dtype when loading (override load_state_dict or re-cast the state after it).",
+    ),
 )
