@@ -177,3 +177,16 @@ def test_cw151_resume_demotes_wide_state() -> None:
     model = nn.Linear(8, 8).bfloat16()
     assert _findings(model, WideStateAdam, lr=1e-3) == ["CW151"]
     assert _findings(model, torch.optim.AdamW, lr=1e-3) == []  # state in the parameter's dtype: kept
+
+
+def test_model_ledger_on_meta_reads_dtypes_without_values() -> None:
+    from castwise.ledger.checks import ledger_with_findings
+    from castwise.ledger.model import OptimizerSpec
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(256, 256), nn.LayerNorm(256)).bfloat16()
+    names = tuple(n for n, _ in model.named_parameters())
+    ledger = ledger_with_findings(model, OptimizerSpec(torch.optim.AdamW, ((names, {"lr": 1e-5}),)))
+    (row,) = ledger.rows
+    assert (row.values()["storage"], row.values()["state"]) == ("bfloat16", "bfloat16")
+    assert ledger.findings == ()  # CW150 needs values: not measured on meta

@@ -45,8 +45,8 @@ def update_findings(model: nn.Module, spec: OptimizerSpec, result: StepResult) -
         for n, p in result.model.named_parameters()
         if p.dtype in (torch.bfloat16, torch.float16) and n in result.before
     }
-    if not low:
-        return []
+    if not low or any(p.device.type == "meta" for p in low.values()):
+        return []  # no values on the meta device: nothing to measure
     grads = {n: p.grad.detach().clone() for n, p in low.items() if p.grad is not None}
     ref = _f32_step(model, spec, grads, 1.0)
     big = _f32_step(model, spec, grads, 100.0)

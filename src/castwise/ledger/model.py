@@ -87,8 +87,13 @@ def step_copy(model: nn.Module, spec: OptimizerSpec, grad_scale: float = 1e-3, s
         if not p.requires_grad:
             continue
         before[n] = p.detach().clone()
+        if p.device.type == "meta":
+            # a model built on the meta device (a config target, a 7B): the step runs on meta
+            # tensors, which carry every dtype the optimizer allocates and no values
+            p.grad = torch.empty(p.shape, dtype=_grad_dtype(p), device="meta")
+            continue
         g = torch.randn(p.shape, generator=gen, dtype=torch.float32) * grad_scale
-        p.grad = g.to(_grad_dtype(p))
+        p.grad = g.to(device=p.device, dtype=_grad_dtype(p))
     opt.step()
     resumed: torch.optim.Optimizer | None
     try:
