@@ -50,7 +50,7 @@ def test_unknown_subcommand_names_the_valid_ones() -> None:
     assert p.stderr.strip().splitlines()[-1] == (
         f"Error: no such command 'audti'; valid commands: {', '.join(sorted(COMMANDS))}"
     )
-    assert "audit, demo, explain, lint-config" in p.stderr
+    assert "audit, demo, explain, ledger, lint-config" in p.stderr
 
 
 def test_every_subcommand_is_registered_and_loads_lazily() -> None:

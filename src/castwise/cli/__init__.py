@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("castwise.cli.audit", "audit"),
     "demo": ("castwise.cli.demo", "demo"),
     "explain": ("castwise.cli.explain", "explain"),
+    "ledger": ("castwise.cli.ledger", "ledger"),
     "lint-config": ("castwise.cli.lint_config", "lint_config"),
     "numerics": ("castwise.cli.numerics", "numerics_command"),
     "rules": ("castwise.cli.rules", "rules"),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from castwise.errors import ConfigError
-from castwise.lint import accelerate, deepspeed, hf, lightning, simpletuner, torchtitan
+from castwise.lint import accelerate, deepspeed, hf, lightning, megatron, simpletuner, torchtitan
 from castwise.lint._source import (
     Document,
     looks_like_shell,
@@ -29,7 +29,7 @@ from castwise.lint._source import (
     parse_yaml,
     read_text,
 )
-from castwise.lint.model import FORMATS, ConfigFile, PrecisionModel, Setting, Traced
+from castwise.lint.model import FORMATS, LEDGER_EXTRA, ConfigFile, PrecisionModel, Setting, Traced
 from castwise.report import Report
 
 __all__ = [
@@ -107,6 +107,8 @@ class _Loader:
             or name == "config.env"
             or (suffix not in (".json", ".yaml", ".yml", ".toml") and looks_like_shell(text))
         ):
+            if name != "config.env" and megatron.is_megatron(text):
+                return megatron.read(text, shown)
             if name != "config.env" and not simpletuner.is_simpletuner_env(parse_shell(text, shown)):
                 # e.g. a `torchrun train.py --precision amp_bf16` launch script: read as SimpleTuner
                 # it would get SimpleTuner's defaults, a precision model of a run that is not this one
@@ -228,10 +230,15 @@ class _Builder:
             reduce=v.get("reduce"),
             device=v.get("device"),
             gradient_mechanism=self.mechanism,
+            master=v.get("master"),
+            state_scheme=v.get("state_scheme"),
+            rounding=v.get("rounding"),
+            checkpoint_load=v.get("checkpoint_load"),
+            accumulate_steps=v.get("accumulate_steps"),
         )
 
 
-_LAUNCH_ORDER = ("simpletuner", "accelerate", "hf-training-args", "lightning", "torchtitan", "deepspeed")
+_LAUNCH_ORDER = ("simpletuner", "accelerate", "hf-training-args", "lightning", "torchtitan", "megatron", "deepspeed")
 
 
 def build_model(files: Sequence[ConfigFile]) -> PrecisionModel:
@@ -264,9 +271,32 @@ def build_model(files: Sequence[ConfigFile]) -> PrecisionModel:
                 lightning.contribute(cf, put)
             elif fmt == "torchtitan":
                 torchtitan.contribute(cf, put)
+            elif fmt == "megatron":
+                megatron.contribute(cf, put)
             else:
                 deepspeed.contribute(cf, put, auto)
+    _ddp_reduce(files, b)
     return b.model()
+
+
+_DDP_TYPES = ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_HPU")
+
+
+def _ddp_reduce(files: Sequence[ConfigFile], b: _Builder) -> None:
+    """DDP's reduce dtype: torch/nn/parallel/distributed.py buckets gradients by ``param.grad``'s
+    dtype (the Reducer all-reduces each bucket as it is), so DDP reduces in the gradients' dtype."""
+    grads = b.values.get("gradients")
+    if "reduce" in b.values or grads is None:
+        return
+    for cf in files:
+        s = cf.get("distributed_type") if cf.format == "accelerate" else cf.get("strategy")
+        if cf.format not in ("accelerate", "lightning") or s is None or not isinstance(s.value, str):
+            continue
+        word = s.value.strip()
+        if word.upper() in _DDP_TYPES or (cf.format == "lightning" and word.lower().startswith("ddp")):
+            note = "DDP all-reduces gradient buckets in param.grad's dtype (torch.nn.parallel Reducer)"
+            b.put("reduce", Traced(grads.value, (s, *grads.settings), note))
+            return
 
 
 def lint_config(path: PathLike | Sequence[PathLike]) -> Report:
@@ -328,7 +358,8 @@ def render(report: Report, width: int = 100) -> str:
     # the format each file was read as: a file read as the wrong one would show a wrong model
     read_as = [f"{Path(f['path']).name} as {FORMATS.get(f['format'], f['format'])}" for f in report.summary["files"]]
     rows = ["", *_pack(read_as, "read: ", width), "precision model (what the run will do):"]
-    for name in ("weights", "compute", "gradients", "loss_scaling", "optimizer_state", "reduce", "device"):
+    extra = [k for k in LEDGER_EXTRA if precision.get(k) is not None]
+    for name in ("weights", "compute", "gradients", "loss_scaling", "optimizer_state", "reduce", "device", *extra):
         t = precision.get(name)
         if t is None:
             rows.append(f"  {name:<16} (not set by these files)")

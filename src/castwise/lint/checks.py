@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from castwise._dtypes import is_low, short
-from castwise.lint import accelerate, fp8, fp8_recipes, fsdp, hf, lightning
+from castwise.lint import accelerate, fp8, fp8_recipes, fsdp, hf, ledger_checks, lightning
 from castwise.lint.model import ConfigFile, PrecisionModel, finding, is_auto, is_false, is_true, said
 from castwise.lint.values import check_values
 from castwise.policy import presets
@@ -394,6 +394,7 @@ def run_checks(files: Sequence[ConfigFile], model: PrecisionModel) -> list[Findi
         *fp8_recipes.run_checks(files),
         *check_values(files),
         *fsdp.run_checks(files),
+        *ledger_checks.run_checks(files, model),
     ]
     return findings
 

@@ -32,6 +32,13 @@ KEYS: dict[str, Path_] = {
     "communication_data_type": ("communication_data_type",),
     "data_types.grad_accum_dtype": ("data_types", "grad_accum_dtype"),
     "zero_optimization.stage": ("zero_optimization", "stage"),
+    "bf16.bf16_master_weights_and_grads": ("bf16", "bf16_master_weights_and_grads"),
+    "bf16.bf16_optimizer_states": ("bf16", "bf16_optimizer_states"),
+    "fp16.fp16_master_weights_and_grads": ("fp16", "fp16_master_weights_and_grads"),
+    "torch_autocast.enabled": ("torch_autocast", "enabled"),
+    "torch_autocast.dtype": ("torch_autocast", "dtype"),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps",),
+    "optimizer.params.lr": ("optimizer", "params", "lr"),
 }
 MARKERS: frozenset[str] = frozenset(
     {
@@ -45,6 +52,7 @@ MARKERS: frozenset[str] = frozenset(
         "bfloat16",
         "zero_force_ds_cpu_optimizer",
         "gradient_clipping",
+        "torch_autocast",
     }
 )
 
@@ -105,19 +113,70 @@ def enabled(cf: ConfigFile, key: str, auto: Auto) -> tuple[bool, tuple[Setting, 
     return is_true(s.value), (s,)
 
 
+def _master(cf: ConfigFile, dt: str, src: tuple[Setting, ...]) -> tuple[str, str, tuple[Setting, ...]]:
+    """The master copy's and the optimizer state's dtypes, and the settings deciding them.
+
+    deepspeed/runtime/base_optimizer.py ``ZeROOptimizer._configure_master_weights``: fp32 master
+    weights unless ``{fp16,bf16}_master_weights_and_grads`` (ZeRO 1-3 only, runtime/config.py
+    ``_do_sanity_check``); the state is made over the master partitions, so it has their dtype,
+    and ``bf16_optimizer_states`` (which requires bf16 master weights) keeps it bf16; with bf16
+    master weights and fp32 states the states live on the CPU in DeepSpeedCPUAdam (fp32).
+    """
+    key = "bf16.bf16_master_weights_and_grads" if dt == "bfloat16" else "fp16.fp16_master_weights_and_grads"
+    low_master = cf.get(key)
+    if low_master is None or not is_true(low_master.value):
+        return "float32", "float32", src
+    states = cf.get("bf16.bf16_optimizer_states")
+    if dt == "bfloat16" and states is not None and is_true(states.value):
+        return dt, dt, (low_master, states)
+    return dt, "float32", (low_master,)
+
+
+def _autocast(cf: ConfigFile, put: Any) -> bool:
+    """DeepSpeed's ``torch_autocast`` (runtime/torch_autocast.py ``init_autocast_params``): the module
+    is not converted (``engine.get_data_types``: fp32 without fp16/bf16), forward runs under
+    ``torch.autocast(dtype)``; Linear/Conv parameters are all-reduced in that dtype
+    (``get_comm_dtype``: their ``comm_dtype`` attribute), the others in their own fp32."""
+    on = cf.get("torch_autocast.enabled")
+    if on is None or not is_true(on.value):
+        return False
+    given = cf.get("torch_autocast.dtype")
+    # get_torch_autocast_dtype: None when unset, and torch.autocast("cuda", dtype=None) runs float16
+    dt = (dtype_of(given.value) if given is not None else None) or "float16"
+    src = (on, given) if given is not None else (on,)
+    fp32 = "the engine does not convert the module under torch_autocast"
+    put("weights", Traced("float32", (on,), fp32))
+    put("compute", Traced(dt, src, "torch.autocast(dtype) around the forward"))
+    put("gradients", Traced("float32", (on,), "gradients follow the fp32 weights"))
+    put("optimizer_state", Traced("float32", (on,), "optimizer state follows the fp32 weights"))
+    put("master", Traced("none", (on,), "the fp32 weights are the master copy"))
+    put("state_scheme", Traced("f32", (on,), "a plain optimizer over fp32 weights"))
+    put("reduce", Traced(dt, src, "Linear/Conv parameters all-reduce in the autocast dtype (comm_dtype), others fp32"))
+    put("loss_scaling", Traced("dynamic" if dt == "float16" else "none", src, "GradScaler for fp16 autocast only"))
+    return True
+
+
 def contribute(cf: ConfigFile, put: Any, auto: Auto) -> None:
     fp16, fp16_src = enabled(cf, "fp16.enabled", auto)
     bf16, bf16_src = enabled(cf, "bf16.enabled", auto)
+    steps = cf.get("gradient_accumulation_steps")
+    if steps is not None and isinstance(steps.value, int) and not isinstance(steps.value, bool):
+        put("accumulate_steps", Traced(str(steps.value), (steps,), "micro-batches per optimizer step"))
     if fp16 and bf16:
         return  # contradictory: CW202 reports it; the run does not start, there is no model
+    if not (fp16 or bf16) and _autocast(cf, put):
+        put("device", Traced("cuda", (), "DeepSpeed trains on accelerators"), weak=True)
+        return
     if fp16 or bf16:
         dt, src = ("float16", fp16_src) if fp16 else ("bfloat16", bf16_src)
+        master, state, state_src = _master(cf, dt, src)
         put("weights", Traced(dt, src, "the DeepSpeed engine converts the module to this dtype"))
         put("compute", Traced(dt, src, "the module runs in its weights' dtype"))
-        put(
-            "optimizer_state",
-            Traced("float32", src, "ZeRO / DeepSpeed's fp16 and bf16 optimizers keep fp32 master weights"),
-        )
+        note = "ZeRO / DeepSpeed's fp16 and bf16 optimizers keep the state over the master copy"
+        put("optimizer_state", Traced(state, state_src, note))
+        put("master", Traced(master, state_src, "base_optimizer._configure_master_weights"))
+        put("state_scheme", Traced({"float32": "f32", "bfloat16": "bf16"}.get(state, state), state_src, note))
+        put("rounding", Traced("none", (), "DeepSpeed's optimizers round to nearest"))
         acc = cf.get("data_types.grad_accum_dtype")
         acc_dt = dtype_of(acc.value) if acc is not None else None
         if acc is not None and acc_dt is not None:
@@ -127,6 +186,7 @@ def contribute(cf: ConfigFile, put: Any, auto: Auto) -> None:
                 mechanism="accumulate",
             )
         else:
+            # engine.get_data_types: without grad_accum_dtype gradients accumulate in the model dtype
             put("gradients", Traced(dt, src, "gradients follow the weights"))
         comm = cf.get("communication_data_type")
         comm_dt = dtype_of(comm.value) if comm is not None else None

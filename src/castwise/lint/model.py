@@ -22,6 +22,7 @@ FORMATS: dict[str, str] = {
     "hf-training-args": "Hugging Face TrainingArguments (JSON or YAML)",
     "lightning": "Lightning / LightningCLI config (YAML)",
     "simpletuner": "SimpleTuner config (config.env, config.json, config.toml)",
+    "megatron": "Megatron-LM launch script (pretrain_gpt.sh command line)",
     "torchtitan": "torchtitan job config (TOML)",
 }
 
@@ -103,6 +104,8 @@ FIELDS: tuple[str, ...] = (
     "reduce",
     "device",
 )
+# the precision ledger's further fields (castwise.ledger), shown only where a file decides them
+LEDGER_EXTRA: tuple[str, ...] = ("master", "state_scheme", "rounding", "checkpoint_load", "accumulate_steps")
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,20 @@ class PrecisionModel:
     # after backward, e.g. SimpleTuner --gradient_precision=fp32), "accumulate" (a separate
     # accumulation buffer, e.g. DeepSpeed data_types.grad_accum_dtype)
     gradient_mechanism: str = "autograd"
+    # the ledger's further fields (LEDGER_EXTRA): the master copy's dtype, the optimizer state's
+    # scheme (f32, bf16, f16, 8-bit, 4-bit, fp8), its rounding (stochastic, kahan, none), the dtype a
+    # checkpoint loads in, and the gradient-accumulation micro-batch count
+    master: Traced | None = None
+    state_scheme: Traced | None = None
+    rounding: Traced | None = None
+    checkpoint_load: Traced | None = None
+    accumulate_steps: Traced | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: (v.to_dict() if (v := getattr(self, k)) is not None else None) for k in FIELDS}
         out["gradient_mechanism"] = self.gradient_mechanism
+        # only where a file decides them: the reports of configs that say nothing stay as they were
+        out.update({k: v.to_dict() for k in LEDGER_EXTRA if (v := getattr(self, k)) is not None})
         return out
 
 

@@ -80,7 +80,7 @@ def read(doc: Document, text: str, shown: str) -> ConfigFile:
         else:
             rejected[key] = s
 
-    for key in ("mixed_precision_param", "mixed_precision_reduce"):
+    for key in ("dtype", "mixed_precision_param", "mixed_precision_reduce"):
         value = doc.at(("training", key))
         if value is not None:
             put(("training", key), value)
@@ -104,6 +104,9 @@ def converters(cf: ConfigFile) -> list[str]:
     return [str(c) for c in value] if isinstance(value, list) else []
 
 
+_SCHEME = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
 def contribute(cf: ConfigFile, put: Any) -> None:
     param = cf.get("training.mixed_precision_param")
     reduce = cf.get("training.mixed_precision_reduce")
@@ -115,9 +118,19 @@ def contribute(cf: ConfigFile, put: Any) -> None:
         # the converted Linears' GEMMs take float8_e4m3fn inputs (Accelerate's fp8 reads the same)
         note = "torchtitan's float8 / MX converter: Linears compute in float8_e4m3fn, the rest in the param dtype"
         put("compute", Traced("float8_e4m3fn", (conv,), note))
-    put("weights", Traced("float32", (), "torchtitan keeps the sharded weights in float32"), weak=True)
-    put("gradients", Traced("float32", (), "FSDP2 keeps sharded gradients in the weights' dtype"), weak=True)
-    put("optimizer_state", Traced("float32", (), "optimizer state follows the float32 weights"), weak=True)
+    # torchtitan/train.py Trainer.__init__ builds the model under
+    # ``set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype])`` (default float32): the
+    # parameters, hence their gradients and torch.optim's ``zeros_like(p)`` state, are in that dtype
+    given = cf.get("training.dtype")
+    stored = (dtype_of(given.value) if given is not None else None) or "float32"
+    src = (given,) if given is not None else ()
+    weak = given is None
+    put("weights", Traced(stored, src, "training.dtype: the dtype the model's parameters are built in"), weak=weak)
+    put("gradients", Traced(stored, src, "FSDP2 keeps sharded gradients in the weights' dtype"), weak=weak)
+    put("optimizer_state", Traced(stored, src, "torch.optim state follows the parameters' dtype"), weak=weak)
+    put("state_scheme", Traced(_SCHEME.get(stored, "unknown"), src, "torch.optim AdamW"), weak=weak)
+    put("master", Traced("none", src, "no separate master copy: the sharded parameters are updated"), weak=weak)
+    put("rounding", Traced("none", src, "torch.optim rounds to nearest"), weak=weak)
     put("loss_scaling", Traced("none", (), "torchtitan has no GradScaler"), weak=True)
     red = dtype_of(reduce.value) if reduce is not None else "float32"
     put("reduce", Traced(red or "float32", (reduce,) if reduce is not None else (), "reduce_dtype"))

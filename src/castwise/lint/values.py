@@ -96,6 +96,7 @@ ACCEPTED: dict[str, dict[str, Accepted]] = {
     },
     "torchtitan": {
         # torchtitan's TORCH_DTYPE_MAP
+        "training.dtype": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
         "training.mixed_precision_param": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
         "training.mixed_precision_reduce": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
         **{

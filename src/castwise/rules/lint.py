@@ -195,4 +195,83 @@ RULES: tuple[Rule, ...] = (
         fix="Write one of the valid values the finding lists, as the type the tool expects "
         "(true/false as JSON or YAML booleans, precision names as strings).",
     ),
+    Rule(
+        code="CW230",
+        name="update-below-storage-precision",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="bf16/f16 weights updated in place with no f32 master copy, stochastic rounding or Kahan sum.",
+        detects="A configuration whose trained weights are stored in bfloat16 (or float16) and updated "
+        "by an optimizer that keeps no higher-precision master copy and rounds to nearest: HF "
+        "torch_dtype bfloat16 with a plain optimizer, DeepSpeed bf16_master_weights_and_grads, "
+        "torchtitan training.dtype bfloat16. With the learning rate known, the finding says from "
+        "which |w| on an Adam step (|update| ~ lr) is lost.",
+        why="bf16 keeps 8 significant bits: an update smaller than 2^-8 of the weight rounds back "
+        "to the same value. Adam's steps are about lr in size, so every weight larger than lr*256 "
+        "stops changing; with lr=1e-5 that is nearly every weight: the loss stalls and nothing errors.",
+        example='{"output_dir": "out", "torch_dtype": "bfloat16", "learning_rate": 1e-5}',
+        fix="Keep f32 master weights (load in float32 and train with bf16 autocast; DeepSpeed's "
+        "default fp32 master), or an optimizer with bf16 stochastic rounding (torchao "
+        "bf16_stochastic_round=True) or Kahan summation.",
+    ),
+    Rule(
+        code="CW231",
+        name="low-precision-gradient-accumulation",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="Gradients accumulated in bf16/f16 over several micro-batches.",
+        detects="gradient_accumulation_steps > 1 while the gradients the micro-batches add into are "
+        "bfloat16 or float16 (DeepSpeed bf16 without data_types.grad_accum_dtype fp32, Megatron "
+        "--fp16 / --grad-reduce-in-bf16 without --accumulate-allreduce-grads-in-fp32, pure-bf16 HF runs).",
+        why="Each addition rounds the running sum to 8 significant bits: once the sum is much larger "
+        "than one micro-batch's gradient, small components of the later micro-batches vanish, and the "
+        "step follows the first micro-batches more than the rest.",
+        example='{"bf16": {"enabled": true}, "gradient_accumulation_steps": 128, "zero_optimization": {"stage": 2}}',
+        fix="Accumulate in float32: DeepSpeed data_types.grad_accum_dtype fp32, Megatron "
+        "--accumulate-allreduce-grads-in-fp32, torch param.grad_dtype = torch.float32.",
+    ),
+    Rule(
+        code="CW232",
+        name="reduce-narrower-than-gradient",
+        category="DISTRIBUTED_PRECISION_CONFIG",
+        severity="warning",
+        summary="Gradients kept in f32 but all-reduced in bf16/f16.",
+        detects="A reduce dtype narrower than the gradients' dtype: DeepSpeed communication_data_type "
+        "(or its model-dtype default) below data_types.grad_accum_dtype, torchtitan "
+        "mixed_precision_reduce below the gradients' dtype, FSDP reduce_dtype below grad_dtype.",
+        why="The all-reduce rounds every rank's gradient and their sum to the narrower dtype: the "
+        "precision the gradients were kept in is thrown away at the one step that sums the most values.",
+        example='{"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}}',
+        fix="Reduce in the gradients' dtype (communication_data_type fp32, mixed_precision_reduce "
+        "float32, reduce_dtype=torch.float32), or keep the gradients in the reduce dtype on purpose.",
+    ),
+    Rule(
+        code="CW150",
+        name="update-rounds-away-in-storage",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="An optimizer step leaves bf16/f16 weights unchanged that the same step in f32 changes.",
+        detects="castwise ledger TARGET runs one step of the user's optimizer on a copy of the model and "
+        "the same step in float32 (same class, settings and gradients); a bf16/f16 parameter most of "
+        "whose changing elements stay put in storage is reported, with the share lost. Measured for "
+        "optimizers whose step does not scale with the gradient (Adam-like).",
+        why="Without an f32 master copy, stochastic rounding or Kahan summation an update below half "
+        "the spacing of the stored dtype rounds back to the old value: the weights stop training.",
+        example="castwise ledger model.py:build --optimizer torch.optim.AdamW --lr 1e-5",
+        fix="Keep f32 master weights (f32 parameters under autocast), or an optimizer with bf16 "
+        "stochastic rounding or Kahan summation.",
+    ),
+    Rule(
+        code="CW151",
+        name="resume-changes-state-precision",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="Loading the optimizer's state_dict gives its state another dtype than training made.",
+        detects="castwise ledger TARGET saves the optimizer's state after one step and loads it into a "
+        "fresh optimizer, as a resume does; a state tensor whose dtype differs after loading is reported.",
+        why="torch's Optimizer.load_state_dict casts floating state to its parameter's dtype: f32 moments "
+        "kept for bf16 parameters come back bf16 after a resume, and the run continues less precisely.",
+        example="castwise ledger model.py:build --optimizer mylib.MixedAdamW",
+        fix="Keep the saved dtype when loading (override load_state_dict or re-cast the state after it).",
+    ),
 )
