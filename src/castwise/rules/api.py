@@ -106,6 +106,8 @@ class TraceLike(Protocol):  # what scans read of one run's record (trace.events.
     @property
     def uncovered(self) -> Mapping[str, AbstractSet[str]]: ...
     @property
+    def observed(self) -> Mapping[str, Any]: ...  # what observers recorded, by name (CW160: "mixed_width")
+    @property
     def activation_bytes(self) -> Mapping[str, int]: ...
     @property
     def branches(self) -> Mapping[tuple[str, int], dict[str, Any]]: ...  # data-dependent branch sites

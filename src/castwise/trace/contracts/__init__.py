@@ -65,6 +65,7 @@ from castwise.trace.contracts.elementwise import (
     _to_long,
     _true_divide,
 )
+from castwise.trace.contracts.external import EXTERNAL, mixed_width
 from castwise.trace.contracts.float8 import _scaled_mm
 from castwise.trace.contracts.index import (
     _embedding,
@@ -102,7 +103,7 @@ from castwise.trace.contracts.norm import (
     _rms_norm,
 )
 
-__all__ = ["Lookup", "Violation", "check", "is_covered", "lookup", "result_dtype", "tensor_args"]
+__all__ = ["Lookup", "Violation", "check", "is_covered", "lookup", "mixed_width", "result_dtype", "tensor_args"]
 
 _TABLE: dict[str, Rule] = {}
 
@@ -460,6 +461,7 @@ _register(
 """
     ),
 )
+_TABLE.update(EXTERNAL)  # kernels outside aten, keyed by the op name their package registers
 
 _CACHE: dict[int, tuple[Any, tuple[Rule, str] | None]] = {}
 _STRICT = os.environ.get("CASTWISE_STRICT_CONTRACTS") == "1"  # tests: a rule that raises is a bug
