@@ -106,15 +106,13 @@ class TraceLike(Protocol):  # what scans read of one run's record (trace.events.
     @property
     def uncovered(self) -> Mapping[str, AbstractSet[str]]: ...
     @property
-    def observed(self) -> Mapping[str, Any]: ...  # what observers recorded, by name (CW160: "mixed_width")
+    def observed(self) -> Mapping[str, Any]: ...  # what observers recorded, by name (CW160: "mixed_width", CW117: "complex_to_real")
     @property
     def activation_bytes(self) -> Mapping[str, int]: ...
     @property
     def branches(self) -> Mapping[tuple[str, int], dict[str, Any]]: ...  # data-dependent branch sites
     @property
     def sizes(self) -> Sequence[dict[str, Any]]: ...  # data-dependent sizes assumed
-    @property
-    def observed(self) -> Mapping[str, Any]: ...  # what observers kept, by observer name
 
 
 class RunLike(Protocol):  # one run of the model and the copy it ran (auditor.context.RunRecord)
