@@ -106,7 +106,7 @@ class TraceLike(Protocol):  # what scans read of one run's record (trace.events.
     @property
     def uncovered(self) -> Mapping[str, AbstractSet[str]]: ...
     @property
-    def observed(self) -> Mapping[str, Any]: ...  # what observers recorded, by name (CW160: "mixed_width", CW117: "complex_to_real")
+    def observed(self) -> Mapping[str, Any]: ...  # what observers recorded, by name ("mixed_width")
     @property
     def activation_bytes(self) -> Mapping[str, int]: ...
     @property
