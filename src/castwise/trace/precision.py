@@ -100,6 +100,14 @@ _CARRY = frozenset(
 )
 
 
+# a decision taken on values: which experts, which token, which order (CW142)
+_DECISIONS = frozenset(
+    {"aten.topk", "aten.argmax", "aten.argmin", "aten.sort", "aten.gt", "aten.lt", "aten.ge", "aten.le", "aten.max"}
+)
+# what makes router probabilities, by the name a finding gives it
+_PROBS = {"aten._softmax": "softmax", "aten.sigmoid": "sigmoid"}
+
+
 @functools.cache
 def autocast_f32(op: str, device_type: str, dtype: torch.dtype) -> bool:
     """Whether ``device_type``'s autocast at ``dtype`` runs ``op``'s public call in float32: asked
@@ -124,6 +132,11 @@ def _pointwise(func: Any) -> bool:
 
 def _is_low(t: torch.Tensor) -> bool:
     return name_of(t.dtype) in LOW
+
+
+def _kind(call: OpCall, t: torch.Tensor) -> str | None:
+    prov = call.prov_of(t)
+    return prov.kind if prov is not None else None
 
 
 def _magnitude(op: str, x: torch.Tensor) -> float:
@@ -152,6 +165,7 @@ class PrecisionObserver(Observer):
         self.low_ops: dict[tuple[str, str], LowOp] = {}
         self.narrowed: dict[tuple[str, str], Narrowed] = {}
         self.decisions: dict[tuple[str, str], Decision] = {}
+        self.probs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # 16-bit probabilities -> what made them
 
     def start(self, run: Run) -> None:
         self._reset()
@@ -178,6 +192,8 @@ class PrecisionObserver(Observer):
         name = call.info.name
         if name in _LOSS_PROBES and call.autocast is None:
             self._low_op(call, name, outputs)
+        if name in _PROBS or self.probs or name == "aten.add":
+            self._decide(call, name, outputs)
 
     def _follow(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         keys: tuple[str, ...] = ()
@@ -211,6 +227,32 @@ class PrecisionObserver(Observer):
         self.low_ops[(name, call.module)] = LowOp(
             name, call.module, x.dtype, tuple(x.shape), call.prov_of(x), _magnitude(name, x)
         )
+
+    def _decide(self, call: OpCall, name: str, outputs: list[torch.Tensor]) -> None:
+        low = [o for o in outputs if o.is_floating_point() and _is_low(o)]
+        made = _PROBS.get(name)
+        if made is not None:
+            for o in low:
+                self.probs[o] = made
+            return
+        found = next((self.probs.get(t) for t in call.tensors if t in self.probs), None)  # type: ignore[no-untyped-call]
+        if name == "aten.add" and found is None:
+            # an expert bias kept in a 16-bit buffer, added to the scores before the choice
+            buf = next((t for t in call.tensors if _is_low(t) and _kind(call, t) == "buffer"), None)
+            found = "an added 16-bit buffer" if buf is not None and low else None
+        if found is None:
+            return
+        if name in _DECISIONS:
+            x = next(t for t in call.tensors if t in self.probs or _is_low(t))
+            if _is_low(x) and (name, call.module) not in self.decisions:
+                width = int(x.shape[-1]) if x.dim() else 1
+                self.decisions[(name, call.module)] = Decision(
+                    name, call.module, x.dtype, found, call.prov_of(x), width
+                )
+            return
+        if call.info.is_view or _pointwise(call.func) or name in _CARRY:
+            for o in low:
+                self.probs[o] = found
 
     def finish(self, trace: Trace) -> None:
         trace.observed[NAME] = PrecisionRecord(

@@ -149,3 +149,34 @@ def test_cw140_names_no_op_whose_kernel_is_as_good_as_float32() -> None:
 
 def test_tiny_lm_is_the_fixture_model() -> None:
     assert isinstance(build()[0], TinyLM)
+
+
+def test_cw142_router_top_k_on_bf16_probabilities_and_the_measured_flips() -> None:
+    model, inputs = _router()
+    report = castwise.audit(model, inputs, policy="bf16-true", mode="eval", device="cuda")
+    hits = [f for f in report.findings if f.code == "CW142"]
+    assert [(f.module, f.op) for f in hits] == [("moe", "aten.topk")], str(report)
+    assert "keep[moe]=f32" in (hits[0].fix or "")
+    # measured: the same bf16 gate, probabilities in bf16 against float32; the bf16 router picks
+    # other experts (ties broken by the rounding) for some tokens, the float32 one as float32 does
+    gate = model.moe.gate.to(torch.bfloat16)
+    x = torch.randn(4096, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        logits = gate(x)
+        low = torch.softmax(logits, -1).topk(2, -1).indices.sort(-1).values
+        exact = torch.softmax(logits.float(), -1).topk(2, -1).indices.sort(-1).values
+    flipped = (low != exact).any(-1).float().mean().item()
+    assert flipped > 0.001, flipped
+
+
+def test_cw142_controls_a_float32_router_is_clean() -> None:
+    model, inputs = _router()
+    for policy in ("fp32", "bf16-true,keep[moe]=f32"):
+        report = castwise.audit(model, inputs, policy=policy, mode="eval", device="cuda")
+        assert _codes(report, "CW14") == [], (policy, str(report))
+
+
+def _router() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    from tests.rules.fixtures.CW142_router_in_bf16 import build as build_router
+
+    return build_router()
