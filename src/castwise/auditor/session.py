@@ -30,6 +30,7 @@ from castwise.trace.compiled import CompiledProducer, run_compiled, warm_up
 from castwise.trace.events import Mode, RunStatus, Trace
 from castwise.trace.module_tree import ModuleTreeObserver
 from castwise.trace.observers import default_observers
+from castwise.trace.precision import PrecisionObserver
 from castwise.trace.reuse import BlockReuse
 from castwise.trace.reuse import enabled as reuse_enabled
 from castwise.trace.tracer import Tracer, run
@@ -131,7 +132,11 @@ def _run_once(
             result.producer = producer
             result.trace = run_compiled(producer, copy, ran.args, ran.kwargs, mode, compiled)
             return result
-        chosen = observers if observers is not None else [*default_observers(), ModuleTreeObserver(copy)]
+        chosen = (
+            observers
+            if observers is not None
+            else [*default_observers(), ModuleTreeObserver(copy), PrecisionObserver()]
+        )
         # repeated blocks traced once (fake runs): its finish splices before the others read the trace
         reuse = BlockReuse(copy) if fake and reuse_enabled() else None
         tracer = Tracer(

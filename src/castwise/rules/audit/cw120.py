@@ -8,6 +8,7 @@ from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
 from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
+from castwise.rules.audit._precision import NAME, PrecisionRecord
 from castwise.rules.audit._text import (
     generalize,
     is_ancestor,
@@ -22,7 +23,8 @@ META = Rule(
     severity="warning",
     summary="Activations silently became float32 in a low-precision region.",
     detects="In a model meant to compute in bf16/fp16, a module's output is float32 where "
-    "its input was low precision, and the float32 spreads to later modules.",
+    "its input was low precision, and the float32 spreads to later modules (not where it only "
+    "feeds a loss, a softmax, a norm or a reduction: `logits.float()` before cross-entropy).",
     why="Nothing fails, but the model runs (part of) its activations in float32: more "
     "memory and slower, while the user believes it runs in half precision.",
     example="T5 in float16 without a strict norm: the residual stream is f32 from block 0.",
@@ -38,7 +40,10 @@ def _scan(session: Session) -> list[Finding]:
         failed = [ev.module for ev in r.trace.events if ev.phase == "forward"]
         if r.trace.failure is not None:
             failed.append(r.trace.failure.module)
+        quiet = _contained(r.trace.observed.get(NAME))
         for u in r.trace.upcasts:
+            if u.module in quiet:
+                continue  # its float32 feeds only a loss, softmax, norm or reduction (logits.float() before CE)
             if any(is_ancestor(u.module, m) and (m or not u.module) for m in failed):
                 continue  # it did not return float32: it raised (or the real kernel would have)
             # one finding per origin, repeated blocks (blocks.0.wo, blocks.1.wo...) counted as one
@@ -71,6 +76,14 @@ def _scan(session: Session) -> list[Finding]:
             )
         )
     return out
+
+
+def _contained(record: object) -> frozenset[str]:
+    # up-casts whose float32 the precision observer saw end in a loss, softmax, norm or reduction
+    # and never reach a matmul or the 16-bit stream: the float32 is the point there, not a leak
+    if not isinstance(record, PrecisionRecord):
+        return frozenset()
+    return record.contained - record.spread
 
 
 def _activation_share(session: Session) -> str:

@@ -1,0 +1,127 @@
+"""Silent precision loss: what the precision observer records and what the CW14x rules share.
+
+The observer (``castwise.trace.precision``) records plain values here while the model runs; the
+rules (CW120's containment, CW140-CW142) read them from ``trace.observed[NAME]`` and group them
+into one finding per origin chain. Torch-free at import: dtypes are only held, never made.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from castwise._dtypes import name_of, short_of
+from castwise.rules.api import Origin, ProvLike
+from castwise.rules.audit._text import generalize
+
+if TYPE_CHECKING:
+    import torch
+
+    from castwise.rules.api import RunLike, Session
+
+NAME = "precision"  # the observer's name: its record is trace.observed[NAME]
+
+# the bits of the significand each 16-bit dtype stores (spacing of [1, 2) is 2**-bits)
+_BITS = {"bfloat16": 7, "float16": 10}
+
+
+@dataclass(frozen=True)
+class LowOp:
+    """An op autocast runs in float32 on the target, run with a 16-bit input outside autocast."""
+
+    op: str  # "aten._log_softmax"
+    module: str  # where it ran
+    dtype: torch.dtype  # the 16-bit input's dtype
+    shape: tuple[int, ...]  # that input's shape
+    prov: ProvLike | None  # where the input's dtype came from
+    magnitude: float  # the estimated size of the values the op makes (a loss, log-probabilities)
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """A float32 table narrowed to 16-bit, then given to an op where its magnitude matters."""
+
+    op: str  # "aten.cos"
+    module: str
+    dtype: torch.dtype
+    prov: ProvLike | None  # the narrowing (a cast, a buffer the policy cast, an input cast)
+    magnitude: float  # the largest |value| of the narrowed table (known values on fake tensors)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A choice (top-k, argmax, sort, a comparison) taken on 16-bit probabilities or scores."""
+
+    op: str  # "aten.topk"
+    module: str
+    dtype: torch.dtype
+    made_by: str  # "softmax", "sigmoid" or "an added 16-bit buffer"
+    prov: ProvLike | None
+    width: int  # the number of choices compared (the last dimension)
+
+
+@dataclass(frozen=True)
+class PrecisionRecord:
+    """What one run recorded of precision loss."""
+
+    contained: frozenset[str] = frozenset()  # up-cast modules whose float32 fed only losses/softmax/norms/reductions
+    spread: frozenset[str] = frozenset()  # up-cast modules whose float32 reached other computation
+    low_ops: tuple[LowOp, ...] = ()
+    narrowed: tuple[Narrowed, ...] = ()
+    decisions: tuple[Decision, ...] = ()
+
+
+def records(session: Session) -> Iterator[tuple[RunLike, PrecisionRecord]]:
+    """Each run's precision record (runs a producer without the observer recorded have none)."""
+    for r in session.runs:
+        found = r.trace.observed.get(NAME)
+        if isinstance(found, PrecisionRecord):
+            yield r, found
+
+
+def spacing(magnitude: float, dtype: torch.dtype) -> float:
+    """The distance between neighbouring ``dtype`` values at ``magnitude`` (the rounding error is
+    half of it)."""
+    bits = _BITS.get(name_of(dtype), 23)
+    m = max(abs(magnitude), 2.0**-14)
+    return float(2.0 ** (math.floor(math.log2(m)) - bits))
+
+
+def fmt(x: float) -> str:
+    return f"{x:.2g}" if x < 0.01 or x >= 1000 else f"{x:.3g}"
+
+
+def chain_key(module: str, prov: ProvLike | None) -> tuple[str, str]:
+    """One finding per origin chain: blocks.0 and blocks.1 count as one."""
+    if prov is None:
+        return (generalize(module), "")
+    return (generalize(prov.module), generalize(prov.tensor or prov.op or prov.kind))
+
+
+def origin_of(prov: ProvLike | None) -> Origin | None:
+    return prov.origin() if prov is not None else None
+
+
+def where_from(prov: ProvLike | None, dtype: torch.dtype) -> str:
+    """Where the 16-bit came from, in words (the line too, when recorded)."""
+    if prov is None:
+        return f"{short_of(dtype)} from an unrecorded origin"
+    what = prov.describe()
+    line = f" ({prov.source})" if prov.source else ""
+    if prov.kind in ("param", "buffer"):
+        return f"{what}, stored in {short_of(dtype)} by the policy or the engine{line}"
+    if prov.kind == "input":
+        return f"{what}, given in {short_of(dtype)}{line}"
+    return f"{what}{line}"
+
+
+def modes_of(found: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(m for m in ("train", "eval") if m in found)
+
+
+def short_op(op: str) -> str:
+    """``aten._log_softmax`` -> ``log_softmax``, ``aten.nll_loss_forward`` -> ``nll_loss``."""
+    name = op.rsplit(".", 1)[-1].lstrip("_")
+    return name.removesuffix("_forward")

@@ -1,0 +1,64 @@
+"""CW142 low-precision-decision: top-k, argmax, sort or a comparison on 16-bit probabilities."""
+
+from __future__ import annotations
+
+from castwise._dtypes import short_of
+from castwise.rules._rule import Rule
+from castwise.rules.api import Finding, Session
+from castwise.rules.audit._base import AuditRule
+from castwise.rules.audit._precision import Decision, fmt, modes_of, origin_of, records, short_op, spacing, where_from
+from castwise.rules.audit._text import generalize, where
+
+META = Rule(
+    code="CW142",
+    name="low-precision-decision",
+    category="LOWPREC_ROUNDING",
+    severity="warning",
+    summary="A choice (top-k, argmax, sort) is taken on 16-bit probabilities.",
+    detects="top-k, argmax, sort or a comparison on the bf16/f16 output of a softmax or sigmoid "
+    "(an MoE router), or on scores to which a 16-bit buffer (an expert bias) was added.",
+    why="Nothing fails, but probabilities near 1/experts are kept to a few significant bits: "
+    "experts closer than the 16-bit spacing tie or swap, so tokens go to other experts than the "
+    "float32 router would choose, and the load balance and the loss drift.",
+    example="A Mixtral-style router under `bf16-true`: softmax(gate(x)) in bf16, then topk.",
+    fix="Run the router in float32: `keep[<router>]=f32`, or `.float()` on the router logits before "
+    "the softmax (and keep expert-bias buffers float32).",
+)
+
+
+def _scan(session: Session) -> list[Finding]:
+    chains: dict[tuple[str, str], tuple[Decision, list[str]]] = {}
+    for r, rec in records(session):
+        for d in rec.decisions:
+            _, modes = chains.setdefault((generalize(d.module), d.made_by), (d, []))
+            if r.mode not in modes:
+                modes.append(r.mode)
+    return [_finding(d, modes) for d, modes in chains.values()]
+
+
+def _finding(d: Decision, modes: list[str]) -> Finding:
+    low = short_of(d.dtype)
+    typical = 1.0 / max(d.width, 1)  # a probability among `width` choices
+    step = spacing(typical, d.dtype)
+    router = generalize(d.module) or "MODULE"
+    return Finding(
+        code="CW142",
+        module=d.module,
+        op=d.op,
+        origin=origin_of(d.prov),
+        modes=modes_of(modes),
+        message=(
+            f"{where(d.module)} takes {short_op(d.op)} over {d.width} choices on {low} values made by "
+            f"{d.made_by} ({where_from(d.prov, d.dtype)}). Probabilities near 1/{d.width} = {fmt(typical)} "
+            f"are kept to steps of {fmt(step)} in {low}: choices closer than that tie or swap."
+        ),
+        fix=(
+            f"Run the router in float32: `keep[{router}]=f32`, or `.float()` on its logits before the "
+            f"{d.made_by}; keep an expert-bias buffer float32."
+        ),
+        source=d.prov.source if d.prov is not None else None,
+        details=(("width", d.width), ("step", step), ("made_by", d.made_by)),
+    )
+
+
+RULE = AuditRule(META, scan=_scan)
