@@ -163,7 +163,7 @@ def test_a_huge_policy_is_not_echoed_back_whole(tmp_path: Path) -> None:
     p = _cli("audit", f"{tmp_path / 'model.py'}:build", "--policy", "x" * 100_000)
     assert p.returncode == 2
     (line,) = p.stderr.splitlines()
-    assert len(line) < 600, len(line)
+    assert len(line) < 1000, len(line)  # the policy cut to its ends; the valid presets listed whole
     assert line.startswith("castwise: error: unknown precision 'xxxxxxxx")
     assert "xxxx' (100,000 characters); valid presets: --bf16, --fp16, 16, 16-mixed, 16-true" in line
     assert not marker.exists()  # the policy is checked before the model is built

@@ -113,8 +113,6 @@ class TraceLike(Protocol):  # what scans read of one run's record (trace.events.
     def branches(self) -> Mapping[tuple[str, int], dict[str, Any]]: ...  # data-dependent branch sites
     @property
     def sizes(self) -> Sequence[dict[str, Any]]: ...  # data-dependent sizes assumed
-    @property
-    def observed(self) -> Mapping[str, Any]: ...  # what observers recorded, by observer name
 
 
 class RunLike(Protocol):  # one run of the model and the copy it ran (auditor.context.RunRecord)

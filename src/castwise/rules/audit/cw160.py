@@ -35,7 +35,10 @@ def _scan(session: Session) -> list[Finding]:
     for r in session.runs:
         if any(ev.phase == "forward" for ev in r.trace.events):
             continue  # the run is refused anyway: the error speaks for it
+        fail = r.trace.failure
         for rec in r.trace.observed.get("mixed_width", ()):
+            if fail is not None and fail.op == rec["op"] and fail.module == rec["module"]:
+                continue  # the op itself refused the mix: its error speaks for it
             odd = rec["odd"][0]
             key = (rec["op"], generalize(odd["origin"].module) if odd["origin"] and odd["origin"].module else None)
             entry = seen.setdefault(key, (rec, []))
