@@ -36,6 +36,7 @@ def audit(
     device: str | None = None,
     mode: str = "both",
     fake: bool = True,
+    torch: str | None = None,
 ) -> Report:
     """Run ``model`` on ``inputs`` (forward, and backward in train mode) and report its dtype flow.
 
@@ -51,6 +52,8 @@ def audit(
     model raises. A ``torch.compile``'d model is audited as its user wrote it (module names
     without ``_orig_mod``) and as compiled: Dynamo and AOTAutograd compile a copy on the same
     fake tensors, and every op of their graphs is checked too (the report's ``compiled``).
+    ``torch``: a recorded torch release ("2.11"): autocast casts as that release's would
+    (its recorded lists replace this torch's), without installing it.
     """
     from castwise.distributed.audit import is_sharded
 
@@ -61,7 +64,7 @@ def audit(
     parts = compiled_parts(model)
     if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
         model = parts[0]
-    request = check("audit", model, inputs, policy=policy, device=device, mode=mode, fake=fake)
+    request = check("audit", model, inputs, policy=policy, device=device, mode=mode, fake=fake, torch_release=torch)
     return audited(request, parts[1] if parts is not None else None)
 
 

@@ -3,10 +3,15 @@ the view of the sharded (or planned) model and reads its units; the view is audi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import nn
 
+from castwise import _releases as releases
+from castwise import devices
+from castwise._autocast import emulated
 from castwise._compiled import CompileOptions
 from castwise.auditor.offered import check_offered
 from castwise.auditor.session import run_request
@@ -20,11 +25,26 @@ from castwise.run import RunRequest, check, model_device
 def audited(request: RunRequest, compiled: CompileOptions | None = None) -> Report:
     """The audit of a checked request: its runs, and where they found an error the suggested
     policy and the fixes offered, each verified by a re-audit."""
-    report, runs = run_request(request, compiled=compiled)
-    if report.errors:  # an incomplete run alone has nothing for a policy to fix
-        report.suggested_policy = suggest_policy(request, report, runs)
-        report = verify_code_fixes(request, report)
-    return check_offered(request, report, runs)
+    with emulated(request.torch_release):  # every run below, re-audits too, as that release
+        report, runs = run_request(request, compiled=compiled)
+        if report.errors:  # an incomplete run alone has nothing for a policy to fix
+            report.suggested_policy = suggest_policy(request, report, runs)
+            report = verify_code_fixes(request, report)
+        return _release_causes(check_offered(request, report, runs), request)
+
+
+def _release_causes(report: Report, request: RunRequest) -> Report:
+    """A finding whose op (or its origin's) got its autocast category with a recorded release
+    says so: "since torch 2.12, rms_norm runs in f32 under CUDA autocast"."""
+    if request.policy is not None and request.policy.autocast_dtype is None:
+        return report  # no autocast in the run: its lists cause nothing
+    release = request.torch_release or releases.release_of(torch.__version__)
+    kind = devices.get(request.device).fake_device
+    for i, f in enumerate(report.findings):
+        note = releases.cause_note((f.origin.op if f.origin else None, f.op), kind, release)
+        if note is not None:
+            report.findings[i] = replace(f, message=f"{f.message} ({note})")
+    return report
 
 
 def audit_sharded(
@@ -64,3 +84,28 @@ def audit_sharded(
         )
         report.suggested_policy = again if verified.ok else None
     return report
+
+
+def release_changes(request: RunRequest, before: str, after: str) -> dict[str, Any]:
+    """Every module whose dtype flow (its inputs' and outputs' dtypes) differs between autocast
+    as torch ``before`` and as torch ``after`` ran it: one forward (eval) run under each release,
+    the flow a module hands on being set there (backward follows its dtypes), no fix search."""
+    flows = []
+    for release in (before, after):
+        with emulated(release):
+            report, _ = run_request(replace(request, mode="eval", torch_release=release))
+        flows.append({m["name"]: m for m in report.summary.get("modules", [])})
+    old, new = flows
+    modules = [
+        {
+            "module": name or "(root)",
+            "type": new[name]["type"],
+            before: {"inputs": old[name]["inputs"], "outputs": old[name]["outputs"]},
+            after: {"inputs": new[name]["inputs"], "outputs": new[name]["outputs"]},
+        }
+        for name in new
+        if name in old and (old[name]["inputs"], old[name]["outputs"]) != (new[name]["inputs"], new[name]["outputs"])
+    ]
+    kind = devices.get(request.device).fake_device
+    lists = releases.load(before).changed(releases.load(after), kind)
+    return {"device": request.device, "releases": [before, after], "modules": modules, "autocast": lists}

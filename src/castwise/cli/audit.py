@@ -52,6 +52,14 @@ def exit_code(report: Report) -> int:
     metavar="N",
     help="Config targets: token ids of this length, batch 1 (default 128).",
 )
+@click.option(
+    "--torch",
+    "torch_release",
+    default=None,
+    metavar="X.Y[,X.Y]",
+    help="Autocast as that torch release "
+    "(recorded lists, not installed); two: every module whose dtype flow changes between them.",
+)
 @json_option()
 @click.option("--html", "html_path", default=None, metavar="PATH", help="Write the report as one offline HTML page.")
 def audit(
@@ -61,6 +69,7 @@ def audit(
     mode: str,
     real: bool,
     seq_len: int | None,
+    torch_release: str | None,
     json_path: str | None,
     html_path: str | None,
 ) -> int:
@@ -84,13 +93,20 @@ def audit(
             )
         if policy is not None:
             Policy.parse(policy)  # a bad policy fails before the model loads, not after
+        from castwise.cli.torch_diff import diff_main, releases_of
+
+        pair = releases_of(torch_release) if torch_release is not None else ()
         # the model's own lazy imports find the project too
         with working_dir_on_path(), user_stdout_aside(json_path):
             model, inputs = load_target(target, seq_len=seq_len)
             from castwise._progress import progress
 
+            if len(pair) == 2:
+                return diff_main(model, inputs, pair, policy, device, not real, json_path)
             with progress(f"auditing {target} on {'real' if real else 'fake'} tensors"):
-                report = run_audit(model, inputs, policy=policy, device=device, mode=mode, fake=not real)
+                report = run_audit(
+                    model, inputs, policy=policy, device=device, mode=mode, fake=not real, torch=torch_release
+                )
         from castwise.report import render_report
 
         if html_path is not None:

@@ -29,6 +29,7 @@ class RunRequest:
     device: str
     mode: str
     fake: bool
+    torch_release: str | None = None  # autocast as this recorded torch release ran it (None: this torch)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", Inputs.of(self.inputs))  # a raw batch is parsed here, once
@@ -116,6 +117,7 @@ def check(
     modes: Sequence[str] = AUDIT_MODES,
     meta_ok: bool = False,
     applied_ok: bool = False,
+    torch_release: Any = None,
 ) -> RunRequest:
     """The request of entry ``what`` ("audit", "locate_nonfinite"...) checked and normalised, or an
     AuditError naming what was wrong and the valid choices (``modes``: those the entry takes;
@@ -143,4 +145,7 @@ def check(
     pol = _policy(policy)
     if not fake:
         _check_real(what, model, target, meta_ok)
-    return RunRequest(model, Inputs.of(inputs), pol, target.name, str(mode), fake)
+    from castwise._releases import parse_release
+
+    release = None if torch_release is None else parse_release(torch_release)
+    return RunRequest(model, Inputs.of(inputs), pol, target.name, str(mode), fake, release)
