@@ -141,7 +141,7 @@ def note_tables(
         elif (
             isinstance(value, torch.Tensor)
             and value.is_floating_point()
-            and value.dtype.itemsize > to.itemsize
+            and value.dtype.itemsize > to.itemsize == 2  # into bf16 / f16
             and _TABLE.search(name.partition("[")[0])
         ):
             narrowed[(unit, name)] = (short_of(value.dtype), tuple(value.shape), short_of(to))
