@@ -300,6 +300,8 @@ def _boundary(
             came_in = cast[-1] if cast else None
             args = cast_floating(args, inputs)
         elif inputs is not None:
+            if seen is not None and unit is not None:  # CW172: a position table narrowed by the cast
+                scale_rules.note_tables(seen.narrowed, unit, own or type(module).forward, args, kwargs, inputs)
             args, kwargs = cast_floating((args, kwargs), inputs)
         out = (own or type(module).forward)(module, *args, **kwargs)
         if came_in is not None:
@@ -408,9 +410,13 @@ def finish(model: nn.Module, sharded: Sharded, report: Report) -> Report:
         modes = tuple(dict.fromkeys(r.mode for r in report.runs))
         policy = sharded.policy if sharded.policy is not None else (setup.plan.policy if setup.plan else None)
         report.findings = [*scale_rules.tp_gemm_findings(model, setup.tp, policy, modes), *report.findings]
+        report.findings = [*scale_rules.float8_tp_amax_findings(model, modes), *report.findings]
+    modes = tuple(dict.fromkeys(r.mode for r in report.runs))
     if is_sharded(model):
-        modes = tuple(dict.fromkeys(r.mode for r in report.runs))
         report.findings = [*mixed_unit_findings(model, modes), *report.findings]
+        gathered = [(n, fp) for n, _m, state in _states(model) for fp in _fsdp_params(state)]
+        report.findings = [*scale_rules.fp8_gather_findings(model, gathered, modes), *report.findings]
+    report.findings = [*scale_rules.table_findings(sharded.seen.narrowed, modes), *report.findings]
     report.findings = [*unit_runs.outside_findings(sharded.seen.outside), *report.findings]
     return report
 

@@ -38,6 +38,8 @@ class Seen:
 
     computed: dict[str, Counter[torch.dtype]] = field(default_factory=dict)
     outside: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    # (unit, input) -> (dtype, shape, cast to) of a position table its input cast narrowed (CW172)
+    narrowed: dict[tuple[str, str], tuple[str, tuple[int, ...], str]] = field(default_factory=dict)
 
 
 class _Pass:
