@@ -9,8 +9,9 @@ It records (``trace.observed["precision"]``, values of ``castwise.rules.audit._p
 - 16-bit ops autocast would run in float32 (CW140), outside autocast. Whether autocast runs an op
   in float32 on the target is asked of torch itself (the op run once under that device's autocast
   on fake tensors, cached), never read from a list of our own.
-- 16-bit tables of large magnitude given to sin/cos/exp/mul (CW141) and decisions on 16-bit
-  probabilities (CW142).
+- positions (a position grid, a running count, position ids, a timestep) rounded to 16-bit where
+  their spacing is 2 or more, then multiplied with a frequency table into the phases a sin, cos,
+  exp or polar reads (CW141); and decisions on 16-bit probabilities (CW142).
 
 Keep ``after`` cheap: it runs for every op. Its records are per origin chain (blocks generalize),
 so a block reuse splice standing for a block's ops loses nothing the rules need (``splices``).
@@ -18,6 +19,7 @@ so a block reuse splice standing for a block's ops loses nothing the rules need 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -30,13 +32,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from castwise import _autocast
 from castwise._dtypes import LOW, name_of
-from castwise.rules.audit._precision import NAME, Decision, LowOp, Narrowed, PrecisionRecord
+from castwise.rules.audit._precision import NAME, Decision, LowOp, Narrowed, PrecisionRecord, Rounding, spacing
 from castwise.trace import fake, simcuda
 from castwise.trace.attribution import tensors_of
 from castwise.trace.observers import Observer, OpCall
 
 if TYPE_CHECKING:
-    from castwise.trace.events import Frame, Trace
+    from castwise.trace.events import Frame, Prov, Trace
     from castwise.trace.observers import Run
 
 _LOW_DTYPES = (torch.bfloat16, torch.float16)
@@ -108,6 +110,19 @@ _DECISIONS = frozenset(
 _PROBS = {"aten._softmax": "softmax", "aten.sigmoid": "sigmoid"}
 
 
+# CW141: where positions start (a grid made in forward, a running count) and the casts that may round them
+_GRIDS = frozenset({"aten.arange", "aten.cumsum"})
+_CASTS = frozenset({"aten._to_copy", "aten.to", "aten.type_as", "aten._autocast_to_reduced_precision"})
+# the ops turning positions into phases with a frequency table (outer, einsum and matmul reach aten
+# as mul, mm or bmm), and what reads a phase
+_PHASE_OPS = frozenset({"aten.mul", "aten.mm", "aten.bmm", "aten.matmul", "aten.outer", "aten.einsum"})
+_PHASE_READS = frozenset({"aten.sin", "aten.cos", "aten.exp", "aten.polar"})
+# positions are rounded where neighbouring 16-bit values are this far apart (bf16 from 256, f16 from 2048)
+_ROUNDS_AT = 2.0
+_EXACT = Rounding(None, "", torch.float32, None, 0.0)  # positions not rounded (a marker)
+_PLAIN = Rounding(None, "", torch.float32, None, -1.0)  # an input that is no positions (asked once)
+
+
 @functools.cache
 def autocast_f32(op: str, device_type: str, dtype: torch.dtype) -> bool:
     """Whether ``device_type``'s autocast at ``dtype`` runs ``op``'s public call in float32: asked
@@ -148,6 +163,153 @@ def _magnitude(op: str, x: torch.Tensor) -> float:
     return max(math.log(max(int(classes), 2)), 1.0) if "softmax" in op or "nll" in op or "logsumexp" in op else 1.0
 
 
+def _largest(call: OpCall, t: torch.Tensor) -> float | None:
+    """The largest |value| of ``t`` where the run knows its values (inputs, ids, positions)."""
+    v = call.run.values.known(t, assume=False)
+    if v is None or v.numel() == 0:
+        return None
+    with _disable_current_modes():
+        return float(v.detach().double().abs().max())
+
+
+def _grid_size(call: OpCall, src: torch.Tensor | None, out: torch.Tensor) -> float:
+    """How large positions get: known values (a running count summed in float64, not in the 16-bit
+    it ran in), else the length of the positions axis."""
+    dim = int(call.args[1]) if call.info.name == "aten.cumsum" and len(call.args) > 1 else -1
+    if src is not None and call.info.name == "aten.cumsum":
+        v = call.run.values.known(src, assume=False)
+        if v is not None and v.numel():
+            with _disable_current_modes():
+                return float(v.detach().double().cumsum(dim).abs().max())
+    if src is not None:
+        known = _largest(call, src)
+        if known is not None:
+            return known
+    known = _largest(call, out)
+    if known is not None:
+        return known
+    return float(out.shape[dim]) if out.dim() else 1.0
+
+
+class _Positions:
+    """Follows positions to the phases they make (CW141).
+
+    Positions are integer tensors, the model's floating inputs whose values are known, and grids
+    made in forward (arange, cumsum), carried on by views, casts and pointwise ops that mix in
+    nothing else (an activation or a weight ends them). They are *rounded* where they become 16-bit
+    at a magnitude whose 16-bit spacing is ``_ROUNDS_AT`` or more: an input the engine cast, a cast
+    in the model's code (``type_as`` a 16-bit buffer), a grid computed in 16-bit. Rounded positions
+    multiplied with a table make a phase; a sin/cos/exp/polar reading it is recorded."""
+
+    def __init__(self) -> None:
+        self.marks: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> Rounding (or _EXACT)
+        self.phases: WeakIdKeyDictionary = WeakIdKeyDictionary()  # phase tensor -> (op, module, Rounding)
+        self.found: dict[tuple[str, str, str], Narrowed] = {}
+        # a model input cast at the top level (the engine's input cast): its cast names the input
+        self.inputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def mark_of(self, call: OpCall, t: torch.Tensor) -> Rounding | None:
+        found: Rounding | None = self.marks.get(t)  # type: ignore[no-untyped-call]
+        if found is not None:
+            return None if found is _PLAIN else found
+        if not t.is_floating_point():
+            return _EXACT if not t.is_complex() else None
+        prov = call.prov_of(t)
+        if prov is None or prov.kind != "input":
+            return None
+        size = _largest(call, t)  # an input whose values nobody knows is taken for an activation
+        if size is None:
+            self.marks[t] = _PLAIN
+            return None
+        if _is_low(t) and spacing(size, t.dtype) >= _ROUNDS_AT:
+            found = Rounding(None, "", t.dtype, prov, size)  # the engine's input cast rounded it
+        else:
+            found = _EXACT
+        self.marks[t] = found
+        return found
+
+    def after(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
+        name = call.info.name
+        phase = next((self.phases[t] for t in call.tensors if t in self.phases), None)
+        if phase is not None:
+            self._phase(call, name, phase, outputs)
+            return
+        if name == "aten.arange":
+            self._mark(call, outputs, _EXACT, None)
+            return
+        marks: list[Rounding] = []
+        others = 0  # operands that carry no positions (a weight, an activation, a table)
+        for t in call.tensors:
+            m = self.mark_of(call, t)
+            if m is None:
+                others += t.is_floating_point()
+            else:
+                marks.append(m)
+        if not marks:
+            return
+        rounded = next((m for m in marks if m is not _EXACT), None)
+        if name in _PHASE_OPS and (others or len(marks) > 1) and all(t.numel() > 1 for t in call.tensors):
+            made = rounded or self._computed(call, outputs)
+            if made is not None:
+                for o in outputs:
+                    if o.is_floating_point():
+                        self.phases[o] = (name, call.module, made)
+                return
+        if others:
+            return
+        if call.info.is_view or name in _CARRY or name in _CASTS or name in _GRIDS or _pointwise(call.func):
+            self._mark(call, outputs, rounded or _EXACT, next(iter(call.tensors), None))
+
+    def _mark(self, call: OpCall, outputs: list[torch.Tensor], mark: Rounding, src: torch.Tensor | None) -> None:
+        name = call.info.name
+        given = call.prov_of(src) if src is not None and name in _CASTS and not call.module else None
+        if given is not None and given.kind == "input":
+            for o in outputs:
+                self.inputs[o] = dataclasses.replace(given, dtype=o.dtype)
+        for o in outputs:
+            if mark is _EXACT and o.is_floating_point() and _is_low(o) and (name in _CASTS or name in _GRIDS):
+                size = _grid_size(call, src, o)
+                if spacing(size, o.dtype) >= _ROUNDS_AT:
+                    self.marks[o] = self._rounding(call, name, src, o, size)
+                    continue
+            self.marks[o] = mark
+
+    def _rounding(self, call: OpCall, name: str, src: torch.Tensor | None, out: torch.Tensor, size: float) -> Rounding:
+        if name in _CASTS:  # a cast in the model's code: its own line
+            return Rounding(None, call.module, out.dtype, self.prov(call, out), size)
+        # computed in 16-bit: the operand that made it so (the engine's input cast of a mask)
+        low = src if src is not None and src.is_floating_point() and _is_low(src) else out
+        return Rounding(name, call.module, out.dtype, self.prov(call, low), size)
+
+    def prov(self, call: OpCall, t: torch.Tensor) -> Prov | None:
+        found: Prov | None = self.inputs.get(t)  # type: ignore[no-untyped-call]
+        return found if found is not None else call.prov_of(t)
+
+    def _computed(self, call: OpCall, outputs: list[torch.Tensor]) -> Rounding | None:
+        """Exact positions times a 16-bit table, the phase computed in 16-bit (int64 x bf16 is bf16)."""
+        out = next((o for o in outputs if o.is_floating_point() and _is_low(o)), None)
+        pos = next((t for t in call.tensors if self.marks.get(t) is _EXACT), None)  # type: ignore[no-untyped-call]
+        if out is None or pos is None:
+            return None
+        size = _largest(call, pos)
+        if size is None or spacing(size, out.dtype) < _ROUNDS_AT:
+            return None
+        low = next((t for t in call.tensors if t.is_floating_point() and _is_low(t)), out)
+        return Rounding(call.info.name, call.module, out.dtype, self.prov(call, low), size)
+
+    def _phase(self, call: OpCall, name: str, phase: tuple[str, str, Rounding], outputs: list[torch.Tensor]) -> None:
+        op, module, rounding = phase
+        if name in _PHASE_READS:
+            key = (op, module, name)
+            if key not in self.found:
+                self.found[key] = Narrowed(op, module, name, rounding)
+            return
+        if call.info.is_view or name in _CARRY or name in _CASTS or _pointwise(call.func):
+            for o in outputs:
+                if o.is_floating_point():
+                    self.phases[o] = phase
+
+
 class PrecisionObserver(Observer):
     """Records silent precision loss (see the module's docstring)."""
 
@@ -163,9 +325,9 @@ class PrecisionObserver(Observer):
         self.contained: set[str] = set()
         self.spread: set[str] = set()
         self.low_ops: dict[tuple[str, str], LowOp] = {}
-        self.narrowed: dict[tuple[str, str], Narrowed] = {}
         self.decisions: dict[tuple[str, str], Decision] = {}
         self.probs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # 16-bit probabilities -> what made them
+        self.positions = _Positions()
 
     def start(self, run: Run) -> None:
         self._reset()
@@ -194,6 +356,7 @@ class PrecisionObserver(Observer):
             self._low_op(call, name, outputs)
         if name in _PROBS or self.probs or name == "aten.add":
             self._decide(call, name, outputs)
+        self.positions.after(call, outputs)
 
     def _follow(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         keys: tuple[str, ...] = ()
@@ -259,6 +422,6 @@ class PrecisionObserver(Observer):
             frozenset(self.contained),
             frozenset(self.spread),
             tuple(self.low_ops.values()),
-            tuple(self.narrowed.values()),
+            tuple(self.positions.found.values()),
             tuple(self.decisions.values()),
         )

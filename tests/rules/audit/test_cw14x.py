@@ -180,3 +180,106 @@ def _router() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     from tests.rules.fixtures.CW142_router_in_bf16 import build as build_router
 
     return build_router()
+
+
+def _rotary_scores(pos: torch.Tensor, inv: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    from tests.rules.fixtures.CW141_positions_type_as import rotate
+
+    freqs = torch.outer(pos.float(), inv.float())
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return rotate(q, emb.cos(), emb.sin()) @ rotate(k, emb.cos(), emb.sin()).T
+
+
+def test_cw141_positions_type_as_a_bf16_buffer_and_the_measured_phases() -> None:
+    from tests.rules.fixtures.CW141_positions_type_as import build as build_rotary
+
+    model, inputs = build_rotary()
+    report = castwise.audit(model, inputs, policy="bf16-true", mode="eval", device="cuda")
+    hits = [f for f in report.findings if f.code == "CW141"]
+    assert [(f.module, f.op) for f in hits] == [("attn.rotary", "aten.mul")], str(report)
+    assert hits[0].origin is not None and hits[0].origin.module == "attn.rotary"
+    assert "CW141_positions_type_as.py:24" in (hits[0].source or "")
+    assert "steps of 16" in hits[0].message  # bf16 spacing at 3000
+    # measured: rotary attention scores at positions 3000-3063, against float32. Positions rounded to
+    # bf16 (the finding) move them far more than the inv_freq table rounded to bf16 with the phase
+    # still computed in float32 from exact positions (the control: a relative error only)
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(64, 16, generator=g), torch.randn(64, 16, generator=g)
+    pos, inv = inputs[1], model.attn.rotary.inv_freq
+    exact = _rotary_scores(pos, inv, q, k)
+    rounded = (_rotary_scores(pos.to(torch.bfloat16), inv, q, k) - exact).abs().max().item()
+    table = (_rotary_scores(pos, inv.to(torch.bfloat16), q, k) - exact).abs().max().item()
+    assert rounded > 4 * table, (rounded, table)
+
+
+def test_cw141_controls_positions_kept_exact_are_clean() -> None:
+    from tests.rules.fixtures.CW141_positions_type_as import build as build_rotary
+
+    cases = [
+        (build_rotary(f32_phase=True), "bf16-true"),  # float32 phase, type_as on the result
+        (build_rotary(start=0), "bf16-true"),  # positions 0-63: exact in bf16
+        (build_rotary(), "bf16-mixed"),  # the buffer stays float32
+        (build_rotary(), "fp32"),
+    ]
+    for (model, inputs), policy in cases:
+        for device in ("cpu", "cuda"):
+            report = castwise.audit(model, inputs, policy=policy, mode="eval", device=device)
+            assert _codes(report, "CW141") == [], (policy, device, str(report))
+
+
+class _Timestep(nn.Module):
+    """A sinusoidal timestep embedding (diffusers' get_timestep_embedding)."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.dim = dim
+        self.mlp = nn.Linear(dim, dim)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.dim // 2
+        freqs = torch.exp(-9.21 * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = t[:, None].float() * freqs[None]
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return self.mlp(emb.to(self.mlp.weight.dtype))
+
+
+def test_cw141_a_float_timestep_cast_by_the_engine_input_cast() -> None:
+    inputs = (torch.tensor([937.5, 621.9]),)
+    report = castwise.audit(_Timestep(), inputs, policy="bf16-true", mode="eval", device="cuda")
+    hits = [f for f in report.findings if f.code == "CW141"]
+    assert [(f.module, f.op) for f in hits] == [("", "aten.mul")], str(report)
+    assert hits[0].origin is not None and "`t`" in (hits[0].origin.tensor or ""), hits[0].origin
+    # controls: an integer timestep is never cast; small float timesteps are exact enough in bf16
+    for clean in (torch.tensor([937, 622]), torch.tensor([0.5, 0.25])):
+        report = castwise.audit(_Timestep(), (clean,), policy="bf16-true", mode="eval", device="cuda")
+        assert _codes(report, "CW141") == [], str(report)
+
+
+class _MaskPositions(nn.Module):
+    """Positions from a padding mask's running count, then a rotary phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False)
+
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        pos = (mask.cumsum(-1) - 1).clamp(min=0).long()
+        freqs = pos[0].float()[:, None] * self.inv_freq.float()[None]
+        return freqs.cos().sum() + freqs.sin().sum()
+
+
+def test_cw141_positions_counted_in_bf16_name_the_cumsum() -> None:
+    mask = torch.ones(1, 1024)
+    report = castwise.audit(_MaskPositions(), (mask,), policy="bf16-true", mode="eval", device="cuda")
+    hits = [f for f in report.findings if f.code == "CW141"]
+    assert [f.op for f in hits] == ["aten.cumsum"], str(report)
+    assert "`mask`" in (hits[0].origin.tensor or "") if hits[0].origin else False
+    # measured: the bf16 running count of 1024 ones is rounded to the bf16 grid above 256 (steps of
+    # 2 to 4), so most positions there are another position's; float32 counts exactly
+    count = torch.ones(1024, dtype=torch.bfloat16).cumsum(0).float()
+    wrong = (count != torch.arange(1, 1025).float()).float().mean().item()
+    assert wrong > 0.3, wrong
+    # controls: an integer mask counts exactly; a short one (200) is exact in bf16
+    for clean in (torch.ones(1, 1024, dtype=torch.long), torch.ones(1, 200)):
+        report = castwise.audit(_MaskPositions(), (clean,), policy="bf16-true", mode="eval", device="cuda")
+        assert _codes(report, "CW141") == [], str(report)

@@ -40,14 +40,25 @@ class LowOp:
 
 
 @dataclass(frozen=True)
-class Narrowed:
-    """A float32 table narrowed to 16-bit, then given to an op where its magnitude matters."""
+class Rounding:
+    """Where positions (a position grid, a running count, position ids, a timestep) became 16-bit."""
 
-    op: str  # "aten.cos"
-    module: str
+    op: str | None  # the op that computed them in 16-bit ("aten.cumsum"), None for a cast or an input
+    module: str  # where that happened
     dtype: torch.dtype
-    prov: ProvLike | None  # the narrowing (a cast, a buffer the policy cast, an input cast)
-    magnitude: float  # the largest |value| of the narrowed table (known values on fake tensors)
+    prov: ProvLike | None  # the cast, the input cast, or the 16-bit operand of the computing op
+    magnitude: float  # the largest |position| (known values on fake tensors, else the axis length)
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """Positions rounded to 16-bit, then multiplied with a frequency table into phases that a
+    sin/cos/exp/polar reads (CW141)."""
+
+    op: str  # the phase op: "aten.mul", "aten.bmm"
+    module: str  # where the phase was computed
+    reads: str  # what reads the phase: "aten.cos"
+    rounding: Rounding
 
 
 @dataclass(frozen=True)
