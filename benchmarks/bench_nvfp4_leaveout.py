@@ -16,10 +16,13 @@ layer is *bad* when one of its GEMMs loses over ``COLUMN_SHARE`` of its columns 
 over the root-sum-square of its terms above ``COLUMN_ERROR`` = 0.5: bench_float8_leaveout's rule
 with float8's 0.3 raised above E2M1's own rounding noise, about 0.13 per column).
 
-Forecast: ``castwise.float8.score.lost`` per GEMM, which never runs the GEMM: it reduces each
-operand's per-element rounding ratios against the other's squares (a few vector products), a
-layer flagged when a GEMM's lost share of columns (rows too for grad_weight) is over
-``COLUMN_SHARE``. torchtitan's rule of thumb: the last ~15% of the transformer blocks and the
+Forecast: ``castwise.float8.score.lost`` per GEMM, which never runs the whole GEMM: for the
+4-bit formats it measures each result line's error through a 32-row random sign sketch of the
+dim that error sums over (the identity when that dim is 32 or shorter), a layer flagged when a
+GEMM's lost share of columns (rows too for grad_weight) is over ``COLUMN_SHARE``. Its mean-only
+predecessor (independent terms' expected error) missed the lines that cross by chance (few
+tokens) or coherently (a block's small values flushed together).
+torchtitan's rule of thumb: the last ~15% of the transformer blocks and the
 output head stay in bf16 (flagged), every other Linear is NVFP4.
 """
 

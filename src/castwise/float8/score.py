@@ -11,6 +11,10 @@ result column is *lost* when its error is over ``ERROR`` of its terms' root-sum-
 what one operand cannot (a value flushed by its row's scale meeting a large one of the other
 operand; an MX block flushed by one outlier); coherent errors are underestimated. Every sum is a
 vector product along the reduction dim: a few passes over the operands, not the GEMM.
+
+The 4-bit formats (``_lost4``) err by about 0.13 of a line's signal from rounding alone, so a
+line's spread around that mean and the coherent error of a block's values flushed together
+decide it: each line's error is measured instead, through a random sign sketch of the summed dim.
 """
 
 from __future__ import annotations
@@ -95,6 +99,14 @@ def lost(
     4-bit): how many result columns and (with ``rows``) rows lose over ``error`` of their signal,
     their counts and the worst error; 0-d tensors (no host sync)."""
     # a non-finite value is an overflow, reported as one; here it would make every ratio NaN
+    if scaling in FP4:
+        return _lost4(
+            a.detach().float().nan_to_num(0.0, 0.0, 0.0),
+            b.detach().float().nan_to_num(0.0, 0.0, 0.0),
+            scaling,
+            error,
+            rows,
+        )
     a = a.detach().float().abs().nan_to_num(0.0, 0.0, 0.0)
     b = b.detach().float().abs().nan_to_num(0.0, 0.0, 0.0)
     ka, qa = _moments(a, scaling, dtypes[0])
@@ -172,3 +184,46 @@ def shares(parts: dict[str, torch.Tensor]) -> dict[str, float]:
         for line in ("rows", "cols"):
             got[f"lost_{line}_{r}"] = float(parts[f"lost_{line}_{r}"]) / max(int(parts[line]), 1)
     return got
+
+
+# result lines measured at once: a 4-bit GEMM's line error is no sum of independent terms (a
+# block's small values flushed together err by their own sum, coherent over the tokens), so it
+# is measured, through this many random sign sketches of the dim the line's error sums over
+SKETCH = 32
+
+
+def _lost4(a: torch.Tensor, b: torch.Tensor, scaling: str, error: float, rows: bool) -> dict[str, torch.Tensor]:
+    """``lost`` for the 4-bit formats: each line's error measured on signed operands cast as the
+    format casts them, ``S (A' B' - A B)`` for a random sign sketch ``S`` of the summed dim (the
+    identity when that dim is SKETCH or shorter): SKETCH vector products, not the GEMM."""
+    cast = fp4.nvfp4 if scaling == "nvfp4" else fp4.mxfp4
+    qa, qb = cast(a), cast(b.t().contiguous()).t()
+    got = _measured(qa, qb, a, b, error, "cols")
+    if rows:
+        got.update(_measured(qb.t(), qa.t(), b.t(), a.t(), error, "rows"))
+    return got
+
+
+def _measured(
+    qa: torch.Tensor, qb: torch.Tensor, a: torch.Tensor, b: torch.Tensor, error: float, line: str
+) -> dict[str, torch.Tensor]:
+    """Per column of ``a @ b``: its error over its terms' root-sum-square, sketched over a's rows."""
+    # each column over b's column largest and a over its own: float32 holds the squares
+    sa = a.abs().amax().clamp(min=torch.finfo(torch.float32).tiny)
+    sb = b.abs().amax(dim=0, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    a, qa, b, qb = a / sa, qa / sa, b / sb, qb / sb
+    m = a.shape[0]
+    if m <= SKETCH:
+        sketch = torch.eye(m, device=a.device)
+    else:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        sketch = (torch.randint(0, 2, (SKETCH, m), generator=g).float().mul(2).sub(1) / SKETCH**0.5).to(a.device)
+    err = ((sketch @ qa) @ qb - (sketch @ a) @ b).square().sum(0)
+    total = a.square().sum(0) @ b.square()
+    live = total > 0
+    # the sketch's estimate is the line's squared error times chi2(SKETCH)/SKETCH, unbiased: a
+    # line counts when its estimate is over (summing each line's chance instead adds up the
+    # sketch's noise over many lines near the threshold into false losses)
+    return _counts(
+        torch.where(live, err / torch.where(live, total, torch.ones_like(total)), torch.zeros_like(total)), error, line
+    )
