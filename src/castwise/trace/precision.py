@@ -145,6 +145,30 @@ def _pointwise(func: Any) -> bool:
     return torch.Tag.pointwise in getattr(func, "tags", ())
 
 
+def _made_by(call: OpCall, x: torch.Tensor) -> str | None:
+    """The module whose op computed ``x``'s values, back through the ops that only carry them (a
+    view, ``log_softmax``, a division by a temperature): the head made a loss's logits, not the
+    loss. Provenance says where the dtype came from (the first 16-bit weight upstream); the fix
+    belongs to the module that made the 16-bit values. The autograd graph (train) is walked while
+    each node has one input; in eval, views are followed to their base."""
+    node: Any = x.grad_fn
+    for _ in range(32):
+        if node is None:
+            break
+        inputs = [f for f, _ in node.next_functions if f is not None]
+        if len(inputs) != 1:
+            made = node.metadata.get("castwise")
+            if made is not None:
+                return str(made)
+            break
+        node = inputs[0]
+    t = x
+    while t._is_view() and t._base is not None:
+        t = t._base
+    found: str | None = call.run.at.creator.get(t)
+    return found
+
+
 def _is_low(t: torch.Tensor) -> bool:
     return name_of(t.dtype) in LOW
 
@@ -388,7 +412,7 @@ class PrecisionObserver(Observer):
         if not any(o.is_floating_point() and _is_low(o) for o in outputs):
             return  # the kernel was asked for float32 out (autocast's log_softmax: half_to_float)
         self.low_ops[(name, call.module)] = LowOp(
-            name, call.module, x.dtype, tuple(x.shape), call.prov_of(x), _magnitude(name, x)
+            name, call.module, x.dtype, tuple(x.shape), call.prov_of(x), _magnitude(name, x), _made_by(call, x)
         )
 
     def _decide(self, call: OpCall, name: str, outputs: list[torch.Tensor]) -> None:

@@ -37,6 +37,7 @@ class LowOp:
     shape: tuple[int, ...]  # that input's shape
     prov: ProvLike | None  # where the input's dtype came from
     magnitude: float  # the estimated size of the values the op makes (a loss, log-probabilities)
+    made_by: str | None = None  # the module whose op computed the 16-bit input (through views)
 
 
 @dataclass(frozen=True)

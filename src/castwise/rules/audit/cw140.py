@@ -6,7 +6,7 @@ from typing import Any
 
 from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
-from castwise.rules.api import Finding, FixContext, Session
+from castwise.rules.api import Finding, FixContext, Origin, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._precision import (
     LowOp,
@@ -82,7 +82,7 @@ def _finding(ops: list[LowOp], modes: list[str], session: Session) -> Finding:
         code="CW140",
         module=first.module,
         op=claimed[0].op,
-        origin=origin_of(first.prov),
+        origin=_origin(first),
         modes=modes_of(modes),
         message=(
             f"{where(first.module)} runs {names} on {low}{list(first.shape)} without autocast "
@@ -99,7 +99,17 @@ def _finding(ops: list[LowOp], modes: list[str], session: Session) -> Finding:
     )
 
 
+def _origin(low: LowOp) -> Origin | None:
+    # the module that computed the 16-bit values (the head for a loss's logits), where the fix
+    # goes; the dtype's provenance (the first 16-bit weight upstream) where no other module did
+    if low.made_by and low.made_by != low.module:
+        return Origin(low.made_by, None, f"its output {short_of(low.dtype)}{list(low.shape)}")
+    return origin_of(low.prov)
+
+
 def _maker(low: LowOp) -> str:
+    if low.made_by and low.made_by != low.module:
+        return generalize(low.made_by)
     prov = low.prov
     if prov is not None and prov.module:
         return generalize(prov.module)
