@@ -106,6 +106,7 @@ _CARRY = frozenset(
 _DECISIONS = frozenset(
     {"aten.topk", "aten.argmax", "aten.argmin", "aten.sort", "aten.gt", "aten.lt", "aten.ge", "aten.le", "aten.max"}
 )
+_ADDED_BUFFER = "an added 16-bit buffer"
 # what makes router probabilities, by the name a finding gives it
 _PROBS = {"aten._softmax": "softmax", "aten.sigmoid": "sigmoid"}
 
@@ -350,7 +351,9 @@ class PrecisionObserver(Observer):
         self.spread: set[str] = set()
         self.low_ops: dict[tuple[str, str], LowOp] = {}
         self.decisions: dict[tuple[str, str], Decision] = {}
-        self.probs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # 16-bit probabilities -> what made them
+        self.probs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # probabilities -> what made them
+        # scores that hold a rounded 16-bit buffer (an expert bias) -> its dtype, whatever their own
+        self.rounded: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.positions = _Positions()
 
     def start(self, run: Run) -> None:
@@ -416,30 +419,37 @@ class PrecisionObserver(Observer):
         )
 
     def _decide(self, call: OpCall, name: str, outputs: list[torch.Tensor]) -> None:
-        low = [o for o in outputs if o.is_floating_point() and _is_low(o)]
+        floats = [o for o in outputs if o.is_floating_point()]
         made = _PROBS.get(name)
         if made is not None:
-            for o in low:
+            # float32 probabilities too: a later cast back to 16-bit (`probs.type_as(x)`) is the loss
+            for o in floats:
                 self.probs[o] = made
             return
         found = next((self.probs.get(t) for t in call.tensors if t in self.probs), None)  # type: ignore[no-untyped-call]
-        if name == "aten.add" and found is None:
-            # an expert bias kept in a 16-bit buffer, added to the scores before the choice
+        if name == "aten.add":
+            # an expert bias kept in a 16-bit buffer, added to the scores before the choice: the
+            # bias is rounded even where the sum is float32 (f32 scores + bf16 bias)
             buf = next((t for t in call.tensors if _is_low(t) and _kind(call, t) == "buffer"), None)
-            found = "an added 16-bit buffer" if buf is not None and low else None
+            if buf is not None:
+                found = _ADDED_BUFFER
+                for o in floats:
+                    self.rounded[o] = buf.dtype
         if found is None:
             return
         if name in _DECISIONS:
             x = next(t for t in call.tensors if t in self.probs or _is_low(t))
-            if _is_low(x) and (name, call.module) not in self.decisions:
+            dtype = x.dtype if _is_low(x) else self.rounded.get(x)  # type: ignore[no-untyped-call]
+            if dtype is not None and (name, call.module) not in self.decisions:
                 width = int(x.shape[-1]) if x.dim() else 1
-                self.decisions[(name, call.module)] = Decision(
-                    name, call.module, x.dtype, found, call.prov_of(x), width
-                )
+                self.decisions[(name, call.module)] = Decision(name, call.module, dtype, found, call.prov_of(x), width)
             return
-        if call.info.is_view or _pointwise(call.func) or name in _CARRY:
-            for o in low:
+        if call.info.is_view or _pointwise(call.func) or name in _CARRY or call.info.to_copy:
+            kept = next((self.rounded.get(t) for t in call.tensors if t in self.rounded), None)  # type: ignore[no-untyped-call]
+            for o in floats:
                 self.probs[o] = found
+                if kept is not None:
+                    self.rounded[o] = kept
 
     def finish(self, trace: Trace) -> None:
         trace.observed[NAME] = PrecisionRecord(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -283,3 +284,35 @@ def test_cw141_positions_counted_in_bf16_name_the_cumsum() -> None:
     for clean in (torch.ones(1, 1024, dtype=torch.long), torch.ones(1, 200)):
         report = castwise.audit(_MaskPositions(), (clean,), policy="bf16-true", mode="eval", device="cuda")
         assert _codes(report, "CW141") == [], str(report)
+
+
+class _Router2(nn.Module):
+    """Float32 router probabilities cast back to bf16 before top-k (``type_as``), or float32 sigmoid
+    scores plus a DeepSeek-style expert-bias buffer that the policy stores in bf16."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.gate = nn.Linear(16, 8, bias=False)
+        self.register_buffer("e_score_correction_bias", 0.3 + 0.02 * torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "type_as":
+            probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32).type_as(x)
+        elif self.how == "kept_f32":  # the control: the f32 probabilities go to top-k as they are
+            probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        else:
+            scores = torch.nn.functional.linear(x.float(), self.gate.weight.float()).sigmoid()
+            probs = scores + self.e_score_correction_bias
+        return probs.topk(2, dim=-1).values.sum()
+
+
+@pytest.mark.parametrize("how", ["type_as", "bias"])
+def test_cw142_probabilities_cast_back_or_a_bf16_bias_added_before_top_k(how: str) -> None:
+    report = castwise.audit(_Router2(how), (torch.randn(4, 16),), policy="bf16-true")
+    assert [c for c, _ in _codes(report, "CW142")] == ["CW142"], str(report)
+
+
+def test_cw142_controls_float32_probabilities_and_an_f32_bias_are_clean() -> None:
+    assert not _codes(castwise.audit(_Router2("kept_f32"), (torch.randn(4, 16),), policy="bf16-true"), "CW142")
+    assert not _codes(castwise.audit(_Router2("bias"), (torch.randn(4, 16),), policy="fp32"), "CW142")
