@@ -76,8 +76,8 @@ def is_dtensor(p: Any) -> bool:
 
 def has_tp(model: nn.Module) -> bool:
     """Whether a parameter of ``model`` is a DTensor sharded by a TP mesh dim (not FSDP's alone)."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return False
+    if "torch.distributed.tensor" not in sys.modules or not isinstance(model, torch.nn.Module):
+        return False  # not a module: the entry's own check says so
     return any(is_dtensor(p) for p in model.parameters())
 
 
