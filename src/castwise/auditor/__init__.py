@@ -57,7 +57,7 @@ def audit(
     """
     from castwise.distributed.audit import is_sharded
 
-    if is_sharded(model):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
+    if is_sharded(model, real=not fake):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
         from castwise.auditor.entry import audit_sharded
 
         return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)

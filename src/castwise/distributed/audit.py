@@ -44,10 +44,12 @@ _BYTES = {torch.float64: 8, torch.float32: 4, torch.float16: 2, torch.bfloat16: 
 _STATE_KEY = "__composable_api_state_key"
 
 
-def is_sharded(model: Any) -> bool:
+def is_sharded(model: Any, *, real: bool = False) -> bool:
     """Whether ``model`` (or a module in it) is sharded by FSDP2 or wrapped by FSDP1. Cheap when
-    torch.distributed's FSDP was never imported: nothing can be sharded then."""
-    if tp.has_tp(model):  # tensor / sequence parallel (DTensor parameters), with FSDP2 or without
+    torch.distributed's FSDP was never imported: nothing can be sharded then. ``real``: a
+    real-tensor audit, where a tensor-parallel model alone runs this rank's real DTensors, which
+    the plain tracer follows."""
+    if not real and tp.has_tp(model):  # tensor / sequence parallel (DTensor parameters), with FSDP2 or without
         return True
     if "torch.distributed.fsdp" not in sys.modules:
         return False
