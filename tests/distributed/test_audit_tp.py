@@ -141,7 +141,9 @@ class _Experts(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        out = torch.empty_like(x)
+        # zeros, not empty_like: the fake process group's all-to-all writes nothing, and the
+        # uninitialised memory (NaN at times) is not what a real all-to-all hands the experts
+        out = torch.zeros_like(x)
         dist.all_to_all_single(out, x, group=self.group)
         return sum((e(out) for e in self.experts), torch.zeros_like(out))
 
