@@ -221,9 +221,10 @@ def bias_moe() -> Built:
     return Built(k.MoETask(net, k.MoE(64, k.BiasRouter(64, 32, 4), 32)), {"x": x})
 
 
-def norm_lm(chunk: int) -> Built:
+def norm_lm(chunk: int, acc_f32: bool = False, kahan: bool = False) -> Built:
     _seed()
-    return Built(k.NormLM(k.ChunkRMSNorm(512, chunk=chunk), dim=512), {"input_ids": _tokens(1, 64, 512, 14)})
+    norm = k.ChunkRMSNorm(512, chunk=chunk, acc_f32=acc_f32, kahan=kahan)
+    return Built(k.NormLM(norm, dim=512), {"input_ids": _tokens(1, 64, 512, 14)})
 
 
 def scan_lm() -> Built:

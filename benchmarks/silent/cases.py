@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from benchmarks.silent import builders as b
@@ -126,6 +127,22 @@ def _router(name: str, family: str, thread: str, trunk: str, type_as: bool = Fal
         TRUE,
         UPCAST,
         Expect(("topk",), "moe.router", ("moe.router", "trunk")),
+    )
+
+
+def _loop_control(name: str, thread: str, norm: dict[str, Any], bug: tuple[str, Any]) -> Case:
+    """A chunked RMSNorm loop that is fine, against the bf16 loop over every channel (its bug)."""
+    built = {"chunk": 1, **norm}
+    return Case(
+        name,
+        "kernel",
+        "control",
+        thread,
+        lambda: b.norm_lm(**built),
+        TRUE_POLICY,
+        "out",
+        TRUE,
+        Recipe("true", attrs=(bug,)),
     )
 
 
@@ -387,6 +404,26 @@ CONTROLS: list[Case] = [
         "out",
         TRUE,
         Recipe("true", attrs=(("chunk", 1),)),
+    ),
+    # accumulation look-alikes (CW143): the accumulator float32, a loop too short to matter, a
+    # compensated loop; each against the bf16 loop over all 512 channels it looks like
+    _loop_control(
+        "rmsnorm_chunked_sum_f32_acc",
+        "meta-llama/llama#1048 (the norm's accumulator kept float32 in a bf16 model)",
+        {"acc_f32": True},
+        ("acc_f32", False),
+    ),
+    _loop_control(
+        "rmsnorm_short_chunk_loop_bf16",
+        "pytorch/pytorch#189581 (a few chunk sums added in bf16: each chunk summed by ATen in f32)",
+        {"chunk": 64},
+        ("chunk", 1),
+    ),
+    _loop_control(
+        "rmsnorm_kahan_loop_bf16",
+        "Kahan-compensated bf16 summation (pure-bf16 training's compensated adds)",
+        {"kahan": True},
+        ("kahan", False),
     ),
     Case(
         "dit_integer_timestep",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
+from tests.rules.fixtures.CW143_chunked_norm_in_bf16 import LoopNorm
 from torch import nn
 
 
@@ -87,23 +86,20 @@ class MoETask(nn.Module):
         return {"loss": out.float().square().mean(), "out": out, "experts": idx}
 
 
-class ChunkRMSNorm(nn.Module):
+class ChunkRMSNorm(LoopNorm):
     """RMSNorm whose sum of squares a hand-written loop accumulates chunk by chunk in the input
-    dtype (meta-llama/llama #1048's norm in 16-bit, as a kernel port writes it)."""
+    dtype (meta-llama/llama #1048's norm in 16-bit, as a kernel port writes it): the CW143
+    fixture's loop (``acc_f32``: the accumulator float32; ``kahan``: a compensated loop)."""
 
-    def __init__(self, dim: int, chunk: int = 4, eps: float = 1e-6, **_: Any) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.chunk = chunk
+    def __init__(self, dim: int, chunk: int = 4, eps: float = 1e-6, acc_f32: bool = False, kahan: bool = False) -> None:
+        super().__init__(dim, chunk, acc_f32, kahan)
         self.eps = eps
         self.upcast = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float() if self.upcast else x
-        acc = torch.zeros_like(h[..., :1])
-        for part in h.split(self.chunk, dim=-1):
-            acc = acc + part.pow(2).sum(-1, keepdim=True)
-        return (h * torch.rsqrt(acc / h.shape[-1] + self.eps)).type_as(x) * self.weight
+        acc = self.sum_of_squares(h)
+        return (h * torch.rsqrt(acc.to(h.dtype) / h.shape[-1] + self.eps)).type_as(x) * self.weight
 
 
 class NormLM(nn.Module):
@@ -132,7 +128,9 @@ class ChunkScan(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = F.elu(self.qkv(x)).add(1).chunk(3, dim=-1)
-        state = torch.zeros(x.shape[0], x.shape[-1], x.shape[-1], dtype=torch.float32 if self.upcast else x.dtype)
+        state = torch.zeros(
+            x.shape[0], x.shape[-1], x.shape[-1], dtype=torch.float32 if self.upcast else x.dtype, device=x.device
+        )
         outs = []
         for qc, kc, vc in zip(q.split(self.chunk, 1), k.split(self.chunk, 1), v.split(self.chunk, 1), strict=True):
             state = state + (kc.transpose(1, 2) @ vc).to(state.dtype)
@@ -162,8 +160,8 @@ class LoadBalance(nn.Module):
         self.upcast = False
 
     def forward(self, probs: torch.Tensor, idx: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        ones = torch.ones(idx.numel(), dtype=torch.float32 if self.upcast else like.dtype)
-        counts = torch.zeros(self.experts, dtype=ones.dtype).index_add_(0, idx.flatten(), ones)
+        ones = torch.ones(idx.numel(), dtype=torch.float32 if self.upcast else like.dtype, device=like.device)
+        counts = torch.zeros(self.experts, dtype=ones.dtype, device=like.device).index_add_(0, idx.flatten(), ones)
         share = counts.float() / idx.numel()
         return self.experts * (share * probs.mean(0)).sum()
 

@@ -12,6 +12,7 @@ It records (``trace.observed["precision"]``, values of ``castwise.rules.audit._p
 - positions (a position grid, a running count, position ids, a timestep) rounded to 16-bit where
   their spacing is 2 or more, then multiplied with a frequency table into the phases a sin, cos,
   exp or polar reads (CW141); and decisions on 16-bit probabilities (CW142).
+- 16-bit accumulators added into over many contributions (CW143, ``trace/accumulation.py``).
 
 Keep ``after`` cheap: it runs for every op. Its records are per origin chain (blocks generalize),
 so a block reuse splice standing for a block's ops loses nothing the rules need (``splices``).
@@ -33,7 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from castwise import _autocast
 from castwise._dtypes import LOW, name_of
 from castwise.rules.audit._precision import NAME, Decision, LowOp, Narrowed, PrecisionRecord, Rounding, spacing
-from castwise.trace import fake, simcuda
+from castwise.trace import accumulation, fake, simcuda
 from castwise.trace.attribution import tensors_of
 from castwise.trace.observers import Observer, OpCall
 
@@ -355,6 +356,7 @@ class PrecisionObserver(Observer):
         # scores that hold a rounded 16-bit buffer (an expert bias) -> its dtype, whatever their own
         self.rounded: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.positions = _Positions()
+        self.accumulations = accumulation.Accumulations()
 
     def start(self, run: Run) -> None:
         self._reset()
@@ -363,6 +365,7 @@ class PrecisionObserver(Observer):
         self.f32_ops = {d: frozenset(op for op in _LOSS_PROBES if autocast_f32(op, dt, d)) for d in _LOW_DTYPES}
 
     def module_exit(self, run: Run, frame: Frame, output: Any) -> None:
+        self.accumulations.module_exit(frame, output)
         # the same test as the up-cast observer's: a module given 16-bit activations returning f32
         if frame.autocast is not None or not frame.name:
             return
@@ -384,6 +387,8 @@ class PrecisionObserver(Observer):
         if name in _PROBS or self.probs or name == "aten.add":
             self._decide(call, name, outputs)
         self.positions.after(call, outputs)
+        if name in accumulation.OPS:
+            self.accumulations.after(call, outputs)
 
     def _follow(self, call: OpCall, outputs: list[torch.Tensor]) -> None:
         keys: tuple[str, ...] = ()
@@ -458,4 +463,5 @@ class PrecisionObserver(Observer):
             tuple(self.low_ops.values()),
             tuple(self.positions.found.values()),
             tuple(self.decisions.values()),
+            accumulation.found(self.accumulations),
         )

@@ -75,6 +75,22 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class Accumulation:
+    """A 16-bit tensor accumulated into over ``count`` contributions (CW143): a python-loop chain
+    of adds in one module, an ``index_add_`` / ``scatter_add_`` / accumulating ``index_put_`` with
+    many contributions per slot, or a ``cumsum`` whose kernel adds in the 16-bit dtype."""
+
+    op: str  # "aten.add", "aten.index_add_", "aten.cumsum"
+    module: str  # where the accumulation ran
+    dtype: torch.dtype  # the accumulator's
+    shape: tuple[int, ...]  # the accumulator's shape
+    count: int  # contributions per element (the longest chain; the mean per slot for a scatter)
+    prov: ProvLike | None  # where the accumulator's dtype came from
+    line: str | None  # the user's line that accumulates ("models/norm.py:42"), when recorded
+    known: bool = False  # ``count`` read from index values the run knows (else estimated from shapes)
+
+
+@dataclass(frozen=True)
 class PrecisionRecord:
     """What one run recorded of precision loss."""
 
@@ -83,6 +99,7 @@ class PrecisionRecord:
     low_ops: tuple[LowOp, ...] = ()
     narrowed: tuple[Narrowed, ...] = ()
     decisions: tuple[Decision, ...] = ()
+    accumulations: tuple[Accumulation, ...] = ()
 
 
 def records(session: Session) -> Iterator[tuple[RunLike, PrecisionRecord]]:
@@ -99,6 +116,32 @@ def spacing(magnitude: float, dtype: torch.dtype) -> float:
     bits = _BITS.get(name_of(dtype), 23)
     m = max(abs(magnitude), 2.0**-14)
     return float(2.0 ** (math.floor(math.log2(m)) - bits))
+
+
+# an accumulation is reported from this many contributions on: a chain of n roundings is off by up
+# to n/2 spacings (same-sign addends), and even random-sign roundings add like sqrt(n): from 16 on
+# that is 4x one rounding of the result, what accumulating in float32 and rounding once costs
+MIN_CONTRIBUTIONS = 16
+
+
+def stall_count(dtype: torch.dtype) -> int:
+    """How many equal addends a ``dtype`` sum takes before the next one is lost (bf16: 256)."""
+    return int(2 ** (_BITS.get(name_of(dtype), 23) + 1))
+
+
+def accumulated_error(count: int, dtype: torch.dtype) -> tuple[float, float]:
+    """(about, worst): the relative error of a sum of ``count`` positive addends accumulated in
+    ``dtype``. Each add rounds the running sum to its spacing, independent roundings adding like
+    sqrt(count) (about 2^-bits x sqrt(count) / 3); once the sum is 2^(bits+1) addends large (bf16:
+    256) an addend of the mean size is under half a spacing and is lost, so the sum stalls: equal
+    addends (a count of ones) lose 1 - 2^(bits+1) / count, addends of varied sizes about half that.
+    Measured on this CPU for bf16 loops of uniform, chi-square and exponential addends (16 to 1024
+    of them): the largest error of 64 rows within 0.5x-2x of ``about``, ones at ``worst``."""
+    bits = _BITS.get(name_of(dtype), 23)
+    stall = stall_count(dtype)
+    walk = 2.0**-bits * math.sqrt(count) / 3
+    worst = 1.0 - stall / count if count > stall else walk
+    return max(walk, worst / 2), max(walk, worst)
 
 
 def fmt(x: float) -> str:
