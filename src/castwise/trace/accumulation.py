@@ -10,12 +10,13 @@ A part of the precision observer (``castwise.trace.precision``), called only for
   given it), an update of the value rather than a contribution to a sum. A compensated
   (Kahan) loop subtracts the old sum from the new one to recover the rounding: not reported.
 - ``index_add_`` / ``scatter_add_`` / ``index_put_(accumulate=True)`` / ``scatter_reduce_(sum)``
-  on a 16-bit tensor: the kernels add each contribution into the 16-bit element (CPU
-  ``cpu_index_add`` / ``cpu_scatter_gather_base_kernel``: ``*self_data += *src_data`` in
-  ``scalar_t``; CUDA ``indexAddSmallIndex`` / ``gpuAtomicAdd`` on the element, and
-  ``indexing_backward_kernel`` casting to ``scalar_t`` after each duplicate index, all in
-  ``aten/src/ATen/native/cuda/Indexing.cu`` and ``ScatterGatherKernel.cu``). Contributions per
-  slot: the largest count where the run knows the index values, else writes / slots.
+  on a 16-bit tensor where the kernel adds each contribution into the 16-bit element: on CUDA
+  all of them (``gpuAtomicAdd`` on the element in ``indexAddSmallIndex`` / ``indexAddLargeIndex``,
+  ``indexing_backward_kernel`` casting to ``scalar_t`` after each duplicate index, both in
+  ``aten/src/ATen/native/cuda/Indexing.cu``; the scatter kernels' atomic adds,
+  ``ScatterGatherKernel.cu``); on CPU the ones measured to (``_cpu_adds_in_16bit``).
+  Contributions per slot: the largest count where the run knows the index values, else writes /
+  slots.
 - ``cumsum`` on CUDA: ``launch_cumsum_cuda_kernel`` (``cuda/CumsumKernel.cu``) scans with
   ``std::plus<scalar_t>``, adding in the 16-bit dtype; the CPU kernel accumulates in float
   (``ReduceOpsKernel.cpp``, ``cumsum_cpu_kernel``: ``at::acc_type<scalar_t, false>``), as do
@@ -159,6 +160,8 @@ class Accumulations:
             return
         if name.startswith("aten.scatter_reduce") and _reduce(call) not in ("sum", "mean"):
             return
+        if call.run.device.kernels == "cpu" and not _cpu_adds_in_16bit(name, target):
+            return
         count, known = self._per_slot(call, name, target)
         self._record(call, name, target, count, known)
 
@@ -200,6 +203,17 @@ class Accumulations:
             return -(-writes // slots), False
         index = call.args[2]  # scatter_add(self, dim, index, src), scatter_reduce likewise
         return -(-int(index.numel()) // slots), False
+
+
+def _cpu_adds_in_16bit(name: str, target: torch.Tensor) -> bool:
+    """Whether the CPU kernel adds each contribution into the 16-bit element. Measured on CPU
+    (torch 2.14, tests/rules/audit/test_cw143.py: 512 bf16 ones into one slot): an accumulating
+    ``index_put_`` and a 1-D ``index_add_`` stop at 256; ``scatter_add`` / ``scatter_reduce`` and
+    ``index_add_`` of slices reach 512 (their kernels accumulate in float: the expanded-index path,
+    ``cpu_scatter_reduce_expanded_index``, with an ``opmath_t`` buffer)."""
+    if name.startswith("aten.index_add"):
+        return target.dim() <= 1
+    return name.startswith(("aten.index_put", "aten._index_put"))
 
 
 def _accumulates(call: OpCall) -> bool:

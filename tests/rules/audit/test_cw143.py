@@ -166,3 +166,35 @@ def test_cw143_real_transformers_residual_streams_are_clean(kind: str) -> None:
     for device in ("cpu", "cuda"):
         report = castwise.audit(model, (ids,), policy="bf16-true", mode="both", device=device)
         assert _cw143(report) == [], (device, str(report))
+
+
+class _Histogram(nn.Module):
+    """A bf16 histogram of 4096 values into 8 bins, by scatter_add_ or an accumulating index_put_."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, x: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+        hist = torch.zeros(8, dtype=x.dtype, device=x.device)
+        if self.how == "scatter_add":
+            hist = hist.scatter_add(0, bins, x)
+        else:
+            hist = hist.index_put((bins,), x, accumulate=True)
+        return x * hist.sum()
+
+
+@pytest.mark.parametrize(("how", "op"), [("scatter_add", "aten.scatter_add"), ("index_put", "aten.index_put")])
+def test_cw143_scatter_adds_reported_where_the_kernel_adds_in_16_bit(how: str, op: str) -> None:
+    bins = torch.arange(4096) % 8
+    x = torch.ones(4096, dtype=torch.bfloat16)
+    # CUDA: atomic adds into the bf16 element (aten/src/ATen/native/cuda/Indexing.cu, ScatterGatherKernel.cu)
+    (f,) = _cw143(castwise.audit(_Histogram(how), (x, bins), policy="bf16-true", mode="eval", device="cuda"))
+    assert (f.op, dict(f.details)["count"]) == (op, 512)
+    # CPU: reported exactly where the real kernel loses counts (512 ones per bin stopping at 256)
+    lost = (_Histogram(how)(x, bins) / x)[0].item() < 8 * 512
+    cpu = _cw143(castwise.audit(_Histogram(how), (x, bins), policy="bf16-true", mode="eval", device="cpu"))
+    assert bool(cpu) == lost, (how, lost, cpu)
+    # f32 values into an f32 histogram: clean
+    f32 = castwise.audit(_Histogram(how), (x.float(), bins), policy="fp32", mode="eval", device="cuda")
+    assert _silent(f32) == []

@@ -32,7 +32,8 @@ META = Rule(
     detects=f"A 16-bit accumulator added into {MIN_CONTRIBUTIONS} or more times: a python loop "
     "`acc = acc + x` / `acc += x` in one module (a chunked norm, a scan's running state), "
     "`index_add_` / `scatter_add_` / `index_put_(accumulate=True)` with that many contributions "
-    "per slot (counts, histograms), or a `cumsum` on a device whose kernel adds in 16-bit (CUDA). "
+    "per slot where the device's kernel adds into the 16-bit element (counts, histograms), or a "
+    "`cumsum` on a device whose kernel adds in 16-bit (CUDA). "
     "`sum`, `mean`, softmax and the norms are not reported: their kernels accumulate in float32; "
     "nor are a residual stream (each block's add is its own), a compensated (Kahan) loop or a "
     "float32 accumulator.",
