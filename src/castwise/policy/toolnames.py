@@ -122,25 +122,24 @@ _TORCHAO_GRANULARITY = {"PerTensor": "tensorwise", "PerRow": "rowwise"}
 # (config/job_config.py Float8Linear), Float8LinearConverter.Config recipe_name "rowwise",
 # [quantize.linear.mx] "mxfp8_cublas", [quantize.grouped_mm.mx] "mxfp8", grouped float8 rowwise
 # (MoETrainingConfig), MXFP8GroupedExpertsConverter "mxfp8_rceil"
-TORCHTITAN_CONVERTERS: dict[str, tuple[str, str]] = {
-    "float8": ("float8", "tensorwise"),
-    "quantize.linear.float8": ("float8", "tensorwise"),
-    "quantize.grouped_mm.float8": ("float8", "fp8_rowwise"),
-    "Float8LinearConverter": ("float8", "rowwise"),
-    "Float8GroupedExpertsConverter": ("float8", "fp8_rowwise"),
-    "mx": ("mx", "mxfp8_cublas"),
-    "quantize.linear.mx": ("mx", "mxfp8_cublas"),
-    "quantize.grouped_mm.mx": ("mx", "mxfp8"),
-    "MXFP8LinearConverter": ("mx", "mxfp8_rceil"),
-    "MXFP8GroupedExpertsConverter": ("mx", "mxfp8_rceil"),
-    "NVFP4LinearConverter": ("nvfp4", "nvfp4"),
+_F8 = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # Float8LinearRecipeName
+_MX = ("mxfp8_emulated", "mxfp8_cublas", "mxfp8_cublas_rceil", "mxfp4_emulated", "mxfp4_cutlass")  # MXLinearRecipeName
+# converter -> (recipe_name default, the recipe_names it takes)
+TORCHTITAN_CONVERTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "float8": ("tensorwise", _F8),
+    "quantize.linear.float8": ("tensorwise", _F8),
+    "quantize.grouped_mm.float8": ("fp8_rowwise", ("fp8_rowwise",)),
+    "Float8LinearConverter": ("rowwise", ("rowwise", "rowwise_with_gw_hp")),
+    "Float8GroupedExpertsConverter": ("fp8_rowwise", ("fp8_rowwise",)),
+    "mx": ("mxfp8_cublas", _MX),
+    "quantize.linear.mx": ("mxfp8_cublas", _MX),
+    "quantize.grouped_mm.mx": ("mxfp8", ("mxfp8",)),
+    "MXFP8LinearConverter": ("mxfp8_rceil", ("mxfp8_rceil",)),
+    "MXFP8GroupedExpertsConverter": ("mxfp8_rceil", ("mxfp8_rceil",)),
+    "NVFP4LinearConverter": ("nvfp4", ("nvfp4",)),
 }
-_TITAN_RECIPES: dict[str, dict[str, str]] = {
-    "float8": {k: v for k, v in TORCHAO_RECIPES.items() if k in ("tensorwise", "rowwise", "rowwise_with_gw_hp")}
-    | {"fp8_rowwise": "rowwise"},
-    "mx": {k: v for k, v in TORCHAO_RECIPES.items() if k.startswith("mx") and "_" in k} | {"mxfp8": "mxfp8"},
-    "nvfp4": {"nvfp4": "nvfp4"},
-}
+# the grouped-GEMM recipe names torchtitan passes that are no torchao Linear recipe name
+_TITAN_ONLY = {"mxfp8": "mxfp8", "nvfp4": "nvfp4"}
 
 # where castwise's reading differs from what the tool runs (the recipe's describe() says it)
 DIFFERS: dict[str, str] = {
@@ -252,13 +251,12 @@ def _torchtitan(text: str) -> str:
     else:  # the TOML's converter name, with its section's recipe_name after a colon
         conv, _, recipe = text.partition(":")
     key = _lookup(TORCHTITAN_CONVERTERS, conv.strip(), "torchtitan converter")
-    family, default = TORCHTITAN_CONVERTERS[key]
-    names = _TITAN_RECIPES[family]
+    default, names = TORCHTITAN_CONVERTERS[key]
     wanted = recipe.strip() or default
-    found = {k.lower(): v for k, v in names.items()}.get(wanted.lower())
+    found = {k.lower(): k for k in names}.get(wanted.lower())
     if found is None:
         raise PolicyError(f"torchtitan {key} takes no recipe_name {wanted!r}; valid: {', '.join(sorted(names))}")
-    return found
+    return TORCHAO_RECIPES.get(found) or _TITAN_ONLY[found]
 
 
 TOOLS = {"te": _te, "torchao": _torchao, "torchtitan": _torchtitan}

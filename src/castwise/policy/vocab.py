@@ -9,7 +9,7 @@ write several settings that together make one precision:
   ``--fp4-recipe nvfp4`` (the default): ``"--bf16 --fp8-format hybrid"`` reads as
   ``"--bf16,fp8=delayed"``. Without a format Megatron runs no low-precision GEMMs, so a recipe flag
   alone reads as the base and ``notes`` says it is inert; the other fp8/fp4 flags are read
-  (``_MEGATRON_VALUES``, ``_MEGATRON_SWITCHES``) and ``notes`` says where castwise rounds a GEMM
+  (``MEGATRON_VALUES``, ``MEGATRON_SWITCHES``) and ``notes`` says where castwise rounds a GEMM
   Megatron keeps in bf16.
 - Megatron-Bridge's mixed-precision recipe names (``bf16_with_mxfp8_mixed``, hyphens or
   underscores, bare or as ``megatron-bridge:NAME``, with its ``_bf16_params`` /
@@ -34,12 +34,12 @@ from castwise import _dtypes
 from castwise.errors import PolicyError
 from castwise.policy import float8, presets, toolnames
 
-__all__ = ["notes", "translate"]
+__all__ = ["MEGATRON_SWITCHES", "MEGATRON_VALUES", "notes", "translate"]
 
 # NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py (TransformerConfig's fp8/fp4
 # fields, their flags made by megatron/training/argument_utils.py: --FIELD, --no-FIELD for a True
 # default) and megatron/training/arguments.py (_add_transformer_engine_args, _add_mixed_precision_args)
-_MEGATRON_VALUES: dict[str, tuple[str, ...] | None] = {  # None: any value (a count, an import path)
+MEGATRON_VALUES: dict[str, tuple[str, ...] | None] = {  # None: any value (a count, an import path)
     "--fp8-format": ("e4m3", "hybrid"),
     "--fp8-recipe": ("delayed", "tensorwise", "mxfp8", "blockwise", "custom"),
     "--fp4-format": ("e2m1",),
@@ -54,7 +54,7 @@ _MEGATRON_VALUES: dict[str, tuple[str, ...] | None] = {  # None: any value (a co
     "--fp4-quantizer-factory": None,
 }
 # switches that change no GEMM's operand format castwise models (where they do, _megatron_notes says)
-_MEGATRON_SWITCHES = (
+MEGATRON_SWITCHES = (
     "--fp8-param",
     "--fp8-param-gather",
     "--fp4-param-gather",
@@ -68,7 +68,7 @@ _MEGATRON_SWITCHES = (
     "--grad-reduce-in-bf16",
     "--accumulate-allreduce-grads-in-fp32",
 )
-_MEGATRON_FLAGS = ("--bf16", "--fp16", *_MEGATRON_VALUES, *_MEGATRON_SWITCHES)
+_MEGATRON_FLAGS = ("--bf16", "--fp16", *MEGATRON_VALUES, *MEGATRON_SWITCHES)
 # Megatron-Bridge's recipe names (megatron.bridge.training.mixed_precision, MIXED_PRECISION_RECIPES)
 # -> castwise clauses; their base is Megatron's --bf16 / --fp16 (Float16Module, fp32 main params)
 _BRIDGE_FP8 = {
@@ -114,10 +114,10 @@ def _megatron_words(head: str) -> tuple[str, dict[str, str], set[str]]:
         flag = words[i].lower()
         if flag in ("--bf16", "--fp16"):
             base = flag
-        elif flag in _MEGATRON_SWITCHES:
+        elif flag in MEGATRON_SWITCHES:
             switches.add(flag)
-        elif flag in _MEGATRON_VALUES and i + 1 < len(words):
-            value, valid = words[i + 1].lower(), _MEGATRON_VALUES[flag]
+        elif flag in MEGATRON_VALUES and i + 1 < len(words):
+            value, valid = words[i + 1].lower(), MEGATRON_VALUES[flag]
             if valid is not None and value not in valid:
                 raise PolicyError(f"Megatron {flag} {words[i + 1]!r} is not valid; valid: {', '.join(valid)}")
             given[flag] = value
@@ -125,10 +125,10 @@ def _megatron_words(head: str) -> tuple[str, dict[str, str], set[str]]:
         else:
             raise PolicyError(
                 f"Megatron flag {words[i]!r} in {head!r} is not one castwise reads; valid: "
-                + ", ".join(("--bf16", "--fp16", *_MEGATRON_SWITCHES))
+                + ", ".join(("--bf16", "--fp16", *MEGATRON_SWITCHES))
                 + ", "
-                + ", ".join(f"{f} {'|'.join(v)}" for f, v in _MEGATRON_VALUES.items() if v)
-                + f", {', '.join(f for f, v in _MEGATRON_VALUES.items() if v is None)} (with a value)"
+                + ", ".join(f"{f} {'|'.join(v)}" for f, v in MEGATRON_VALUES.items() if v)
+                + f", {', '.join(f for f, v in MEGATRON_VALUES.items() if v is None)} (with a value)"
             )
         i += 1
     return base, given, switches
