@@ -146,3 +146,37 @@ def test_a_torchtitan_recipe_name_its_converter_refuses(tmp_path: Path) -> None:
     assert model.compute is not None and model.compute.value == "float4_e2m1fn_x2"
     both = '[model]\nconverters = ["quantize.linear.mx", "quantize.grouped_mm.float8"]\n'
     assert _findings(_write(tmp_path, "both.toml", both)) == []
+
+
+_BRIDGE_YAML = "model:\n  tensor_model_parallel_size: 2\ntrain:\n  global_batch_size: 8\nmixed_precision:{}\n"
+
+
+@pytest.mark.parametrize(
+    ("mixed_precision", "weights", "compute"),
+    [
+        (" bf16_with_mxfp8_mixed", "bfloat16", "float8_e4m3fn"),
+        (" bf16-with-nvfp4-mixed", "bfloat16", "float4_e2m1fn_x2"),
+        (" fp16_mixed", "float16", "float16"),
+        ("\n  bf16: true\n  fp8: hybrid\n  fp8_recipe: tensorwise\n", "bfloat16", "float8_e4m3fn"),
+        ("\n  bf16: true\n  fp4: e2m1\n", "bfloat16", "float4_e2m1fn_x2"),
+    ],
+)
+def test_a_megatron_bridge_config_reads_its_mixed_precision(
+    tmp_path: Path, mixed_precision: str, weights: str, compute: str
+) -> None:
+    path = _write(tmp_path, "config.yaml", _BRIDGE_YAML.format(mixed_precision))
+    (cf,) = read_config(path)
+    assert cf.format == "megatron-bridge"
+    model = build_model([cf])
+    assert model.weights is not None and model.weights.value == weights
+    assert model.compute is not None and model.compute.value == compute
+    assert lint_config([path]).findings == []
+
+
+def test_a_megatron_bridge_fp8_recipe_without_fp8_and_an_unknown_name(tmp_path: Path) -> None:
+    inert = _write(tmp_path, "inert.yaml", _BRIDGE_YAML.format("\n  bf16: true\n  fp8_recipe: mxfp8\n"))
+    report = lint_config([inert])
+    assert [(f.code, f.settings) for f in report.findings] == [("CW213", ("mixed_precision.fp8_recipe",))]
+    assert report.findings[0].fix.startswith("Set mixed_precision.fp8")
+    unknown = _write(tmp_path, "unknown.yaml", _BRIDGE_YAML.format(" bf16_with_fp8_mixed"))  # NeMo 2's name
+    assert [f.code for f in lint_config([unknown]).findings] == ["CW220"]

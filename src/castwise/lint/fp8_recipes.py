@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from castwise.errors import PolicyError
-from castwise.lint import megatron, torchtitan
+from castwise.lint import megatron, megatron_bridge, torchtitan
 from castwise.lint.model import ConfigFile, Setting, finding, is_true, said
 from castwise.policy import vocab
 from castwise.report import Finding
@@ -241,8 +241,12 @@ def _megatron(cf: ConfigFile) -> list[Finding]:
         flag, _, why = note.partition(" is inert: ")
         s = cf.get(flag)
         if why and s is not None:
-            fix = "Add --fp4-format e2m1" if flag.startswith("--fp4") else "Add --fp8-format e4m3 (or hybrid)"
-            out.append(_ignored(s, why, f"{fix} to train with it, or delete {flag}."))
+            fp4 = flag.startswith("--fp4")
+            if cf.path.endswith((".yaml", ".yml")) or s.name.startswith("mixed_precision"):
+                fix = f"Set mixed_precision.{'fp4: e2m1' if fp4 else 'fp8: e4m3 (or hybrid)'}"
+            else:
+                fix = "Add --fp4-format e2m1" if fp4 else "Add --fp8-format e4m3 (or hybrid)"
+            out.append(_ignored(s, why, f"{fix} to train with it, or delete {s.name}."))
     return out
 
 
@@ -257,4 +261,6 @@ def run_checks(files: Sequence[ConfigFile]) -> list[Finding]:
             out += _titan_ignored(cf) + _titan_conflicts(cf)
         elif cf.format == "megatron":
             out += _megatron(cf)
+        elif cf.format == "megatron-bridge":
+            out += _megatron(megatron_bridge.megatron_view(cf))
     return out

@@ -182,13 +182,14 @@ def command_line(cf: ConfigFile) -> str:
 
 
 def _gemms(cf: ConfigFile, put: Any) -> None:
+    fp4 = cf.get("--fp4-format") is not None
     fmt = cf.get("--fp4-format") or cf.get("--fp8-format")
     if fmt is None:
         return  # without a format Megatron runs no low-precision GEMMs (a recipe flag alone: CW213)
-    recipe = cf.get("--fp4-recipe") if fmt.name == "--fp4-format" else cf.get("--fp8-recipe")
-    scaling = str(recipe.value) if recipe is not None else ("nvfp4" if fmt.name == "--fp4-format" else "delayed")
+    recipe = cf.get("--fp4-recipe") if fp4 else cf.get("--fp8-recipe")
+    scaling = str(recipe.value) if recipe is not None else ("nvfp4" if fp4 else "delayed")
     try:
-        gemm = Float8Recipe.parse(scaling if fmt.name == "--fp4-format" else f"{scaling}:{fmt.value}")
+        gemm = Float8Recipe.parse(scaling if fp4 else f"{scaling}:{fmt.value}")
     except PolicyError:
         return  # a custom recipe (its quantizer factory) or a value Megatron refuses: no format to name
     src = tuple(x for x in (fmt, recipe) if x is not None)

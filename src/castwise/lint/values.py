@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from castwise.lint.model import ConfigFile, Setting, finding, is_auto, is_false, is_true
-from castwise.policy import presets, toolnames
+from castwise.policy import presets, toolnames, vocab
 from castwise.report import Finding
 
 __all__ = ["ACCEPTED", "Accepted", "check_values"]
@@ -104,6 +104,12 @@ ACCEPTED: dict[str, dict[str, Accepted]] = {
             for conv, (_, names) in toolnames.TORCHTITAN_CONVERTERS.items()
             if conv.islower()
         },
+    },
+    # Megatron-Bridge's get_mixed_precision_config: a MIXED_PRECISION_RECIPES name, either spelling
+    "megatron-bridge": {
+        "mixed_precision": Accepted(
+            _one_of(*vocab.BRIDGE, *(n.replace("_", "-") for n in vocab.BRIDGE)), ", ".join(sorted(vocab.BRIDGE))
+        )
     },
     "simpletuner": {
         "mixed_precision": _MIXED_PRECISION,
