@@ -163,9 +163,11 @@ class Device:
         """(violation kind, message) when this class's float8 GEMM kernels refuse operands of
         ``dtypes`` (canonical names) over a reduction dim ``k`` (``mx``: E8M0 block scales); None
         when they take them. What the compute capability decides is the contract's own check."""
-        low = self.low
-        if self.kernels != "cuda" or low is None:
+        if self.kernels != "cuda" or self.capability is None:
             return None
+        low = self.low_precision()  # the class's own, else by capability (OCP float8 from sm 8.9)
+        if not low.fp8:
+            return None  # no float8 GEMMs at all: the contract's capability check says so
         wrong = sorted({d for d in dtypes if d.startswith("float8") and d not in low.fp8})
         if wrong:
             return "fp8-flavour", (
