@@ -41,6 +41,8 @@ def threshold(scaling: str) -> float:
     """The error (over a result feature's terms' root-sum-square) past which ``scaling``'s GEMM has
     lost that feature."""
     return ERRORS.get(scaling, ERROR)
+
+
 # below 2^3 x the flush line a float8 value keeps at most two significant bits (e4m3's subnormals
 # are m * 2^-9, e5m2's m * 2^-16): rounding there errs by 12% to 50%, as good as lost for a GEMM
 DEGRADED = 3
