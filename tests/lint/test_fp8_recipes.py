@@ -126,6 +126,7 @@ def test_a_megatron_fp8_recipe_without_a_format_is_never_read(tmp_path: Path) ->
         ("--bf16 --fp8-format hybrid --fp8-recipe tensorwise", "float8_e4m3fn"),
         ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4", "float4_e2m1fn_x2"),
         ("--bf16 --fp8-recipe mxfp8", "bfloat16"),
+        ("--bf16 --fp8-hybrid", "float8_e4m3fn"),  # Megatron-LM before 2023-08
     ],
 )
 def test_megatron_gemm_flags_set_what_the_linears_compute_in(tmp_path: Path, flags: str, compute: str) -> None:

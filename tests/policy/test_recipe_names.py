@@ -166,6 +166,12 @@ CATALOGUE: list[tuple[str, str]] = [
     ("torchao:NVFP4DynamicActivationNVFP4WeightConfig", "nvfp4"),
     ("torchao:NVFP4WeightOnlyConfig", "nvfp4"),
     ("torchao:MoETrainingConfig", "rowwise"),
+    # torchao's enums and factories as Python writes them
+    ("torchao:Float8LinearRecipeName.ROWWISE_WITH_GW_HP", "rowwise"),
+    ("torchao:MXLinearRecipeName.MXFP4_CUTLASS", "mxfp4"),
+    ("torchao:Float8LinearConfig.from_recipe_name('rowwise')", "rowwise"),
+    ("torchao:MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL)", "mxfp8"),
+    ("torchao:Float8DynamicActivationFloat8WeightConfig(granularity=[PerRow(), PerRow()])", "rowwise"),
     # torchtitan: the TOML converters (and their section's recipe_name), the Python converter configs
     ("torchtitan:float8", "tensorwise"),
     ("torchtitan:quantize.linear.float8", "tensorwise"),
@@ -198,6 +204,7 @@ def test_every_tool_recipe_name_parses_to_what_the_tool_runs(name: str, fp8: str
     ("name", "differs"),
     [
         ("torchao:rowwise_with_gw_hp", "grad_weight"),
+        ("torchao:Float8LinearConfig.from_recipe_name(Float8LinearRecipeName.ROWWISE_WITH_GW_HP)", "grad_weight"),
         ("torchtitan:quantize.linear.float8:rowwise_with_gw_hp", "grad_weight"),
         ("torchao:Float8WeightOnlyConfig", "weights only"),
         ("te:NVFP4BlockScaling(backward_override='high_precision')", "backward GEMMs in high precision"),
@@ -232,6 +239,9 @@ MEGATRON: list[tuple[str, str]] = [
     ),
     ("--bf16 --grad-reduce-in-bf16 --fp8-format e4m3 --fp8-recipe mxfp8", "--bf16,reduce=bf16,fp8=mxfp8"),
     ("--fp16 --fp8-format hybrid --fp8-dot-product-attention", "--fp16,fp8=delayed:hybrid"),
+    # Megatron-LM before 2023-08: --fp8-e4m3 / --fp8-hybrid
+    ("--bf16 --fp8-hybrid", "--bf16,fp8=delayed:hybrid"),
+    ("--bf16 --fp8-e4m3 --no-fp8-wgrad", "--bf16,fp8=delayed:e4m3"),
     # Megatron runs bf16 with no float8 when --fp8-format is absent: the recipe flags are inert
     ("--bf16 --fp8-recipe mxfp8", "--bf16"),
     ("--bf16 --fp4-recipe nvfp4", "--bf16"),
@@ -267,6 +277,7 @@ def test_an_fp8_recipe_without_a_format_is_said_to_be_inert() -> None:
         ("--bf16 --fp8-format hybrid --first-last-layers-bf16", "refuses --first-last-layers-bf16 with delayed"),
         ("--bf16 --fp8-format e5m2", "valid: e4m3, hybrid"),
         ("--bf16 --fp8-wgrad-off", "not one castwise reads"),
+        ("--bf16 --fp8-e4m3 --fp8-hybrid", "refuses --fp8-e4m3 with --fp8-hybrid"),
     ],
 )
 def test_names_the_tools_refuse_say_what_is_valid(text: str, message: str) -> None:

@@ -47,6 +47,7 @@ FLAGS: frozenset[str] = frozenset(
         "--optimizer",
         *vocab.MEGATRON_VALUES,
         *vocab.MEGATRON_SWITCHES,
+        *vocab.MEGATRON_OLD_FORMATS,
     }
 )
 _VALUED = frozenset(
@@ -108,6 +109,9 @@ def read(text: str, shown: str) -> ConfigFile:
             value: Any = True
             if flag in _VALUED:
                 value = inline or (words[i + 1] if i + 1 < len(words) else "")
+            if flag in vocab.MEGATRON_OLD_FORMATS:  # the older releases' --fp8-e4m3 / --fp8-hybrid
+                settings["--fp8-format"] = Setting(flag, vocab.MEGATRON_OLD_FORMATS[flag], shown, number)
+                continue
             settings[flag] = Setting(flag, value, shown, number)
     return ConfigFile(shown, "megatron", settings)
 

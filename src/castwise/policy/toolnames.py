@@ -164,6 +164,11 @@ def _call(text: str) -> tuple[str, dict[str, str]]:
     except SyntaxError:
         raise PolicyError(f"{text!r} is not a recipe name or a call like Name(key=value, ...)") from None
     args: dict[str, str] = {}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _FACTORIES:
+        # Float8LinearConfig.from_recipe_name("rowwise"), MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.X)
+        if len(node.args) + len(node.keywords) != 1:
+            raise PolicyError(f"{text!r}: {node.func.attr} takes one recipe name")
+        return _word(node.args[0] if node.args else node.keywords[0].value), {}
     if isinstance(node, ast.Call):
         if node.args:
             raise PolicyError(f"{text!r}: write the recipe's arguments by keyword (key=value)")
@@ -175,6 +180,9 @@ def _call(text: str) -> tuple[str, dict[str, str]]:
     return _word(node), args
 
 
+_FACTORIES = ("from_recipe_name", "from_recipe")  # torchao's configs made from a recipe name
+
+
 def _word(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute):
         return node.attr  # recipe.Format.E4M3 -> E4M3, torch.float4_e2m1fn_x2 -> float4_e2m1fn_x2
@@ -184,6 +192,8 @@ def _word(node: ast.expr) -> str:
         return str(node.value)
     if isinstance(node, ast.Call):
         return _word(node.func)  # PerRow() -> PerRow
+    if isinstance(node, (ast.List, ast.Tuple)) and node.elts and len({_word(e) for e in node.elts}) == 1:
+        return _word(node.elts[0])  # granularity=[PerRow(), PerRow()]: activation and weight alike
     return ast.unparse(node)
 
 
@@ -285,7 +295,8 @@ def note(text: str) -> str:
         words = [call, *args.values()]
     else:
         words = [w.rsplit(".", 1)[-1] for w in text.split(":")]
-    said = [DIFFERS[w] for w in words if w in DIFFERS]
+    differs = {k.lower(): v for k, v in DIFFERS.items()}
+    said = [differs[w.lower()] for w in words if w.lower() in differs]
     if args.get("backward_override") in _TE_HP_BACKWARD:
         said.append("TransformerEngine runs the backward GEMMs in high precision; castwise rounds them too")
     return "; ".join(said)

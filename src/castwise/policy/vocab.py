@@ -34,7 +34,7 @@ from castwise import _dtypes
 from castwise.errors import PolicyError
 from castwise.policy import float8, presets, toolnames
 
-__all__ = ["MEGATRON_SWITCHES", "MEGATRON_VALUES", "notes", "translate"]
+__all__ = ["MEGATRON_OLD_FORMATS", "MEGATRON_SWITCHES", "MEGATRON_VALUES", "notes", "translate"]
 
 # NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py (TransformerConfig's fp8/fp4
 # fields, their flags made by megatron/training/argument_utils.py: --FIELD, --no-FIELD for a True
@@ -68,7 +68,10 @@ MEGATRON_SWITCHES = (
     "--grad-reduce-in-bf16",
     "--accumulate-allreduce-grads-in-fp32",
 )
-_MEGATRON_FLAGS = ("--bf16", "--fp16", *MEGATRON_VALUES, *MEGATRON_SWITCHES)
+# Megatron-LM before 2023-08 (megatron/arguments.py, replaced by --fp8-format in 1b7a3836): a
+# switch per format, refused together ("cannot train with both fp8 e4m3 and hybrid formatting")
+MEGATRON_OLD_FORMATS = {"--fp8-e4m3": "e4m3", "--fp8-hybrid": "hybrid"}
+_MEGATRON_FLAGS = ("--bf16", "--fp16", *MEGATRON_VALUES, *MEGATRON_SWITCHES, *MEGATRON_OLD_FORMATS)
 # Megatron-Bridge's recipe names (megatron.bridge.training.mixed_precision, MIXED_PRECISION_RECIPES)
 # -> castwise clauses; their base is Megatron's --bf16 / --fp16 (Float16Module, fp32 main params)
 _BRIDGE_FP8 = {
@@ -116,6 +119,10 @@ def _megatron_words(head: str) -> tuple[str, dict[str, str], set[str]]:
             base = flag
         elif flag in MEGATRON_SWITCHES:
             switches.add(flag)
+        elif flag in MEGATRON_OLD_FORMATS:
+            if given.get("--fp8-format", MEGATRON_OLD_FORMATS[flag]) != MEGATRON_OLD_FORMATS[flag]:
+                raise PolicyError(f"{head!r}: Megatron refuses --fp8-e4m3 with --fp8-hybrid; keep one")
+            given["--fp8-format"] = MEGATRON_OLD_FORMATS[flag]
         elif flag in MEGATRON_VALUES and i + 1 < len(words):
             value, valid = words[i + 1].lower(), MEGATRON_VALUES[flag]
             if valid is not None and value not in valid:
@@ -125,7 +132,7 @@ def _megatron_words(head: str) -> tuple[str, dict[str, str], set[str]]:
         else:
             raise PolicyError(
                 f"Megatron flag {words[i]!r} in {head!r} is not one castwise reads; valid: "
-                + ", ".join(("--bf16", "--fp16", *MEGATRON_SWITCHES))
+                + ", ".join(("--bf16", "--fp16", *MEGATRON_SWITCHES, *MEGATRON_OLD_FORMATS))
                 + ", "
                 + ", ".join(f"{f} {'|'.join(v)}" for f, v in MEGATRON_VALUES.items() if v)
                 + f", {', '.join(f for f, v in MEGATRON_VALUES.items() if v is None)} (with a value)"
