@@ -171,3 +171,28 @@ def test_nvfp4_is_found_where_the_class_has_no_nvfp4_gemm(device: str) -> None:
     report = castwise.audit(_mlp(), torch.randn(2, 64, 128), policy="nvfp4", device=device, mode="train")
     faults = {f.code for f in report.errors} & {"CW181", "CW132", "CW180", "CW131"}
     assert bool(faults) == (not devices.get(device).low_precision().nvfp4)
+
+
+class _HandNVFP4(nn.Module):
+    """A hand-written NVFP4 GEMM: E2M1 operands (two a byte) with swizzled e4m3 block scales, one
+    per 16 elements in 128x4 tiles (torch's test_scaled_matmul_cuda layout)."""
+
+    def __init__(self, m: int = 128, k: int = 128, n: int = 128) -> None:
+        super().__init__()
+        self.m, self.k = m, k
+        self.w = nn.Parameter(torch.zeros(n, k // 2, dtype=torch.uint8), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.zeros(self.m, self.k // 2, dtype=torch.uint8, device=x.device).view(torch.float4_e2m1fn_x2)
+        b = self.w.view(torch.float4_e2m1fn_x2).t()
+        tiles = -(-self.k // 16 // 4) * 4
+        sa = torch.ones(-(-self.m // 128) * 128 * tiles, device=x.device).to(torch.float8_e4m3fn)
+        sb = torch.ones(-(-b.shape[1] // 128) * 128 * tiles, device=x.device).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16) + x.sum() * 0
+
+
+@pytest.mark.parametrize("device", GPU_CLASSES)
+def test_a_hand_written_nvfp4_gemm_is_refused_where_the_class_has_none(device: str) -> None:
+    report = castwise.audit(_HandNVFP4(), torch.randn(4), device=device, mode="eval")
+    refused = "CW132" in {f.code for f in report.findings}
+    assert refused == (not devices.get(device).low_precision().nvfp4)  # gb200 / sm120: the clean look-alike
