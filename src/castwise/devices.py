@@ -163,9 +163,19 @@ class Device:
         """(violation kind, message) when this class's float8 GEMM kernels refuse operands of
         ``dtypes`` (canonical names) over a reduction dim ``k`` (``mx``: E8M0 block scales); None
         when they take them. What the compute capability decides is the contract's own check."""
-        low = self.low
-        if self.kernels != "cuda" or low is None:
+        if self.kernels != "cuda" or self.capability is None:
             return None
+        low = self.low_precision()  # the class's own, else by capability (OCP float8 from sm 8.9)
+        if not low.fp8:
+            return None  # no float8 GEMMs at all: the contract's capability check says so
+        if any(d.startswith("float4") for d in dtypes):
+            k *= 2  # two E2M1 values a byte: the reduction dim in elements
+            if not (("mxfp4" in low.mx) if mx else low.nvfp4):
+                what, scales = ("MXFP4", "e8m0") if mx else ("NVFP4", "e4m3")
+                return "fp8-device", (
+                    f"{self.name} runs no {what} GEMMs (float4_e2m1fn_x2 operands with {scales} block scales: "
+                    "Blackwell, sm 10.0+, and for MXFP4 gfx950)"
+                )
         wrong = sorted({d for d in dtypes if d.startswith("float8") and d not in low.fp8})
         if wrong:
             return "fp8-flavour", (

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from castwise.lint import lint_config, read_config
+import pytest
+
+from castwise.lint import build_model, lint_config, read_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -97,3 +99,85 @@ def test_a_transformer_engine_recipe_delayed_scaling_takes_is_clean(tmp_path: Pa
     text = (FIXTURES / "lightning" / "te_recipe.yaml").read_text()
     good = text.replace("hybrid", "HYBRID").replace("amax_history_length", "amax_history_len")
     assert _findings(_write(tmp_path, "trainer.yaml", good)) == []
+
+
+_PRETRAIN = "torchrun pretrain_gpt.py --tensor-model-parallel-size 2 {}\n"
+
+
+def test_a_megatron_fp8_recipe_without_a_format_is_never_read(tmp_path: Path) -> None:
+    # Megatron builds no fp8 recipe without --fp8-format (args.fp8 None): --fp8-recipe is inert
+    inert = _write(tmp_path, "inert.sh", _PRETRAIN.format("--bf16 --fp8-recipe mxfp8"))
+    report = lint_config([inert])
+    assert [(f.code, f.settings) for f in report.findings] == [("CW213", ("--fp8-recipe",))]
+    assert "without --fp8-format" in report.findings[0].message
+    assert report.findings[0].fix.startswith("Add --fp8-format")
+    # look-alikes that stay clean: the format given, and a plain bf16 run
+    for flags in (
+        "--bf16 --fp8-format e4m3 --fp8-recipe mxfp8 --fp8-param-gather",
+        "--bf16",
+        "--bf16 --fp4-format e2m1",
+    ):
+        assert _findings(_write(tmp_path, "ok.sh", _PRETRAIN.format(flags))) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "compute"),
+    [
+        ("--bf16 --fp8-format hybrid --fp8-recipe tensorwise", "float8_e4m3fn"),
+        ("--bf16 --fp4-format e2m1 --fp4-recipe nvfp4", "float4_e2m1fn_x2"),
+        ("--bf16 --fp8-recipe mxfp8", "bfloat16"),
+        ("--bf16 --fp8-hybrid", "float8_e4m3fn"),  # Megatron-LM before 2023-08
+    ],
+)
+def test_megatron_gemm_flags_set_what_the_linears_compute_in(tmp_path: Path, flags: str, compute: str) -> None:
+    model = build_model(read_config(_write(tmp_path, "run.sh", _PRETRAIN.format(flags))))
+    assert model.compute is not None and model.compute.value == compute
+
+
+def test_a_torchtitan_recipe_name_its_converter_refuses(tmp_path: Path) -> None:
+    toml = '[model]\nconverters = ["{}"]\n[{}]\nrecipe_name = "{}"\n'
+    bad = _write(tmp_path, "bad.toml", toml.format("quantize.linear.mx", "quantize.linear.mx", "mxfp8_cublass"))
+    report = lint_config([bad])
+    assert [(f.code, f.settings) for f in report.findings] == [("CW220", ("quantize.linear.mx.recipe_name",))]
+    assert "mxfp8_cublas" in report.findings[0].message  # the valid names are listed
+    # look-alikes: a valid recipe, and an MX Linear converter beside a float8 grouped-GEMM one
+    good = _write(tmp_path, "good.toml", toml.format("quantize.linear.mx", "quantize.linear.mx", "mxfp4_cutlass"))
+    assert _findings(good) == []
+    model = build_model(read_config(good))
+    assert model.compute is not None and model.compute.value == "float4_e2m1fn_x2"
+    both = '[model]\nconverters = ["quantize.linear.mx", "quantize.grouped_mm.float8"]\n'
+    assert _findings(_write(tmp_path, "both.toml", both)) == []
+
+
+_BRIDGE_YAML = "model:\n  tensor_model_parallel_size: 2\ntrain:\n  global_batch_size: 8\nmixed_precision:{}\n"
+
+
+@pytest.mark.parametrize(
+    ("mixed_precision", "weights", "compute"),
+    [
+        (" bf16_with_mxfp8_mixed", "bfloat16", "float8_e4m3fn"),
+        (" bf16-with-nvfp4-mixed", "bfloat16", "float4_e2m1fn_x2"),
+        (" fp16_mixed", "float16", "float16"),
+        ("\n  bf16: true\n  fp8: hybrid\n  fp8_recipe: tensorwise\n", "bfloat16", "float8_e4m3fn"),
+        ("\n  bf16: true\n  fp4: e2m1\n", "bfloat16", "float4_e2m1fn_x2"),
+    ],
+)
+def test_a_megatron_bridge_config_reads_its_mixed_precision(
+    tmp_path: Path, mixed_precision: str, weights: str, compute: str
+) -> None:
+    path = _write(tmp_path, "config.yaml", _BRIDGE_YAML.format(mixed_precision))
+    (cf,) = read_config(path)
+    assert cf.format == "megatron-bridge"
+    model = build_model([cf])
+    assert model.weights is not None and model.weights.value == weights
+    assert model.compute is not None and model.compute.value == compute
+    assert lint_config([path]).findings == []
+
+
+def test_a_megatron_bridge_fp8_recipe_without_fp8_and_an_unknown_name(tmp_path: Path) -> None:
+    inert = _write(tmp_path, "inert.yaml", _BRIDGE_YAML.format("\n  bf16: true\n  fp8_recipe: mxfp8\n"))
+    report = lint_config([inert])
+    assert [(f.code, f.settings) for f in report.findings] == [("CW213", ("mixed_precision.fp8_recipe",))]
+    assert report.findings[0].fix.startswith("Set mixed_precision.fp8")
+    unknown = _write(tmp_path, "unknown.yaml", _BRIDGE_YAML.format(" bf16_with_fp8_mixed"))  # NeMo 2's name
+    assert [f.code for f in lint_config([unknown]).findings] == ["CW220"]

@@ -31,7 +31,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from castwise import _autocast, _dtypes
+from castwise import _autocast, _dtypes, devices
 from castwise._compiled import uncompiled
 from castwise._dtypes import short_of
 from castwise.applied.inspection import Decision, _user_stacklevel, resolve, unmatched_rules, warn_unmatched
@@ -493,7 +493,7 @@ class _default_dtype:
         torch.set_default_dtype(self.before)
 
 
-def apply(model: nn.Module, policy: Policy | str) -> Applied:
+def apply(model: nn.Module, policy: Policy | str, *, device: str | devices.Device | None = None) -> Applied:
     """Make ``model(...)`` run under ``policy``, in place; returns an ``Applied`` to undo it.
 
     >>> applied = castwise.apply(model, "bf16-true")   # or a castwise.Policy
@@ -503,9 +503,11 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     A policy with a float8 recipe (``"fp8"``, ``"fp8,fp8=rowwise"``, ``"mxfp8"``) also converts
     the Linears castwise's filter picks to torchao's float8 training layers (emulated on CPU);
     ``applied.float8`` lists the converted and the left-out layers with why
-    (``castwise.float8.convert``).
+    (``castwise.float8.convert``). ``device``: the GPU class those float8 GEMMs are for (its float8
+    flavour: ``cuda:mi300x`` takes e4m3fnuz / e5m2fnuz); None: the GPU the model is on.
     """
     policy = Policy.parse(policy)
+    target = devices.get(device) if device is not None else None
     if not isinstance(model, nn.Module):
         raise ApplyError(f"apply needs a torch.nn.Module, got {type(model).__name__}")
     # a torch.compile'd model: the module it compiled, whose names the policy's selectors use
@@ -516,7 +518,7 @@ def apply(model: nn.Module, policy: Policy | str) -> Applied:
     _check_manageable(model, casts)
     warn_unmatched(policy, model)
     # float8 first: the layers it swaps are the ones the base policy's wrappers then see
-    conversion = float8_convert(model, policy.float8, decisions) if policy.float8 is not None else None
+    conversion = float8_convert(model, policy.float8, decisions, target) if policy.float8 is not None else None
     if conversion is not None and (idle := conversion.plan.none_converted()):
         warnings.warn(idle, UserWarning, stacklevel=_user_stacklevel())  # a float8 policy doing nothing is said
     applied = Applied(model, policy, decisions)

@@ -119,7 +119,7 @@ def _run_once(
         with warnings.catch_warnings():
             # a rule matching no module is reported as CW123; apply's warning would say it twice
             warnings.filterwarnings("ignore", message="castwise: rule .* matches no module")
-            applied = apply(copy, policy) if policy is not None else None
+            applied = apply(copy, policy, device=dev) if policy is not None else None
         if applied is not None:
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)

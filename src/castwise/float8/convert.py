@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from castwise import devices
 from castwise.errors import ApplyError
 from castwise.float8.scaling import RECIPES, multiple
 from castwise.policy.float8 import Float8Recipe
@@ -224,14 +225,44 @@ def _torchao() -> Any:
     return ao_float8
 
 
-def _float8_config(recipe: Float8Recipe, emulate: bool) -> Any:
+# the float8 flavour each class's GEMMs take (devices.LowPrecision.fp8): OCP e4m3fn/e5m2, or on
+# MI300 (gfx942) the FNUZ pair, as torchao.float8.config.e4m3_dtype picks by torchao.utils.is_MI300
+_FNUZ = {"float8_e4m3fn": "float8_e4m3fnuz", "float8_e5m2": "float8_e5m2fnuz"}
+_MI300_ARCHS = ("gfx940", "gfx941", "gfx942")  # torchao.utils.is_MI300
+
+
+def fnuz(target: devices.Device | None, where: str) -> bool:
+    """Whether float8 GEMMs for ``target`` (None: the GPU the model is on, as torch reports it)
+    take the FNUZ flavour: the class's own float8 dtypes say so (cuda:mi300x)."""
+    if target is not None:
+        fp8 = target.low_precision().fp8
+        return bool(fp8) and all(d.endswith("fnuz") for d in fp8)
+    if where != "cuda" or not torch.cuda.is_available():
+        return False
+    arch = str(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "gcnArchName", ""))
+    return any(a in arch for a in _MI300_ARCHS)
+
+
+def _float8_config(recipe: Float8Recipe, emulate: bool, flavour_fnuz: bool = False) -> Any:
     ao = _torchao()
+
+    def dtype(name: str) -> torch.dtype:
+        return getattr(torch, _FNUZ.get(name, name) if flavour_fnuz else name)  # type: ignore[no-any-return]
+
     if recipe.scaling == "rowwise":
         if recipe.format != "e4m3":
             raise ApplyError(f"fp8=rowwise:{recipe.format}: torchao's rowwise recipe is e4m3 only; valid: fp8=rowwise")
-        return dataclasses.replace(ao.Float8LinearConfig.from_recipe_name("rowwise"), emulate=emulate)
-    forward = getattr(torch, recipe.forward_dtype)
-    grad = getattr(torch, recipe.gradient_dtype)
+        config = ao.Float8LinearConfig.from_recipe_name("rowwise")
+        casts = {  # every cast the recipe makes (its grad-weight ones too), in the class's flavour
+            f.name: dataclasses.replace(cast, target_dtype=dtype(str(cast.target_dtype)[6:]))
+            for f in dataclasses.fields(config)
+            if f.name.startswith("cast_config_")
+            and (cast := getattr(config, f.name)) is not None
+            and getattr(cast, "target_dtype", None) is not None
+        }
+        return dataclasses.replace(config, emulate=emulate, **casts)
+    forward = dtype(recipe.forward_dtype)
+    grad = dtype(recipe.gradient_dtype)
     return ao.Float8LinearConfig(
         cast_config_input=ao.CastConfig(target_dtype=forward),
         cast_config_weight=ao.CastConfig(target_dtype=forward),
@@ -333,8 +364,15 @@ def _weight_dtype_forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def convert(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Decision]) -> Float8Conversion:
-    """Convert ``model``'s Linears per castwise's filter; emulated unless the model is on CUDA."""
+def convert(
+    model: nn.Module,
+    recipe: Float8Recipe,
+    decisions: Mapping[str, Decision],
+    target: devices.Device | None = None,
+) -> Float8Conversion:
+    """Convert ``model``'s Linears per castwise's filter; emulated unless the model is on CUDA.
+    ``target``: the GPU class the GEMMs are for (its float8 flavour: FNUZ on cuda:mi300x); None:
+    the GPU the model is on."""
     if recipe.scaling not in RECIPES and not recipe.fp4:
         raise ApplyError(
             f"apply cannot run fp8={recipe} yet: torchao trains {', '.join(RECIPES)} (valid: fp8=tensorwise, "
@@ -349,7 +387,7 @@ def convert(model: nn.Module, recipe: Float8Recipe, decisions: Mapping[str, Deci
     if recipe.scaling == "mxfp8":
         _mxfp8(model, conv)
         return conv
-    config = _float8_config(recipe, conv.emulated)
+    config = _float8_config(recipe, conv.emulated, fnuz(target, device))
     from torchao.float8.float8_linear import Float8Linear
 
     try:

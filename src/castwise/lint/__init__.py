@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from castwise.errors import ConfigError
-from castwise.lint import accelerate, deepspeed, hf, lightning, megatron, simpletuner, torchtitan
+from castwise.lint import accelerate, deepspeed, hf, lightning, megatron, megatron_bridge, simpletuner, torchtitan
 from castwise.lint._source import (
     Document,
     looks_like_shell,
@@ -153,6 +153,8 @@ class _Loader:
 
     def _yaml_format(self, doc: Document, name: str) -> str | None:
         data = doc.data
+        if megatron_bridge.is_megatron_bridge(data):
+            return "megatron-bridge"
         if accelerate.is_accelerate_mapping(data):
             return "accelerate"
         if lightning.is_lightning_mapping(data):
@@ -175,6 +177,8 @@ class _Loader:
             return lightning.read(doc, shown, base, self._link)
         if fmt == "hf-training-args":
             return hf.read(doc, shown, base, self._link)
+        if fmt == "megatron-bridge":
+            return megatron_bridge.read(doc, shown)
         raise _unknown(shown, "file")
 
 
@@ -238,7 +242,16 @@ class _Builder:
         )
 
 
-_LAUNCH_ORDER = ("simpletuner", "accelerate", "hf-training-args", "lightning", "torchtitan", "megatron", "deepspeed")
+_LAUNCH_ORDER = (
+    "simpletuner",
+    "accelerate",
+    "hf-training-args",
+    "lightning",
+    "torchtitan",
+    "megatron",
+    "megatron-bridge",
+    "deepspeed",
+)
 
 
 def build_model(files: Sequence[ConfigFile]) -> PrecisionModel:
@@ -273,6 +286,8 @@ def build_model(files: Sequence[ConfigFile]) -> PrecisionModel:
                 torchtitan.contribute(cf, put)
             elif fmt == "megatron":
                 megatron.contribute(cf, put)
+            elif fmt == "megatron-bridge":
+                megatron.contribute(megatron_bridge.megatron_view(cf), put)
             else:
                 deepspeed.contribute(cf, put, auto)
     _ddp_reduce(files, b)

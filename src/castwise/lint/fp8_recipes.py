@@ -17,14 +17,20 @@ format other than ``HYBRID``/``E4M3``/``E5M2`` (the enum's names: case matters) 
 when the Trainer is built.
 
 torchtitan: see castwise.lint.torchtitan.
+
+Megatron-LM (megatron/training/arguments.py, megatron/core/fp8_utils.py): ``args.fp8`` /
+``args.fp4`` come from ``--fp8-format`` / ``--fp4-format`` alone; without them no recipe is built,
+so ``--fp8-recipe``, ``--fp8-param-gather``... are never read (``castwise.policy.vocab.notes``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from castwise.lint import torchtitan
+from castwise.errors import PolicyError
+from castwise.lint import megatron, megatron_bridge, torchtitan
 from castwise.lint.model import ConfigFile, Setting, finding, is_true, said
+from castwise.policy import vocab
 from castwise.report import Finding
 
 __all__ = ["run_checks"]
@@ -225,6 +231,25 @@ def _lightning(cf: ConfigFile) -> list[Finding]:
     return out
 
 
+def _megatron(cf: ConfigFile) -> list[Finding]:
+    out = []
+    try:
+        notes = vocab.notes(megatron.command_line(cf))
+    except PolicyError:
+        return []  # a command line castwise refuses says so where it is parsed as a policy
+    for note in notes:
+        flag, _, why = note.partition(" is inert: ")
+        s = cf.get(flag)
+        if why and s is not None:
+            fp4 = flag.startswith("--fp4")
+            if cf.path.endswith((".yaml", ".yml")) or s.name.startswith("mixed_precision"):
+                fix = f"Set mixed_precision.{'fp4: e2m1' if fp4 else 'fp8: e4m3 (or hybrid)'}"
+            else:
+                fix = "Add --fp4-format e2m1" if fp4 else "Add --fp8-format e4m3 (or hybrid)"
+            out.append(_ignored(s, why, f"{fix} to train with it, or delete {s.name}."))
+    return out
+
+
 def run_checks(files: Sequence[ConfigFile]) -> list[Finding]:
     out: list[Finding] = []
     for cf in files:
@@ -234,4 +259,8 @@ def run_checks(files: Sequence[ConfigFile]) -> list[Finding]:
             out += _lightning(cf)
         elif cf.format == "torchtitan":
             out += _titan_ignored(cf) + _titan_conflicts(cf)
+        elif cf.format == "megatron":
+            out += _megatron(cf)
+        elif cf.format == "megatron-bridge":
+            out += _megatron(megatron_bridge.megatron_view(cf))
     return out

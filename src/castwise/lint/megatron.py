@@ -12,6 +12,8 @@ Semantics (NVIDIA/Megatron-LM megatron/training/arguments.py ``validate_args`` a
 - Adam state: ``--exp-avg-dtype`` / ``--exp-avg-sq-dtype`` (fp32 default; fp16, bf16, fp8 with
   the precision-aware optimizer, TE's FusedAdam).
 - ``--loss-scale``: a static scale for fp16; unset, dynamic (``--initial-loss-scale``).
+- float8 / NVFP4 GEMMs: the flags ``castwise.policy.vocab`` reads (``--fp8-format`` turns float8 on,
+  ``--fp4-format`` NVFP4; a recipe flag alone is inert: CW213).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import re
 import shlex
 from typing import Any
 
+from castwise.errors import PolicyError
 from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of
+from castwise.policy import vocab
+from castwise.policy.float8 import Float8Recipe
 
 __all__ = ["is_megatron", "read"]
 
@@ -40,6 +45,9 @@ FLAGS: frozenset[str] = frozenset(
         "--global-batch-size",
         "--micro-batch-size",
         "--optimizer",
+        *vocab.MEGATRON_VALUES,
+        *vocab.MEGATRON_SWITCHES,
+        *vocab.MEGATRON_OLD_FORMATS,
     }
 )
 _VALUED = frozenset(
@@ -53,6 +61,7 @@ _VALUED = frozenset(
         "--global-batch-size",
         "--micro-batch-size",
         "--optimizer",
+        *vocab.MEGATRON_VALUES,
     }
 )
 _MARKERS = ("pretrain_gpt", "pretrain_bert", "pretrain_t5", "pretrain_mamba", "--tensor-model-parallel-size")
@@ -100,6 +109,9 @@ def read(text: str, shown: str) -> ConfigFile:
             value: Any = True
             if flag in _VALUED:
                 value = inline or (words[i + 1] if i + 1 < len(words) else "")
+            if flag in vocab.MEGATRON_OLD_FORMATS:  # the older releases' --fp8-e4m3 / --fp8-hybrid
+                settings["--fp8-format"] = Setting(flag, vocab.MEGATRON_OLD_FORMATS[flag], shown, number)
+                continue
             settings[flag] = Setting(flag, value, shown, number)
     return ConfigFile(shown, "megatron", settings)
 
@@ -159,3 +171,30 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     else:
         put("loss_scaling", Traced("none", src, "no loss scaling without --fp16"))
     put("device", Traced("cuda", (), "Megatron trains on GPUs"), weak=True)
+    _gemms(cf, put)
+
+
+def command_line(cf: ConfigFile) -> str:
+    """The script's precision flags as one Megatron command line (what castwise.policy reads)."""
+    words = []
+    for flag, s in cf.settings.items():
+        if flag in vocab.MEGATRON_VALUES:
+            words += [flag, str(s.value)]
+        elif flag in ("--bf16", "--fp16", *vocab.MEGATRON_SWITCHES):
+            words.append(flag)
+    return " ".join(words)
+
+
+def _gemms(cf: ConfigFile, put: Any) -> None:
+    fp4 = cf.get("--fp4-format") is not None
+    fmt = cf.get("--fp4-format") or cf.get("--fp8-format")
+    if fmt is None:
+        return  # without a format Megatron runs no low-precision GEMMs (a recipe flag alone: CW213)
+    recipe = cf.get("--fp4-recipe") if fp4 else cf.get("--fp8-recipe")
+    scaling = str(recipe.value) if recipe is not None else ("nvfp4" if fp4 else "delayed")
+    try:
+        gemm = Float8Recipe.parse(scaling if fp4 else f"{scaling}:{fmt.value}")
+    except PolicyError:
+        return  # a custom recipe (its quantizer factory) or a value Megatron refuses: no format to name
+    src = tuple(x for x in (fmt, recipe) if x is not None)
+    put("compute", Traced(gemm.forward_dtype, src, f"Megatron's {gemm.describe()}"))

@@ -23,6 +23,7 @@ FORMATS: dict[str, str] = {
     "lightning": "Lightning / LightningCLI config (YAML)",
     "simpletuner": "SimpleTuner config (config.env, config.json, config.toml)",
     "megatron": "Megatron-LM launch script (pretrain_gpt.sh command line)",
+    "megatron-bridge": "Megatron-Bridge config (YAML, its mixed_precision)",
     "torchtitan": "torchtitan job config (TOML)",
 }
 

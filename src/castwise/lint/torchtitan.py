@@ -21,10 +21,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from castwise.errors import PolicyError
 from castwise.lint._source import Document, Path_
 from castwise.lint.model import ConfigFile, Setting, Traced, dtype_of, is_scalar
+from castwise.policy import toolnames
+from castwise.policy.float8 import Float8Recipe
 
-__all__ = ["FLOAT8_SECTIONS", "MX_SECTIONS", "is_torchtitan", "read"]
+__all__ = ["FLOAT8_SECTIONS", "GROUPED_SECTIONS", "MX_SECTIONS", "is_torchtitan", "read"]
 
 FLOAT8_SECTIONS: dict[str, tuple[str, ...]] = {
     "quantize.linear.float8": ("quantize", "linear", "float8"),
@@ -33,6 +36,11 @@ FLOAT8_SECTIONS: dict[str, tuple[str, ...]] = {
 MX_SECTIONS: dict[str, tuple[str, ...]] = {
     "quantize.linear.mx": ("quantize", "linear", "mx"),
     "mx": ("mx",),
+}
+# the MoE converters' sections: they convert grouped GEMMs, not the Linears (no CW214 with a Linear one)
+GROUPED_SECTIONS: dict[str, tuple[str, ...]] = {
+    "quantize.grouped_mm.float8": ("quantize", "grouped_mm", "float8"),
+    "quantize.grouped_mm.mx": ("quantize", "grouped_mm", "mx"),
 }
 _SECTION = re.compile(r"\s*\[\s*([A-Za-z0-9_.\-]+)\s*\]")
 _KEY = re.compile(r"\s*([A-Za-z0-9_\-]+)\s*=")
@@ -87,7 +95,7 @@ def read(doc: Document, text: str, shown: str) -> ConfigFile:
     converters = doc.at(("model", "converters"))
     if converters is not None:
         put(("model", "converters"), converters)
-    for sections in (FLOAT8_SECTIONS, MX_SECTIONS):
+    for sections in (FLOAT8_SECTIONS, MX_SECTIONS, GROUPED_SECTIONS):
         for path in sections.values():
             block = doc.at(path)
             if isinstance(block, dict):
@@ -114,10 +122,18 @@ def contribute(cf: ConfigFile, put: Any) -> None:
     note = "torchtitan's FSDP2 MixedPrecisionPolicy(param_dtype=mixed_precision_param) over float32 weights"
     put("compute", Traced(compute or "bfloat16", (param,) if param is not None else (), note))
     conv = cf.get("model.converters")
-    if conv is not None and any(c in FLOAT8_SECTIONS or c in MX_SECTIONS for c in converters(cf)):
-        # the converted Linears' GEMMs take float8_e4m3fn inputs (Accelerate's fp8 reads the same)
-        note = "torchtitan's float8 / MX converter: Linears compute in float8_e4m3fn, the rest in the param dtype"
-        put("compute", Traced("float8_e4m3fn", (conv,), note))
+    linear = [c for c in converters(cf) if c in FLOAT8_SECTIONS or c in MX_SECTIONS]
+    if conv is not None and linear:
+        # the converted Linears' GEMMs take the recipe's inputs (float8_e4m3fn; E2M1 for mxfp4)
+        path = {**FLOAT8_SECTIONS, **MX_SECTIONS}[linear[0]]
+        recipe = cf.get(".".join(path) + ".recipe_name")
+        try:
+            value = toolnames.named(f"torchtitan:{linear[0]}:{recipe.value if recipe is not None else ''}")
+        except PolicyError:
+            value = None  # a recipe torchtitan refuses (CW214)
+        dtype = Float8Recipe.parse(value).forward_dtype if value else "float8_e4m3fn"
+        note = f"torchtitan's {linear[0]} converter: Linears compute in {dtype}, the rest in the param dtype"
+        put("compute", Traced(dtype, (conv,) + ((recipe,) if recipe is not None else ()), note))
     # torchtitan/train.py Trainer.__init__ builds the model under
     # ``set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype])`` (default float32): the
     # parameters, hence their gradients and torch.optim's ``zeros_like(p)`` state, are in that dtype

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from castwise.lint.model import ConfigFile, Setting, finding, is_auto, is_false, is_true
-from castwise.policy import presets
+from castwise.policy import presets, toolnames, vocab
 from castwise.report import Finding
 
 __all__ = ["ACCEPTED", "Accepted", "check_values"]
@@ -68,7 +68,6 @@ _LIGHTNING_STRINGS = sorted(
 _LIGHTNING = Accepted(_one_of(*_LIGHTNING_STRINGS), ", ".join(_LIGHTNING_STRINGS))
 
 _TITAN_DTYPES = ("bfloat16", "float16", "float32")
-_TITAN_FLOAT8 = ("rowwise", "rowwise_with_gw_hp", "tensorwise")  # torchao's Float8LinearRecipeName
 
 # format -> canonical setting key -> what the tool accepts
 ACCEPTED: dict[str, dict[str, Accepted]] = {
@@ -99,10 +98,18 @@ ACCEPTED: dict[str, dict[str, Accepted]] = {
         "training.dtype": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
         "training.mixed_precision_param": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
         "training.mixed_precision_reduce": Accepted(_one_of(*_TITAN_DTYPES), ", ".join(_TITAN_DTYPES)),
+        # each converter's recipe_name (castwise.policy.toolnames, from torchtitan's and torchao's source)
         **{
-            f"{section}.recipe_name": Accepted(_one_of(*_TITAN_FLOAT8), ", ".join(_TITAN_FLOAT8))
-            for section in ("quantize.linear.float8", "float8")
+            f"{conv}.recipe_name": Accepted(_one_of(*names), ", ".join(sorted(names)))
+            for conv, (_, names) in toolnames.TORCHTITAN_CONVERTERS.items()
+            if conv.islower()
         },
+    },
+    # Megatron-Bridge's get_mixed_precision_config: a MIXED_PRECISION_RECIPES name, either spelling
+    "megatron-bridge": {
+        "mixed_precision": Accepted(
+            _one_of(*vocab.BRIDGE, *(n.replace("_", "-") for n in vocab.BRIDGE)), ", ".join(sorted(vocab.BRIDGE))
+        )
     },
     "simpletuner": {
         "mixed_precision": _MIXED_PRECISION,

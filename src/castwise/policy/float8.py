@@ -27,10 +27,11 @@ as ``tensorwise``, and ``subchannel`` (Megatron-Bridge's 1x128 / 128x128 blocks)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, cast
 
 from castwise.errors import PolicyError
+from castwise.policy import toolnames
 
 __all__ = ["FORMATS", "NAMED", "SCALINGS", "Float8Recipe", "named"]
 
@@ -45,53 +46,14 @@ MX_BLOCK = 32  # the OCP MX block: elements per shared E8M0 scale
 NVFP4_BLOCK = 16  # NVFP4: elements per E4M3 block scale
 # the elements one scale covers along a GEMM's reduction dim (absent: the whole tensor or row)
 BLOCK: dict[str, int] = {"blockwise": 128, "mxfp8": MX_BLOCK, "nvfp4": NVFP4_BLOCK, "mxfp4": MX_BLOCK}
-# other tools' names for a GEMM recipe (any case) -> castwise's fp8= value; docs/policy.md cites them.
-# TransformerEngine's recipe classes (transformer_engine.common.recipe), with their default formats
-TE_RECIPES: dict[str, str] = {
-    "DelayedScaling": "delayed",
-    "Float8CurrentScaling": "tensorwise:hybrid",
-    "Float8BlockScaling": "blockwise",
-    "MXFP8BlockScaling": "mxfp8",
-    "NVFP4BlockScaling": "nvfp4",
-}
-# torchao: Float8LinearConfig's recipe names, the MX linear recipe names torchtitan passes
-# (quantize.linear.mx.recipe_name), and the config classes that say one recipe
-TORCHAO_RECIPES: dict[str, str] = {
-    "tensorwise": "tensorwise",
-    "rowwise": "rowwise",
-    "rowwise_with_gw_hp": "rowwise",
-    "Float8LinearConfig": "tensorwise",
-    "Float8TrainingOpConfig": "rowwise",
-    "Float8DynamicActivationFloat8WeightConfig": "tensorwise",
-    "Float8BlockwiseLinearConfig": "blockwise",
-    "mxfp8_emulated": "mxfp8",
-    "mxfp8_cublas": "mxfp8",
-    "mxfp8_cublas_rceil": "mxfp8",
-    "mxfp8_cutlass": "mxfp8",
-    "MXFP8TrainingOpConfig": "mxfp8",
-    "MXDynamicActivationMXWeightConfig": "mxfp8",
-    "mxfp4_emulated": "mxfp4",
-    "mxfp4_cutlass": "mxfp4",
-    "MXFakeQuantizeConfig": "mxfp4",
-    "NVFP4TrainingConfig": "nvfp4",
-    "NVFP4FakeQuantizeConfig": "nvfp4",
-    "NVFP4DynamicActivationNVFP4WeightConfig": "nvfp4",
-}
-NAMED: dict[str, dict[str, str]] = {"te": TE_RECIPES, "torchao": TORCHAO_RECIPES}
+# other tools' names for a GEMM recipe (castwise.policy.toolnames): written TOOL:NAME
+NAMED = toolnames.TOOLS
 
 
 def named(text: str) -> str | None:
     """castwise's fp8= value for a tool's recipe name (``te:NVFP4BlockScaling``,
     ``torchao:rowwise``); None when ``text`` is not one. PolicyError for an unknown name of a tool."""
-    tool, colon, name = text.strip().partition(":")
-    table = NAMED.get(tool.strip().lower()) if colon else None
-    if table is None:
-        return None
-    key = name.strip().lower().removeprefix("recipe.")
-    found = {k.lower(): v for k, v in table.items()}.get(key)
-    if found is None:
-        raise PolicyError(f"unknown {tool.strip()} recipe {name.strip()!r}; valid: {', '.join(sorted(table))}")
-    return found
+    return toolnames.named(text)
 
 
 _DTYPE: dict[str, str] = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e2m1": "float4_e2m1fn_x2"}
@@ -107,6 +69,9 @@ class Float8Recipe:
 
     scaling: Scaling = "tensorwise"
     format: Format | None = None  # None: the scaling's default
+    # how the tool's recipe this was read from differs from castwise's emulation ('' : it does not);
+    # not part of the value: the recipe prints and compares as its scaling and format
+    note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
@@ -130,7 +95,7 @@ class Float8Recipe:
                 f"{', '.join(SCALINGS)} and FORMAT one of {', '.join(FORMATS)}; or a tool's recipe name: "
                 f"{', '.join(f'{tool}:NAME' for tool in NAMED)}"
             )
-        return cls(cast(Scaling, scaling), cast(Format, fmt) if fmt else None)
+        return cls(cast(Scaling, scaling), cast(Format, fmt) if fmt else None, toolnames.note(text))
 
     def __str__(self) -> str:
         return self.scaling if self.format == default_format(self.scaling) else f"{self.scaling}:{self.format}"
@@ -159,6 +124,9 @@ class Float8Recipe:
         return BLOCK.get(self.scaling)
 
     def describe(self) -> str:
+        return self._describe() + (f" ({self.note})" if self.note else "")
+
+    def _describe(self) -> str:
         if self.scaling == "nvfp4":
             return "NVFP4 GEMMs in Linears (e2m1 in blocks of 16, e4m3 block scales, an f32 tensor scale)"
         if self.scaling == "mxfp4":

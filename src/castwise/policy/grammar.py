@@ -34,14 +34,21 @@ def _clause_end(text: str, i: int) -> int:
         for tail in _RULE_TAIL.finditer(text, head.end()):
             if _dtypes.canonical(tail.group(1)) is not None:
                 return tail.end()
-    comma = text.find(",", i)
-    return len(text) if comma < 0 else comma + 1
+    depth = 0  # a tool's recipe call (te:DelayedScaling(fp8_format=..., margin=0)) keeps its commas
+    for j in range(i, len(text)):
+        if text[j] == "(":
+            depth += 1
+        elif text[j] == ")":
+            depth = max(depth - 1, 0)
+        elif text[j] == "," and depth == 0:
+            return j + 1
+    return len(text)
 
 
 def split(text: str) -> list[str]:
     """Split on the commas between clauses. A rule's selector may hold commas, brackets and
     '=' (a regex): a ``keep[``/``out[`` clause runs to the first ``]=DTYPE`` that is followed by
-    a comma or the end of the string."""
+    a comma or the end of the string; commas inside parentheses (a tool's recipe call) stay."""
     parts: list[str] = []
     i, n = 0, len(text)
     while True:

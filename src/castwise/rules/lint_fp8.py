@@ -38,7 +38,8 @@ RULES: tuple[Rule, ...] = (
         "a TransformerEngine key under backend: AO or a torchao key under backend: TE, fp8_config without "
         "mixed_precision: fp8; a torchtitan [quantize.linear.float8] / [quantize.linear.mx] section whose "
         "converter [model] converters does not list, precompute_float8_dynamic_scale_for_fsdp without "
-        "the float8 all-gather.",
+        "the float8 all-gather; a Megatron-LM --fp8-recipe / --fp4-recipe (or a Megatron-Bridge "
+        "mixed_precision.fp8_recipe) without --fp8-format / --fp4-format, which alone turn the GEMMs on.",
         why="Nothing fails: the setting is dropped on the way (an environment variable nobody reads, a "
         "section no converter is built for) and the run trains with the recipe's defaults (an amax "
         "history of 1024 with most_recent, not what the file says) or without float8 at all.",
