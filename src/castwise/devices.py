@@ -83,7 +83,8 @@ class LowPrecision:
     flavour, everyone else's the OCP one); ``mx``: the MX recipes (E8M0 scale per 32
     elements) it runs; ``nvfp4``: NVFP4 GEMMs (E2M1 in 16-element blocks, E4M3 scales);
     ``multiple``: what every float8 GEMM dim must be a multiple of; ``mx_k``: the reduction dim
-    of an MX GEMM; ``fp4_multiple``: every dim of an NVFP4 GEMM."""
+    of an MX GEMM; ``fp4_multiple``: every dim of an NVFP4 GEMM; ``rocm``: a ROCm build's
+    ``_scaled_mm``, which lacks CUDA's cuBLASLt-only checks (e5m2 x e5m2 is allowed there)."""
 
     fp8: tuple[str, ...] = ()
     mx: tuple[str, ...] = ()
@@ -91,6 +92,7 @@ class LowPrecision:
     multiple: int = 16
     mx_k: int = 32
     fp4_multiple: int = 128
+    rocm: bool = False
 
     def missing(self, recipe: str) -> str | None:
         """What this class lacks to run a policy's fp8 ``recipe`` ("tensorwise", "mxfp8", "nvfp4"...);
@@ -367,11 +369,11 @@ _gpu(
     "cuda:mi300x",
     "an AMD MI300X (gfx942, ROCm): float8 in the FNUZ flavour (e4m3fnuz, e5m2fnuz), no MX, no FP4",
     (9, 4),
-    LowPrecision(FNUZ_FP8),
+    LowPrecision(FNUZ_FP8, rocm=True),
 )
 _gpu(
     "cuda:mi355x",
     "an AMD MI355X (gfx950, ROCm): OCP float8 (e4m3fn, e5m2), MXFP8 and MXFP4 (K a multiple of 128), no NVFP4",
     (9, 5),
-    LowPrecision(OCP_FP8, ("mxfp8", "mxfp4"), mx_k=128),
+    LowPrecision(OCP_FP8, ("mxfp8", "mxfp4"), mx_k=128, rocm=True),
 )

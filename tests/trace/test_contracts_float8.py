@@ -61,6 +61,14 @@ def test_mx_scales_need_blackwell_and_two_e5m2_are_refused() -> None:
     assert check(aten._scaled_mm.default, _args(16, 32, 16, E4M3, E5M2), {}, "cuda") is None
 
 
+def test_a_rocm_class_multiplies_two_e5m2() -> None:
+    """Blas.cpp keeps the e5m2 x e5m2 refusal under ``#ifndef USE_ROCM`` (pytorch#148228): MI355X
+    (OCP float8) takes the pair that every CUDA class refuses."""
+    e5m2 = _args(16, 32, 16, E5M2, E5M2)
+    assert check(aten._scaled_mm.default, e5m2, {}, "cuda:mi355x") is None
+    assert check(aten._scaled_mm.default, e5m2, {}, "cuda:h200") is not None
+
+
 TRUTH = Path(__file__).parent / "truth" / "scaled_mm_h200.json"
 
 

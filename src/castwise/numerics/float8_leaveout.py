@@ -10,7 +10,7 @@ reduction dim is the batch's token count. A layer is left out when
   wider than the format's and the small values fill whole lines (a GEMM result column lost);
 - one of its GEMMs loses features: under the recipe's scaling of both its operands along the
   reduction dim, more than ``GEMM_SHARE`` of its result features (columns; for grad_weight also
-  rows, the output features) err by over ``score.ERROR`` of their terms' root-sum-square
+  rows, the output features) err by over ``score.threshold(scaling)`` of their terms' root-sum-square
   (``score.lost``). This sees what one operand alone cannot: a row's small values flushed
   by its own scale that meet the other operand's large ones, an MX block flushed by one outlier;
 - castwise's filter, the one apply reads, leaves it out (``castwise.float8.convert.reasons``);
@@ -28,7 +28,7 @@ import torch
 
 from castwise import devices
 from castwise.float8.scaling import RECIPES, multiple
-from castwise.float8.score import ERROR
+from castwise.float8.score import threshold
 from castwise.policy.float8 import Float8Recipe
 from castwise.trace.contracts.float8 import _scaled_mm
 
@@ -128,7 +128,8 @@ def gemm_reasons(operands: dict[str, Any], scaling: str) -> tuple[dict[str, floa
             line = max(lines, key=lambda k: got[f"lost_{k}"])
             what = {"cols": "columns", "rows": "rows (output features)"}[line]
             reasons.append(
-                f"{100 * share:.1f}% of its {name} GEMM's result {what} err by over {ERROR:g} of their terms' "
+                f"{100 * share:.1f}% of its {name} GEMM's result {what} err by over {threshold(scaling):g} of "
+                f"their terms' "
                 f"root-sum-square (worst {got[f'worst_{line}']:.2f}) once {scaling} scaling flushes or rounds "
                 "its operands"
             )

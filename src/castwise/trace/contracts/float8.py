@@ -8,7 +8,7 @@ CUDA, read from aten/src/ATen/native/cuda/Blas.cpp (``_scaled_mm_out_cuda``, tor
 - every GEMM dimension is a multiple of 16: mat1's trailing dim, both of mat2's. Forward that is
   the Linear's in/out features; the backward's weight-gradient GEMM (``grad_out.t() @ input``)
   multiplies over the batch's tokens, so their count must be one too (pytorch/ao issue 3111);
-- two e5m2 operands are refused (cuBLASLt has no e5m2 x e5m2 GEMM).
+- two e5m2 operands are refused (cuBLASLt has no e5m2 x e5m2 GEMM); a ROCm build skips this check.
 
 Measured on an H200 (sm 9.0, torch 2.11; tests/trace/truth/scaled_mm_h200.json): every shape and
 format case above, the messages word for word; MX scales there fail in cuBLASLt
@@ -62,7 +62,10 @@ def _scaled_mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         if b.shape[0] % MULTIPLE or b.shape[1] % MULTIPLE:
             msg = f"mat2 shape ({_shape(b)}) must be divisible by 16"
             return _viol(op, "fp8-shape", msg, args, kwargs, [b], None)
-    if a.dtype == b.dtype == torch.float8_e5m2:
+    # torch's Blas.cpp checks this under `#ifndef USE_ROCM` only (pytorch#148228): ROCm's hipBLASLt
+    # multiplies two e5m2 operands
+    rocm = dev.low is not None and dev.low.rocm
+    if a.dtype == b.dtype == torch.float8_e5m2 and not rocm:
         msg = "Multiplication of two Float8_e5m2 matrices is not supported"
         return _viol(op, "fp8-device", msg, args, kwargs, [a, b], None)
     return out
