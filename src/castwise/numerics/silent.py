@@ -145,8 +145,8 @@ class _Search:
         try:
             after = self.errors.of(Target(policy, self.recipe))
         except RunRaised:
-            # it does not run as is (float32 inputs into 16-bit weights): the audit's suggested
-            # policy for it adds what that needs; the clause is verified with that alone
+            # it does not run as is (float32 inputs into 16-bit weights): float32 islands where the
+            # audit finds it fails, and the clause is measured against those islands alone
             repaired = self.repair(policy)
             if repaired is None:
                 return None
@@ -188,7 +188,10 @@ def verify_fixes(
     for i in silent:
         found = checks.get(i)
         if found is None:
-            report.findings[i] = _unverified(report.findings[i], "no candidate clause ran under the policy")
+            report.findings[i] = _unverified(
+                report.findings[i],
+                f"no candidate clause ran under the policy, or the {MAX_RUNS} re-runs went to other findings",
+            )
         else:
             covers = sum(1 for c in checks.values() if c is found)
             report.findings[i] = _checked(report.findings[i], found, covers)
