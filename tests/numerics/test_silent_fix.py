@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 import castwise
 from castwise.errors import CastwiseError
-from castwise.numerics.silent import verify_fixes, with_clause
+from castwise.numerics.silent import candidates, verify_fixes, with_clause
 from castwise.policy import Policy
 from tests.rules.fixtures.CW140_loss_in_bf16 import build as build_lm
 from tests.rules.fixtures.CW141_positions_type_as import build as build_rotary
@@ -188,6 +188,17 @@ def test_declared_precision_is_respected_only_where_declared() -> None:
     for policy, want in policies.items():
         found = [f.code for f in _silent(castwise.audit(model, inputs, policy=policy, mode="eval", device="cuda"))]
         assert found == want, (policy, found)
+
+
+def test_no_candidate_island_holds_most_of_the_model() -> None:
+    model, _ = build_lm()  # the embedding and the head hold half the parameters each
+    f = castwise.Finding("CW141", "m", module="lm_head", origin=castwise.Origin(module="embed"))
+    bf16 = Policy.parse("bf16-true")
+    # an island there would "verify" by running half the model in float32: not a candidate
+    assert candidates(f, bf16, model) == []
+    assert candidates(f, bf16) == ["keep[lm_head]=f32", "keep[embed]=f32"]
+    f = castwise.Finding("CW141", "m", module="norm", details=(("fix_policy", "inputs=none"),))
+    assert candidates(f, bf16, model) == ["inputs=none", "keep[norm]=f32"]
 
 
 def test_with_clause_adds_one_clause_and_refuses_a_dtype_change() -> None:

@@ -76,17 +76,31 @@ def with_clause(policy: Policy, clause: str) -> Policy:
     return policy.replace(**changes).with_rules(*parsed.rules)
 
 
-def candidates(f: Finding, policy: Policy) -> list[str]:
-    """The clauses that may fix ``f``, its rule's own first: the island at its module and at its origin."""
+ISLAND_SHARE = 0.25  # the most of the model's parameters an island tried beyond the rule's own clause holds
+
+
+def candidates(f: Finding, policy: Policy, model: nn.Module | None = None) -> list[str]:
+    """The clauses that may fix ``f``, its rule's own first, then an island at its module and at its
+    origin: only a small one (``ISLAND_SHARE`` of the parameters at most), lest "verified" mean no
+    more than most of the model run in float32."""
     own = dict(f.details).get("fix_policy")
     out = [own] if isinstance(own, str) else list(own or ())
     for module in (f.module, f.origin.module if f.origin else None):
-        if module:
+        if module and (model is None or _share(model, module) <= ISLAND_SHARE):
             out.append(f"keep[{_literal(module)}]=f32")
     tensor = f.origin.tensor if f.origin is not None else None
     if tensor and tensor.startswith("input ") and policy.input_dtype is not None:
         out.append("inputs=none")  # the engine's input cast narrowed it: leave the inputs as given
     return list(dict.fromkeys(out))
+
+
+def _share(model: nn.Module, name: str) -> float:
+    """The share of the model's parameters in module ``name`` and inside it (1: not found)."""
+    try:
+        inside = sum(p.numel() for p in model.get_submodule(name).parameters())
+    except AttributeError:
+        return 1.0
+    return inside / max(sum(p.numel() for p in model.parameters()), 1)
 
 
 def _fix_text(f: Finding) -> str:
@@ -212,7 +226,7 @@ def _search(
     search = _Search(errors, target.policy, target.recipe, repair)
     found: dict[int, FixCheck] = {}
     for i in silent:
-        found_i = _fix_of(search, candidates(report.findings[i], target.policy))
+        found_i = _fix_of(search, candidates(report.findings[i], target.policy, model))
         if found_i is not None:
             found[i] = found_i
     return found
