@@ -15,7 +15,7 @@ a control is clean with no CW14x finding.
     python benchmarks/bench_silent.py [--cases a,b] [--kind planted|control] [--family lm,moe]
         [--devices cpu,cuda] [--no-truth] [--no-audit] [--fix] [--jobs J] [--out silent.json]
 
-Fix (benchmarks/silent/fixcheck.py, ``--fix``): the cpu audit's CW14x findings with their fixes
+Fix (benchmarks/silent/fixcheck.py, ``--fix``): each device's audit's CW14x findings with their fixes
 verified for real (``castwise.numerics.silent.verify_fixes``: the policy plus the finding's
 clause against f32 on the case's inputs); a planted case's fix is verified when the finding at
 its op says so; a control has nothing to verify.
@@ -73,7 +73,7 @@ def _one(job: tuple[str, tuple[str, ...], bool, bool, bool]) -> dict[str, Any]:
     try:
         record = evaluate(CASES[name], devices, truth, audit)
         if fix and CASES[name].kind == "planted":
-            record["fix"] = score_fix(CASES[name])
+            record["fix"] = {d: score_fix(CASES[name], d) for d in devices}
         return record
     except Exception as exc:  # a harness failure is reported, never hidden in a score
         return {"case": name, "harness_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1200:]}
@@ -112,8 +112,8 @@ def _report(r: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             parts.append(f"{a['device']}: {'clean' if a['clean'] else 'FLAGGED'}")
-    if "fix" in r:
-        parts.append(fix_line(r["fix"]))
+    for device, fix in r.get("fix", {}).items():
+        parts.append(f"{device}: {fix_line(fix)}")
     print(" | ".join(parts), flush=True)
     return r
 
@@ -142,7 +142,9 @@ def summarise(results: list[dict[str, Any]], devices: tuple[str, ...]) -> dict[s
             "crashes": sum(audit_of(r)["status"] != "done" for r in ok),
         }
     if any("fix" in r for r in planted):
-        summary["fix"] = fix_summary([r["fix"] for r in planted if "fix" in r])
+        fixes = [r["fix"] for r in planted if "fix" in r]
+        summary["fix"] = {d: fix_summary([f[d] for f in fixes]) for d in devices}
+        summary["fix"]["any"] = fix_summary([max(f.values(), key=lambda x: x["verified"]) for f in fixes])
     return summary
 
 
@@ -163,9 +165,11 @@ def print_summary(s: dict[str, Any], devices: tuple[str, ...]) -> None:
             )
     if not any(d in s for d in devices):
         print(f"audit not run; {truth}")
-    if "fix" in s:
-        f = s["fix"]
-        print(f"fix verified (real runs against f32, >= 4x lower error): {f['verified']}/{f['cases']} planted")
+    for d, f in s.get("fix", {}).items():
+        head = f"{d} audit's findings" if d != "any" else "either device's"
+        print(
+            f"fix verified ({head}; real CPU runs against f32, >= 4x lower error): {f['verified']}/{f['cases']} planted"
+        )
     if s["harness_errors"]:
         print(f"{s['harness_errors']} harness error(s)")
 

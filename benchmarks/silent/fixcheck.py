@@ -1,4 +1,4 @@
-"""The fix column of a silent case: the audit's CW14x findings (cpu, fake tensors) with their fixes
+"""The fix column of a silent case: the audit's CW14x findings (per device, fake tensors) with their fixes
 verified for real by ``castwise.numerics.silent.verify_fixes`` on the case's own real inputs (the
 policy plus the finding's clause, run against float32; verified at >= 4x lower error). A planted
 case's fix is verified when the finding at its op (scoring.at_op) says so."""
