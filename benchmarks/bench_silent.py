@@ -13,7 +13,12 @@ CW140-CW149 finding names its op in its module (and, for origin, where the 16-bi
 a control is clean with no CW14x finding.
 
     python benchmarks/bench_silent.py [--cases a,b] [--kind planted|control] [--family lm,moe]
-        [--devices cpu,cuda] [--no-truth] [--no-audit] [--jobs J] [--out silent.json]
+        [--devices cpu,cuda] [--no-truth] [--no-audit] [--fix] [--jobs J] [--out silent.json]
+
+Fix (benchmarks/silent/fixcheck.py, ``--fix``): each device's audit's CW14x findings with their fixes
+verified for real (``castwise.numerics.silent.verify_fixes``: the policy plus the finding's
+clause against f32 on the case's inputs); a planted case's fix is verified when the finding at
+its op says so; a control has nothing to verify.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.silent.cases import CASES, Case  # noqa: E402
+from benchmarks.silent.fixcheck import fix_line, fix_summary, score_fix  # noqa: E402
 from benchmarks.silent.scoring import score_audit  # noqa: E402
 from benchmarks.silent.truth import RATIO, measure  # noqa: E402
 
@@ -61,17 +67,22 @@ def evaluate(case: Case, devices: tuple[str, ...], truth: bool, audit: bool) -> 
     return record
 
 
-def _one(job: tuple[str, tuple[str, ...], bool, bool]) -> dict[str, Any]:
-    name, devices, truth, audit = job
+def _one(job: tuple[str, tuple[str, ...], bool, bool, bool]) -> dict[str, Any]:
+    name, devices, truth, audit, fix = job
     warnings.filterwarnings("ignore")
     try:
-        return evaluate(CASES[name], devices, truth, audit)
+        record = evaluate(CASES[name], devices, truth, audit)
+        if fix and CASES[name].kind == "planted":
+            record["fix"] = {d: score_fix(CASES[name], d) for d in devices}
+        return record
     except Exception as exc:  # a harness failure is reported, never hidden in a score
         return {"case": name, "harness_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-1200:]}
 
 
-def run(names: list[str], devices: tuple[str, ...], truth: bool, audit: bool, jobs: int) -> list[dict[str, Any]]:
-    work = [(n, devices, truth, audit) for n in names]
+def run(
+    names: list[str], devices: tuple[str, ...], truth: bool, audit: bool, jobs: int, fix: bool = False
+) -> list[dict[str, Any]]:
+    work = [(n, devices, truth, audit, fix) for n in names]
     if jobs <= 1:
         return [_report(_one(w)) for w in work]
     with multiprocessing.get_context("fork").Pool(jobs, maxtasksperchild=8) as pool:
@@ -101,6 +112,8 @@ def _report(r: dict[str, Any]) -> dict[str, Any]:
             )
         else:
             parts.append(f"{a['device']}: {'clean' if a['clean'] else 'FLAGGED'}")
+    for device, fix in r.get("fix", {}).items():
+        parts.append(f"{device}: {fix_line(fix)}")
     print(" | ".join(parts), flush=True)
     return r
 
@@ -128,6 +141,10 @@ def summarise(results: list[dict[str, Any]], devices: tuple[str, ...]) -> dict[s
             "controls_clean": sum(audit_of(r)["status"] == "done" and audit_of(r)["clean"] for r in controls),
             "crashes": sum(audit_of(r)["status"] != "done" for r in ok),
         }
+    if any("fix" in r for r in planted):
+        fixes = [r["fix"] for r in planted if "fix" in r]
+        summary["fix"] = {d: fix_summary([f[d] for f in fixes]) for d in devices}
+        summary["fix"]["any"] = fix_summary([max(f.values(), key=lambda x: x["verified"]) for f in fixes])
     return summary
 
 
@@ -148,6 +165,11 @@ def print_summary(s: dict[str, Any], devices: tuple[str, ...]) -> None:
             )
     if not any(d in s for d in devices):
         print(f"audit not run; {truth}")
+    for d, f in s.get("fix", {}).items():
+        head = f"{d} audit's findings" if d != "any" else "either device's"
+        print(
+            f"fix verified ({head}; real CPU runs against f32, >= 4x lower error): {f['verified']}/{f['cases']} planted"
+        )
     if s["harness_errors"]:
         print(f"{s['harness_errors']} harness error(s)")
 
@@ -162,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default=",".join(DEVICES), help=f"audit devices, from: {', '.join(DEVICES)}")
     parser.add_argument("--no-truth", action="store_true", help="skip the real f32 vs bf16 runs")
     parser.add_argument("--no-audit", action="store_true", help="only measure the truth")
+    parser.add_argument("--fix", action="store_true", help="verify each planted case's fix for real (a column)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the per-case results (gaps, findings) as JSON here")
     opts = parser.parse_args(argv)
@@ -181,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         if (opts.kind is None or CASES[n].kind == opts.kind) and (families is None or CASES[n].family in families)
     ]
     start = time.perf_counter()
-    results = run(names, devices, not opts.no_truth, not opts.no_audit, opts.jobs)
+    results = run(names, devices, not opts.no_truth, not opts.no_audit, opts.jobs, opts.fix)
     print(f"silent: {len(results)} cases, {time.perf_counter() - start:.0f} s with {opts.jobs} job(s)")
     summary = summarise(results, devices)
     print_summary(summary, devices)

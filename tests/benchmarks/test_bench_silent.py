@@ -70,3 +70,16 @@ def test_one_planted_case_and_one_control_audit_end_to_end(tmp_path: Path) -> No
     assert data["summary"]["harness_errors"] == 0
     control = data["results"][1]["audits"][0]
     assert control["clean"] == (not control["seen"])
+
+
+def test_the_fix_column_verifies_a_planted_case_for_real(tmp_path: Path) -> None:
+    out = tmp_path / "silent.json"
+    argv = ["--cases", "neox_rope_positions_type_as,rope_f32_type_as", "--devices", "cpu", "--no-truth", "--fix"]
+    assert main([*argv, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    planted, control = data["results"]
+    fix = planted["fix"]["cpu"]
+    assert fix["verified"] and fix["findings"][0]["clause"] == "keep[attn.rotary]=f32", fix
+    assert fix["findings"][0]["reduction"] >= 4, fix
+    assert "fix" not in control  # a control has nothing to verify
+    assert data["summary"]["fix"]["cpu"] == {"cases": 1, "verified": 1, "crashes": 0}

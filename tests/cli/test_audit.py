@@ -55,3 +55,17 @@ def test_without_json_on_stdout_the_users_prints_stay_on_stdout(tmp_path: Path) 
     p = run_cli("audit", tmp_path / "chatty.py:build", "--policy", "bf16-mixed")
     assert p.returncode == 0, p.stderr
     assert "number of parameters: 0.00M" in p.stdout
+
+
+def test_a_real_audit_verifies_the_silent_findings_fixes() -> None:
+    fixture = Path(__file__).resolve().parents[1] / "rules" / "fixtures" / "CW140_loss_in_bf16.py"
+    found = {}
+    for real in (False, True):
+        p = run_cli(
+            "audit", f"{fixture}:build", "--policy", "bf16-true", "--mode", "eval", "--json", "-", *(["--real"] * real)
+        )
+        assert p.returncode == 0, p.stderr
+        (f,) = [f for f in json.loads(p.stdout)["findings"] if f["code"] == "CW140"]
+        found[real] = f
+    assert "Not verified: the audit ran on fake tensors" in found[False]["fix"], found[False]
+    assert "Verified: `out[lm_head]=f32,output=f32`" in found[True]["fix"], found[True]

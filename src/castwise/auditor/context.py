@@ -176,6 +176,9 @@ class RunRecord:
     dominant: torch.dtype = torch.float32  # the copy's most common parameter dtype, as it ran
     # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
     unexpected: list[tuple[str, str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
+    # modules a user's keep[...]/out[...] clause puts in a 16-bit dtype on purpose (keep: with
+    # everything inside): precision declared there, not by a whole-model preset
+    declared: frozenset[str] = frozenset()
 
     def submodule(self, name: str | None) -> Any:
         """The run's copy of module ``name`` (None when unknown)."""

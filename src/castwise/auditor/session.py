@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from castwise import _autocast, devices
 from castwise._compiled import CompileOptions
-from castwise._dtypes import name_of, short_of
+from castwise._dtypes import is_low, name_of, short_of
 from castwise._state import preserved_state
 from castwise.auditor.context import RunRecord, Session
 from castwise.auditor.findings import diags_of_run, eager_only, merge, phased_diags
@@ -121,6 +121,7 @@ def _run_once(
             warnings.filterwarnings("ignore", message="castwise: rule .* matches no module")
             applied = apply(copy, policy, device=dev) if policy is not None else None
         if applied is not None:
+            result.declared = declared_low(copy, applied.policy)
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
         named_tensors = ran.named(copy)
@@ -152,6 +153,19 @@ def _run_once(
         result.producer = tracer
         result.trace = run(tracer, copy, ran.args, ran.kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result
+
+
+def declared_low(model: nn.Module, policy: Policy) -> frozenset[str]:
+    """The modules a ``keep[...]``/``out[...]`` rule of ``policy`` names with a 16-bit dtype (a
+    keep rule: the modules inside too, which run in its island)."""
+    low = [r for r in policy.rules if is_low(r.dtype)]
+    if not low:
+        return frozenset()
+    named = list(model.named_modules())
+    found = {name for name, module in named for r in low if r.matches(name, module)}
+    kept = [name for name, module in named for r in low if r.kind == "keep" and r.matches(name, module)]
+    inside = {name for name, _ in named for k in kept if name.startswith(k + ".") or not k}
+    return frozenset(found | inside)
 
 
 def _describe_copy(result: RunRecord, copy: nn.Module) -> None:

@@ -107,6 +107,12 @@ def audit(
                 report = run_audit(
                     model, inputs, policy=policy, device=device, mode=mode, fake=not real, torch=torch_release
                 )
+            if real and policy is not None:  # the silent findings' fixes, run against float32 here
+                from castwise.numerics.silent import verify_fixes
+
+                with progress("verifying the silent findings' fixes on real tensors"):
+                    once = "train" if mode == "both" else mode
+                    report = verify_fixes(model, inputs, report, policy=policy, mode=once, device=device)
         from castwise.report import render_report
 
         if html_path is not None:

@@ -31,9 +31,10 @@ MAX_RUNS = 6  # re-runs of the policy spent looking for it
 class ErrorOf:
     """The model's error under ``target`` plus islands, one plain run each (tune and compare)."""
 
-    def __init__(self, model: nn.Module, inputs: Inputs, target: Target, mode: str, metric: str, m: Measurement):
+    def __init__(self, model: nn.Module, inputs: Inputs, target: Target, mode: str, metric: str, m: Measurement | None):
         self.model, self.inputs, self.target, self.mode, self.metric = model, inputs, target, mode, metric
-        self.ref_loss, self.scale = m.loss_ref, m.loss_scale
+        # the loss metric's reference (none needed to compare outputs)
+        self.ref_loss, self.scale = (m.loss_ref, m.loss_scale) if m is not None else (math.nan, 0.0)
         self.ref_out: Any = None
         self.dirs: list[torch.Tensor] | None = None
         self.runs = 0
@@ -52,16 +53,26 @@ class ErrorOf:
         return self.of(self.target.with_islands(islands))
 
 
-def verifier(model: nn.Module, inputs: Inputs, target: Target, ref: Target, mode: str, m: Measurement) -> ErrorOf:
-    """An ErrorOf for compare's findings: the reference's output and projection from one plain run."""
+def verifier(
+    model: nn.Module, inputs: Inputs, target: Target, ref: Target, mode: str, m: Measurement | None
+) -> ErrorOf:
+    """An ErrorOf for compare's findings (its measurement's metric; none: the outputs): the
+    reference's output and projection from one plain run."""
     from castwise.numerics._compare_run import call_model, projection, seed_all
 
-    errors = ErrorOf(model, inputs, target, mode, m.metric, m)
+    errors = ErrorOf(model, inputs, target, mode, m.metric if m is not None else "output", m)
     with raised_in(reference_run(ref), ref.full_policy), torch.no_grad():
         seed_all(0)
         ref_out = call_model(prepared(model, ref, mode), inputs)
     errors.reference(ref_out, projection(ref_out))
     return errors
+
+
+def reduction(before: float, after: float) -> float:
+    """How many times lower ``after`` is than ``before`` (inf: from non-finite to finite, or to 0)."""
+    if math.isinf(before) and math.isfinite(after):
+        return math.inf
+    return before / after if after > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -76,9 +87,7 @@ class IslandFix:
 
     @property
     def reduction(self) -> float:
-        if math.isinf(self.before) and math.isfinite(self.after):
-            return math.inf
-        return self.before / self.after if self.after > 0 else math.inf
+        return reduction(self.before, self.after)
 
     @property
     def verified(self) -> bool:

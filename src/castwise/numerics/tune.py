@@ -35,6 +35,7 @@ from castwise.numerics._compare_run import call_model, projection, seed_all
 from castwise.numerics._compare_target import Target, parse_target, prepared
 from castwise.numerics._failed import RunRaised, diagnosed, raised_in
 from castwise.numerics._run import check_args
+from castwise.numerics.silent import silent_islands
 from castwise.report import Finding
 from castwise.run import Inputs
 
@@ -208,8 +209,11 @@ def _candidates(m: Measurement, flops: dict[str, int]) -> list[ModuleNumerics]:
     return sorted(rows, key=key)
 
 
-def _bisect(search: ErrorOf, ordered: list[ModuleNumerics], baseline: float, budget: float) -> tuple[list[str], float]:
-    """The shortest prefix of the ranking whose real run meets the budget (or the best seen)."""
+def _bisect(
+    search: ErrorOf, ordered: list[ModuleNumerics], baseline: float, budget: float, seeded: int = 0
+) -> tuple[list[str], float]:
+    """The shortest prefix of the ranking whose real run meets the budget (or the best seen);
+    the first ``seeded`` (the silent findings' islands) are the first prefix tried."""
     ranked = [r.module for r in ordered]
     prefix = [_union(ranked[:k]) for k in range(len(ranked) + 1)]
     errors: dict[int, float] = {0: baseline}
@@ -229,7 +233,7 @@ def _bisect(search: ErrorOf, ordered: list[ModuleNumerics], baseline: float, bud
     if baseline > budget and ranked:
         # the modules past tolerance first: usually they are the islands, and one run says so
         past = sum(r.past_tolerance for r in ordered)
-        first = past if 0 < past < len(ranked) else len(ranked)
+        first = seeded or (past if 0 < past < len(ranked) else len(ranked))
         if passes(first):
             best = bisect(0, first)
         elif first < len(ranked) and passes(len(ranked)):
@@ -315,9 +319,11 @@ def _tune(
     search.reference(ref_out, dirs)
     search.runs = 1  # the measurement's run of the policy is the run without islands
     baseline = m.loss_err if metric == "loss" else m.output_err
-    ordered = _candidates(m, flops)
+    # the silent findings' islands (a router, a rotary table kept float32) first: tried before the rest
+    seeds = set(silent_islands(model, inputs, target.full_policy, mode)) if target.recipe is None else set()
+    ordered = sorted(_candidates(m, flops), key=lambda r: r.module not in seeds)
     ranked = [r.module for r in ordered]
-    islands, error = _bisect(search, ordered, baseline, budget)
+    islands, error = _bisect(search, ordered, baseline, budget, sum(r.module in seeds for r in ordered))
     if error <= budget and len(islands) > 1:
         limit = int(2 + math.log2(len(list(model.modules()))))
         islands, error = _prune(search, islands, error, budget, flops, limit)

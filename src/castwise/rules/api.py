@@ -129,6 +129,9 @@ class RunLike(Protocol):  # one run of the model and the copy it ran (auditor.co
     # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
     @property
     def unexpected(self) -> Sequence[tuple[str, str, str, torch.dtype, torch.dtype]]: ...
+    # modules a user's keep[...]/out[...] clause puts in 16-bit on purpose (inside a keep too)
+    @property
+    def declared(self) -> frozenset[str]: ...
 
 
 class PolicyLike(Protocol):

@@ -110,6 +110,13 @@ def records(session: Session) -> Iterator[tuple[RunLike, PrecisionRecord]]:
             yield r, found
 
 
+def declared(run: RunLike, *modules: str | None) -> bool:
+    """Whether the user's policy names one of ``modules`` with a 16-bit clause (``out[lm_head]=bf16``,
+    ``keep[router]=bf16``): precision declared there on purpose, which the CW14x rules respect. A
+    whole-model preset (``bf16-true``) declares nothing: bf16 cross-entropy under it is the bug."""
+    return any(m is not None and m in run.declared for m in modules)
+
+
 def spacing(magnitude: float, dtype: torch.dtype) -> float:
     """The distance between neighbouring ``dtype`` values at ``magnitude`` (the rounding error is
     half of it)."""

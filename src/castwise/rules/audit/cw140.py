@@ -11,6 +11,7 @@ from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._precision import (
     LowOp,
     chain_key,
+    declared,
     fmt,
     modes_of,
     origin_of,
@@ -49,7 +50,9 @@ def _scan(session: Session) -> list[Finding]:
     mixed = session.policy is not None and session.policy.is_mixed
     for r, rec in records(session):
         for low in rec.low_ops:
-            if mixed and not low.module:
+            # a clause on the op's module or on the one that made its 16-bit input declares it
+            maker = low.made_by or (low.prov.module if low.prov is not None else None)
+            if (mixed and not low.module) or declared(r, low.module, maker):
                 continue
             ops, modes = chains.setdefault(chain_key(low.module, low.prov), ([], []))
             if all(short_op(o.op) != short_op(low.op) for o in ops):
@@ -95,7 +98,13 @@ def _finding(ops: list[LowOp], modes: list[str], session: Session) -> Finding:
             f"`.float()` on them before the loss in code, as autocast does."
         ),
         source=first.prov.source if first.prov is not None else None,
-        details=(("ops", [o.op for o in ops]), ("estimated_error", err), ("magnitude", mag)),
+        details=(
+            ("ops", [o.op for o in ops]),
+            ("estimated_error", err),
+            ("magnitude", mag),
+            # the clause verify_fixes runs (none where no module made the logits)
+            *((("fix_policy", f"out[{maker}]=f32" + (",output=f32" if back else "")),) if maker != "MODULE" else ()),
+        ),
     )
 
 

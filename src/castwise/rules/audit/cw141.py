@@ -8,7 +8,9 @@ from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._precision import (
     Narrowed,
+    Rounding,
     chain_key,
+    declared,
     fmt,
     modes_of,
     origin_of,
@@ -17,7 +19,7 @@ from castwise.rules.audit._precision import (
     spacing,
     where_from,
 )
-from castwise.rules.audit._text import where
+from castwise.rules.audit._text import generalize, where
 
 META = Rule(
     code="CW141",
@@ -47,6 +49,8 @@ def _scan(session: Session) -> list[Finding]:
     chains: dict[tuple[str, str], tuple[Narrowed, list[str]]] = {}
     for r, rec in records(session):
         for n in rec.narrowed:
+            if declared(r, n.module, n.rounding.module, n.rounding.prov.module if n.rounding.prov else None):
+                continue
             at = n.rounding.module if n.rounding.op else n.module
             _, modes = chains.setdefault(chain_key(at, n.rounding.prov), (n, []))
             if r.mode not in modes:
@@ -79,8 +83,17 @@ def _finding(n: Narrowed, modes: list[str]) -> Finding:
             "frequencies, and `type_as` only on the cos/sin result."
         ),
         source=r.prov.source if r.prov is not None else None,
-        details=(("magnitude", r.magnitude), ("step", step), ("reads", n.reads)),
+        details=(("magnitude", r.magnitude), ("step", step), ("reads", n.reads), ("fix_policy", _clause(r))),
     )
+
+
+def _clause(r: Rounding) -> str:
+    """The policy clause that keeps the positions wide: the input cast off where it narrowed an
+    input, else the module that narrowed or computed them as a float32 island."""
+    if r.prov is not None and r.prov.kind == "input":
+        return "inputs=none"
+    module = r.module if r.op else (r.prov.module if r.prov is not None and r.prov.module else r.module)
+    return f"keep[{generalize(module)}]=f32" if module else "inputs=none"
 
 
 RULE = AuditRule(META, scan=_scan)

@@ -6,7 +6,17 @@ from castwise._dtypes import short_of
 from castwise.rules._rule import Rule
 from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
-from castwise.rules.audit._precision import Decision, fmt, modes_of, origin_of, records, short_op, spacing, where_from
+from castwise.rules.audit._precision import (
+    Decision,
+    declared,
+    fmt,
+    modes_of,
+    origin_of,
+    records,
+    short_op,
+    spacing,
+    where_from,
+)
 from castwise.rules.audit._text import generalize, where
 
 META = Rule(
@@ -30,6 +40,8 @@ def _scan(session: Session) -> list[Finding]:
     chains: dict[tuple[str, str], tuple[Decision, list[str]]] = {}
     for r, rec in records(session):
         for d in rec.decisions:
+            if declared(r, d.module):
+                continue
             _, modes = chains.setdefault((generalize(d.module), d.made_by), (d, []))
             if r.mode not in modes:
                 modes.append(r.mode)
@@ -57,7 +69,7 @@ def _finding(d: Decision, modes: list[str]) -> Finding:
             f"{d.made_by}; keep an expert-bias buffer float32."
         ),
         source=d.prov.source if d.prov is not None else None,
-        details=(("width", d.width), ("step", step), ("made_by", d.made_by)),
+        details=(("width", d.width), ("step", step), ("made_by", d.made_by), ("fix_policy", f"keep[{router}]=f32")),
     )
 
 
