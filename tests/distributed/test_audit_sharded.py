@@ -364,3 +364,33 @@ def test_accelerates_autocast_forward_on_a_sharded_model_is_what_the_view_runs()
         assert [f.code for f in castwise.audit(sharded(False), x).errors] == ["CW106"]
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+class QKNorm(nn.Module):
+    """A projection into nn.RMSNorm (aten::rms_norm: on CUDA autocast's f32 list from torch 2.12)
+    under the model's own autocast (FSDP2 enters none: the release shows only where the model does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.norm = nn.RMSNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.norm(self.q(x))
+
+
+def test_a_sharded_audit_runs_the_units_as_the_given_torch_release() -> None:
+    from castwise import _releases as releases
+
+    before = [r for r in releases.recorded() if releases.load(r).category("cuda", "aten::rms_norm") is None]
+    assert before, "a recorded release before rms_norm joined CUDA autocast's f32 list (2.11)"
+    outputs = {}
+    for release in (before[-1], releases.recorded()[-1]):
+        report = audit_sharded(
+            QKNorm(), torch.randn(2, 8), policy="bf16-mixed", device="cuda", mode="eval", world_size=2, torch=release
+        )
+        outputs[release] = next(m["outputs"] for m in report.summary["modules"] if m["name"] == "norm")
+    assert outputs == {before[-1]: ["bf16[2, 8]"], releases.recorded()[-1]: ["f32[2, 8]"]}
+    with pytest.raises(releases.TorchReleaseError, match="valid: "):
+        audit_sharded(QKNorm(), torch.randn(2, 8), policy="bf16-mixed", torch="2.9")

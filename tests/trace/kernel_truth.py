@@ -28,9 +28,12 @@ TRUTH_DIR = Path(__file__).parent / "truth"
 # the environment that caps a CPU's kernels to those of a lower class
 EMULATE: dict[str, dict[str, str]] = {
     "cpu:avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    # an AMX machine without its AMX and AVX512-FP16 (oneDNN's cap also turns off torch's
+    # mkldnn f16 check): an AVX-512 CPU with bf16 (checked against 2.14's record of a real one)
+    "cpu:avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
 }
 # which classes a host class can emulate (its own kernels capped): lower ISA levels only
-CAN_EMULATE: dict[str, tuple[str, ...]] = {"cpu:avx512": ("cpu:avx2",), "cpu:amx": ("cpu:avx2",)}
+CAN_EMULATE: dict[str, tuple[str, ...]] = {"cpu:avx512": ("cpu:avx2",), "cpu:amx": ("cpu:avx2", "cpu:avx512")}
 
 
 def torch_minor() -> str:

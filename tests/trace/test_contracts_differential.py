@@ -173,7 +173,7 @@ RECORDED = kernel_truth.recorded()
 def test_truth_is_recorded_for_the_cpu_classes_ci_runs_on() -> None:
     # CI machines are AVX2 or AVX-512 CPUs: both classes must have measured truth for this torch
     # (record with `python -m tests.trace.kernel_truth [--emulate cpu:avx2]`)
-    if kernel_truth.torch_minor() in ("2.12", "2.13", "2.14", "2.15"):  # the releases measured (docs/torch.md)
+    if kernel_truth.torch_minor() in ("2.10", "2.11", "2.12", "2.13", "2.14", "2.15"):  # measured (docs/torch.md)
         assert {"cpu:avx2", "cpu:avx512"} <= set(RECORDED)
     for variant, data in RECORDED.items():
         assert devices.get(variant).caps is not None

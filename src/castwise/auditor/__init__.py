@@ -60,7 +60,7 @@ def audit(
     if is_sharded(model, real=not fake):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
         from castwise.auditor.entry import audit_sharded
 
-        return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake)
+        return audit_sharded(model, inputs, policy=policy, device=device, mode=mode, fake=fake, torch=torch)
     parts = compiled_parts(model)
     if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
         model = parts[0]

@@ -84,6 +84,7 @@ def audit_sharded(
     world_size: int | None = None,
     units: list[str] | None = None,
     verify: bool = True,
+    torch: str | None = None,
 ) -> Report:
     """Audit a distributed setup on fake tensors: ``model`` sharded by FSDP2 (its units are read
     from its FSDP states; ``policy`` must be None or the policy it was sharded with), or an
@@ -94,11 +95,18 @@ def audit_sharded(
     Returns a ``Report`` with the findings of the computation the units do and
     ``to_dict()["units"]``: per unit the dtypes it stores, gathers, computes, reduces and outputs in.
     Its ``suggested_policy``, when there is one, is for ``castwise.fsdp2.fully_shard`` (a re-audit of
-    its plan finds no error); ``verify=False`` skips looking for one.
+    its plan finds no error); ``verify=False`` skips looking for one. ``torch``: a recorded torch
+    release whose autocast the units run under, as in ``castwise.audit``.
     """
     sharded = prepare(model, policy, world_size, units, fake)
     request = check(
-        "audit", sharded.view, inputs, policy=sharded.policy, device=device or model_device(model), mode=mode
+        "audit",
+        sharded.view,
+        inputs,
+        policy=sharded.policy,
+        device=device or model_device(model),
+        mode=mode,
+        torch_release=torch,
     )
     report = finish(model, sharded, audited(request))
     found, report.suggested_policy = report.suggested_policy, None
@@ -106,7 +114,13 @@ def audit_sharded(
     again = candidate(plan.policy, found) if found is not None and plan is not None and verify else None
     if again is not None:  # kept when a re-audit of its plan finds no error
         verified = audit_sharded(
-            sharded.view, request.inputs, policy=again, device=request.device, mode=mode, verify=False
+            sharded.view,
+            request.inputs,
+            policy=again,
+            device=request.device,
+            mode=mode,
+            verify=False,
+            torch=request.torch_release,
         )
         report.suggested_policy = again if verified.ok else None
     return report

@@ -52,6 +52,12 @@ I64, I32, U8, BOOL = torch.int64, torch.int32, torch.uint8, torch.bool
 _REDUCED = low_dtypes()
 # the running torch release (major, minor): rules follow its own kernels where releases differ
 TORCH_RELEASE: tuple[int, ...] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+# before 2.12 (measured on 2.10.0 and 2.11.0: tests/trace/truth/torch-2.1{0,1}-*): CPU's mv/addmv cast
+# self to the matrix's dtype and check matrix against vector by scalar type, mse_loss_backward
+# runs one TensorIterator over its operands (no promotion), and nll_loss reads its target as Long;
+# 2.12 checks addmv's three dtypes alike, returns mse_loss_backward in the input's dtype and
+# words the target check "Long or Byte"
+CPU_CHECKS_BEFORE_2_12: bool = TORCH_RELEASE < (2, 12)
 _INDEX_TYPES = (I64, I32)
 
 

@@ -11,6 +11,7 @@ from castwise.devices import Device
 from castwise.trace.contracts._base import (
     _INDEX_TYPES,
     BOOL,
+    CPU_CHECKS_BEFORE_2_12,
     I32,
     I64,
     U8,
@@ -240,7 +241,7 @@ def _where(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 
 def _loss_input(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     # huber_loss / mse_loss_backward / smooth_l1_loss_backward return the input's dtype
-    if dev.kernels == "cuda" and op == "aten.mse_loss_backward":
+    if (dev.kernels == "cuda" or CPU_CHECKS_BEFORE_2_12) and op == "aten.mse_loss_backward":
         # CUDA (measured, H100): one TensorIterator over grad, input and target, no promotion
         return _loss_same(op, args, kwargs, dev)
     return (args[1] if op.endswith("_backward") else args[0]).dtype
@@ -267,18 +268,13 @@ def _nll_check(op: str, args: Args, kwargs: Kwargs, dev: Device, x: Tensor, targ
     """nll_loss's checks, forward and backward: the target's dtype, then ``others`` (weight; the
     backward's grad and total_weight too) in the input's dtype."""
     if target.dtype not in (I64, U8):
-        cuda_2d = dev.kernels == "cuda" and x.dim() == 2  # measured, H100: the kernel's dispatch fails
-        return _viol(
-            op,
-            "index",
-            f"\"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for '{_sc(target.dtype)}'"
-            if cuda_2d
-            else f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}",
-            args,
-            kwargs,
-            [target],
-            I64,
-        )
+        if dev.kernels == "cuda" and x.dim() == 2:  # measured, H100: the kernel's dispatch fails
+            msg = f"\"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for '{_sc(target.dtype)}'"
+        elif dev.kernels != "cuda" and CPU_CHECKS_BEFORE_2_12:
+            msg = f"expected scalar type Long but found {_sc(target.dtype)}"
+        else:
+            msg = f"expected target dtype to be Long or Byte, but got {_sc(target.dtype)}"
+        return _viol(op, "index", msg, args, kwargs, [target], I64)
     bad = [a for a in others if isinstance(a, torch.Tensor) and a.dtype != x.dtype]
     return _scalar(op, "mismatch", args, kwargs, x.dtype, bad) if bad else x.dtype
 

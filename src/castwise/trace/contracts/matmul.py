@@ -7,6 +7,7 @@ from typing import Any
 from castwise.devices import Device
 from castwise.trace.contracts._base import (
     BOOL,
+    CPU_CHECKS_BEFORE_2_12,
     F32,
     Args,
     Kwargs,
@@ -38,7 +39,7 @@ def _mm(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
         msg = f"expected {what} to have the same dtype, but got: {_cpp(a.dtype)} != {_cpp(b.dtype)}"
     elif op in ("aten.dot", "aten.vdot"):
         msg = f"dot : expected both vectors to have same dtype, but found {_sc(a.dtype)} and {_sc(b.dtype)}"
-    elif op == "aten.mv" and dev.kernels == "cuda":
+    elif op == "aten.mv" and (dev.kernels == "cuda" or CPU_CHECKS_BEFORE_2_12):
         msg = f"expected scalar type {_sc(a.dtype)} but found {_sc(b.dtype)}"  # measured, H100
     elif op == "aten.mv":
         msg = (
@@ -96,10 +97,11 @@ def _addmv(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     s, m, v = args[0], args[1], args[2]
     if s.dtype == m.dtype == v.dtype:
         return s.dtype
-    if dev.kernels == "cuda" and m.dtype == v.dtype:
+    cast_self = dev.kernels == "cuda" or CPU_CHECKS_BEFORE_2_12
+    if cast_self and m.dtype == v.dtype:
         return m.dtype  # CUDA (measured, H100): self is cast to the matrix's dtype, not checked
     culprits, ref = _odd([s, m, v], prefer=m)
-    if dev.kernels == "cuda":
+    if cast_self:
         return _scalar(op, "mismatch", args, kwargs, m.dtype, [v])
     return _viol(
         op,
