@@ -201,6 +201,13 @@ class Device:
             return "cpu.onednn"
         return "cpu.native"
 
+    def onednn_both_halves(self) -> bool:
+        """Whether this CPU's oneDNN takes bf16 and f16 alike (AMX / AVX512-FP16): it then reorders
+        between them, so ops that refuse a bf16/f16 mix on an AVX-512 CPU accept it (measured on a
+        Sapphire Rapids-class Xeon, torch 2.11 and 2.14)."""
+        caps = self.caps or Capabilities()
+        return self.kernels != "cuda" and caps.onednn_bf16 and caps.onednn_f16
+
 
 _REGISTRY: dict[str, Device] = {}
 _BUILT_IN: set[str] = set()
@@ -351,7 +358,7 @@ _cpu_class(
 _cpu_class(
     "cpu:amx",
     "an AVX-512 CPU with AMX-FP16 or AVX512-FP16 (Sapphire Rapids and later): bf16 and f16 on oneDNN",
-    Capabilities("AVX512", onednn_bf16=True, onednn_f16=True, measured=False),
+    Capabilities("AVX512", onednn_bf16=True, onednn_f16=True),
 )
 _gpu("cuda:b200", "a Blackwell GPU (sm 10.0)", (10, 0))
 _gpu("cuda:a100", "an A100-class GPU (sm 8.0)", (8, 0))

@@ -32,10 +32,12 @@ def _promoting(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 def _gelu_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     """Promotes like any activation backward, except on oneDNN's path (a bf16/f16 input on a CPU
     whose oneDNN takes that dtype), which reorders the grad into the input's type and has no
-    f16 <-> bf16 reorder (measured on AVX-512 for a bf16 input; f16 read from the same code)."""
+    f16 <-> bf16 reorder (measured on AVX-512 for a bf16 input; f16 read from the same code). A CPU
+    whose oneDNN takes both halves (AMX) promotes the mix, as measured."""
     grad, x = args[0], args[1]
     crossed = {grad.dtype, x.dtype} == {BF16, F16}
-    if crossed and dev.path(str(x.dtype).removeprefix("torch.")) == "cpu.onednn":
+    onednn = dev.path(str(x.dtype).removeprefix("torch.")) == "cpu.onednn"
+    if crossed and onednn and not dev.onednn_both_halves():
         return _viol(
             op,
             "unsupported",

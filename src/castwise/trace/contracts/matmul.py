@@ -6,8 +6,10 @@ from typing import Any
 
 from castwise.devices import Device
 from castwise.trace.contracts._base import (
+    BF16,
     BOOL,
     CPU_CHECKS_BEFORE_2_12,
+    F16,
     F32,
     Args,
     Kwargs,
@@ -162,8 +164,11 @@ def _conv_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
     mask = _arg(args, kwargs, 10, "output_mask", [True, True, True])
     if go.dtype != x.dtype:
         return _scalar(op, "mismatch", args, kwargs, x.dtype, [go])
-    # oneDNN's backward also takes an f32 weight (measured for bf16); native and cuDNN want one type
-    if w.dtype != x.dtype and not (dev.path(_name(x.dtype)) == "cpu.onednn" and w.dtype == F32):
+    # oneDNN's backward also takes an f32 weight (measured for bf16), and the other 16-bit type
+    # where it takes both (AMX, measured); native and cuDNN want one type
+    onednn = dev.path(_name(x.dtype)) == "cpu.onednn"
+    reordered = (F32, BF16, F16) if dev.onednn_both_halves() else (F32,)
+    if w.dtype != x.dtype and not (onednn and w.dtype in reordered):
         return _scalar(op, "mismatch", args, kwargs, x.dtype, [w])
     return x.dtype if mask[0] else w.dtype
 
