@@ -221,3 +221,72 @@ def test_cross_entropy_as_f32_control_has_nothing_to_verify() -> None:
     assert _silent(report) == []
     assert verify_fixes(model, inputs, report, policy="bf16-true,out[lm_head]=f32", mode="eval") is report
     assert F.cross_entropy is not None
+
+
+class _Timestep(nn.Module):
+    """A sinusoidal timestep embedding that narrows the timestep in its own code (DiffSynth-Studio
+    #1025): ``t.to(self.low)`` before the phase, so no policy clause can keep it wide."""
+
+    def __init__(self, low: torch.dtype = torch.bfloat16) -> None:
+        super().__init__()
+        self.low = low
+        self.register_buffer("freqs", torch.exp(-torch.arange(32) / 32 * 9.2), persistent=False)
+        self.mlp = nn.Linear(64, 64)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.to(self.low)
+        phase = t[:, None] * self.freqs.to(t.dtype)[None]
+        return self.mlp(torch.cat([phase.cos(), phase.sin()], -1).to(self.mlp.weight.dtype))
+
+
+class _Dit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.t_embedder = _Timestep()
+        self.out = nn.Linear(64, 8)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return self.out(self.t_embedder(t))
+
+
+def test_a_cast_in_the_models_own_code_is_verified_as_the_code_change() -> None:
+    """The fix is a code change: verified by running without that cast (the float32 reference
+    too, since the model casts under any policy), with its module in float32."""
+    torch.manual_seed(0)
+    model, t = _Dit(), (torch.rand(64) * 999,)
+    (f,) = _verified(model, t, "bf16-true,inputs=none", mode="train")
+    d = dict(f.details)
+    assert f.code == "CW141" and f.source is not None and f.source.endswith(f"{__file__.split('/')[-1]}:{_LINE}")
+    assert d["fix_verified"] is True and d["fix_code"] == f"leave out the cast at {f.source}", d
+    assert d["fix_policy"] == "keep[t_embedder]=f32" and d["error_reduction"] >= 4, d
+    assert "the code change" in (f.fix or ""), f.fix
+    # measured here too: the same code with the cast made a no-op, against float32 without it
+    wide = copy.deepcopy(model)
+    wide.t_embedder.low = torch.float32
+    ref = wide(*t)
+    errs = []
+    for m, policy in (
+        (model, "bf16-true,inputs=none,output=f32"),
+        (wide, "bf16-true,inputs=none,output=f32,keep[t_embedder]=f32"),
+    ):
+        m = copy.deepcopy(m)
+        castwise.apply(m, policy)
+        with torch.no_grad():
+            errs.append((m(*t).float() - ref).norm().item())
+    assert errs[1] * 4 <= errs[0], errs
+
+
+def test_a_harmless_cast_in_the_models_own_code_is_not_verified() -> None:
+    """Control: timesteps small enough that bf16 holds them within the phase's tolerance (t < 1):
+    leaving the cast out changes little, so the code change is not called verified."""
+    torch.manual_seed(0)
+    model, t = _Dit(), (torch.rand(64) * 999,)
+    report = castwise.audit(model, t, policy="bf16-true,inputs=none", mode="train", device="cpu")
+    small = (torch.rand(64),)
+    (f,) = _silent(verify_fixes(model, small, report, policy="bf16-true,inputs=none", mode="train"))
+    d = dict(f.details)
+    assert d["fix_verified"] is False and d["fix_code"] == f"leave out the cast at {f.source}", d
+    assert d["error_reduction"] < 4 and "Not verified: the code change" in (f.fix or ""), f.fix
+
+
+_LINE = _Timestep.forward.__code__.co_firstlineno + 1

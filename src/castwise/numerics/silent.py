@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from castwise._dtypes import is_low
 from castwise.auditor.entry import NOT_VERIFIED, SILENT
@@ -32,6 +33,7 @@ from castwise.policy import ModuleRule, Policy, grammar
 from castwise.policy import fields as policy_fields
 from castwise.report import Finding, Report
 from castwise.run import Inputs
+from castwise.trace.source import where
 
 MAX_RUNS = 8  # real re-runs of the policy spent on candidates, all findings together
 REFERENCE = "32-true"
@@ -48,6 +50,17 @@ class FixCheck(IslandFix):
 
     def text(self, covers: int = 1) -> str:
         times = "inf" if math.isinf(self.reduction) else f"{self.reduction:.1f}"
+        line, clause = split_code(self.clause)
+        if line is not None:
+            how = (
+                f"the code change (the cast to 16-bit at {line} left out, `{clause}`): {self.metric} error "
+                f"against float32 {self.before:.2e} -> {self.after:.2e}, {times}x lower, in a real run on your "
+                "inputs with that cast left out"
+            )
+            if self.verified:
+                many = f"; one fix for the {covers} findings of this cause" if covers > 1 else ""
+                return f"Verified: {how}{many}."
+            return f"Not verified: {how} (under the {VERIFIED_FACTOR:.0f}x asked)."
         how = (
             f"`{self.clause}`: {self.metric} error against float32 {self.before:.2e} -> {self.after:.2e}, "
             f"{times}x lower, in a real run on your inputs with it alone"
@@ -91,7 +104,43 @@ def candidates(f: Finding, policy: Policy, model: nn.Module | None = None) -> li
     tensor = f.origin.tensor if f.origin is not None else None
     if tensor and tensor.startswith("input ") and policy.input_dtype is not None:
         out.append("inputs=none")  # the engine's input cast narrowed it: leave the inputs as given
+    if f.source and f.origin is not None and f.origin.op in CASTS and f.origin.module:
+        # the model narrows in its own code: the code change, emulated (that cast left out), with
+        # its module in float32 so the wider value meets float32 weights there
+        out.append(f"{LEAVE_OUT}{f.source}{CODE_SEP}keep[{_literal(f.origin.module)}]=f32")
     return list(dict.fromkeys(out))
+
+
+LEAVE_OUT = "leave out the cast at "  # a candidate that is a code change, not a policy clause
+CODE_SEP = " with "
+CASTS = ("aten._to_copy", "aten.to", "aten.type_as")
+
+
+class LeftOut(TorchDispatchMode):
+    """Runs the model as if the 16-bit cast of a float32 tensor at ``source`` ("models/dit.py:42",
+    the user's line) were not in its code: that ``_to_copy`` returns its input. Only casts are
+    looked at, and the stack only for a float32-to-16-bit one."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.source, self.hits = source, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor):
+            dtype = kwargs.get("dtype")
+            if args[0].dtype == torch.float32 and dtype is not None and is_low(dtype) and where() == self.source:
+                self.hits += 1
+                return args[0].clone()
+        return func(*args, **kwargs)
+
+
+def split_code(candidate: str) -> tuple[str | None, str]:
+    """A candidate's code change (the line whose cast is left out, or None) and its policy clause."""
+    if not candidate.startswith(LEAVE_OUT):
+        return None, candidate
+    line, _, clause = candidate[len(LEAVE_OUT) :].partition(CODE_SEP)
+    return line, clause
 
 
 def _share(model: nn.Module, name: str) -> float:
@@ -116,10 +165,12 @@ def _unverified(f: Finding, why: str) -> Finding:
 
 def _checked(f: Finding, check: FixCheck, covers: int) -> Finding:
     times = "inf" if math.isinf(check.reduction) else float(f"{check.reduction:.4g}")
+    line, clause = split_code(check.clause)
     details = {
         **dict(f.details),
         "fix_verified": check.verified,
-        "fix_policy": check.clause,
+        "fix_policy": clause,
+        **({"fix_code": f"leave out the cast at {line}"} if line is not None else {}),
         "error_reduction": times,
         "error_before": check.before,
         "error_after": check.after,
@@ -141,8 +192,16 @@ def fake_only(model: nn.Module, inputs: Inputs) -> str | None:
 class _Search:
     """The candidates' real runs, shared by every finding: a clause is run once."""
 
-    def __init__(self, errors: ErrorOf, base: Policy, recipe: Any, repair: Callable[[Policy], Policy | None]):
+    def __init__(
+        self,
+        errors: ErrorOf,
+        base: Policy,
+        recipe: Any,
+        repair: Callable[[Policy], Policy | None],
+        fresh: Callable[[], ErrorOf] | None = None,
+    ):
         self.errors, self.base, self.recipe, self.repair = errors, base, recipe, repair
+        self.fresh = fresh  # a new ErrorOf, its float32 reference run under the modes then active
         self.before = errors.of(Target(base, recipe))
         self.tried: dict[str, FixCheck | None] = {}
 
@@ -151,11 +210,28 @@ class _Search:
             self.tried[clause] = self._run(clause) if self.errors.runs < MAX_RUNS else None
         return self.tried[clause]
 
-    def _run(self, clause: str) -> FixCheck | None:
+    def _run(self, candidate: str) -> FixCheck | None:
+        line, clause = split_code(candidate)
         try:
             policy = with_clause(self.base, clause)
         except CastwiseError:
             return None
+        if line is not None:
+            if self.fresh is None:
+                return None
+            # the float32 reference is the code without that cast too (the model's own cast runs
+            # under any policy): both the policy and the fix are measured against it
+            left = LeftOut(line)
+            try:
+                with left:
+                    errors = self.fresh()
+                before = errors.of(Target(self.base, self.recipe))
+                with left:
+                    after = errors.of(Target(policy, self.recipe))
+            except RunRaised:
+                return None
+            # no cast met at that line in the real run: nothing was emulated, nothing verified
+            return FixCheck(candidate, (), before, after, errors.metric) if left.hits else None
         try:
             after = self.errors.of(Target(policy, self.recipe))
         except RunRaised:
@@ -223,7 +299,9 @@ def _search(
     def repair(p: Policy) -> Policy | None:
         return _repaired(model, inputs, p, device, mode)
 
-    search = _Search(errors, target.policy, target.recipe, repair)
+    search = _Search(
+        errors, target.policy, target.recipe, repair, lambda: verifier(model, inputs, target, ref, mode, None)
+    )
     found: dict[int, FixCheck] = {}
     for i in silent:
         found_i = _fix_of(search, candidates(report.findings[i], target.policy, model))
