@@ -129,6 +129,9 @@ class RunLike(Protocol):  # one run of the model and the copy it ran (auditor.co
     # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
     @property
     def unexpected(self) -> Sequence[tuple[str, str, str, torch.dtype, torch.dtype]]: ...
+    # (module, tensor, dtype before, dtype after): what applying the policy cast
+    @property
+    def casts(self) -> Sequence[tuple[str, str, torch.dtype, torch.dtype]]: ...
 
 
 class PolicyLike(Protocol):
