@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from castwise.integrations.frameworks import framed, framework_backward, preset_note
+from castwise.policy import Policy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -219,3 +220,51 @@ def test_a_bare_preset_lightning_also_has_names_where_castwise_differs(monkeypat
     for name in ("lightning", "lightning_fabric", "pytorch_lightning"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert preset_note("bf16-true") is None  # a script that does not run Lightning
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "bf16-mixed"])
+def test_a_lightning_trainer_fit_is_audited_in_the_trainers_precision(tmp_path: Path, precision: str) -> None:
+    """The Trainer calls training_step itself (no wrapper around the module): the audit finds the
+    Trainer on the stack and runs the module under lightning:<precision>, named in the report."""
+    script = SCRIPTS / "lightning_trainer.py"
+    alone = _alone(tmp_path, script, "--precision", precision)
+    out, data = _run(tmp_path, script, "--precision", precision)
+    assert out.returncode == 0 and out.stdout == alone.stdout, out.stderr[-2000:]
+    (model,) = data["models"]
+    assert model["model"] == "SequenceClassifier" and _errors(data) == []
+    assert model["framework"]["name"] == "Lightning Trainer"
+    assert model["framework"]["policy"] == f"lightning:{precision}"
+    assert {r["policy"] for r in model["runs"]} == {str(Policy.parse(f"lightning:{precision}"))}
+    assert f"= Lightning Trainer's precision='{precision}'" in " ".join(out.stderr.split())
+    if precision == "bf16-true":
+        given, data = _run(tmp_path, script, "--precision", precision, options=("--policy", "32-true"))
+        assert f"given in place of Lightning Trainer's precision='{precision}'" in " ".join(given.stderr.split())
+
+
+def test_the_lightning_trainers_planted_bug_is_found_under_its_precision(tmp_path: Path) -> None:
+    out, data = _run(tmp_path, SCRIPTS / "lightning_trainer.py", "--batch-first")
+    assert _errors(data) == [("SequenceClassifier", "CW103")], out.stderr[-2000:]
+    assert data["models"][0]["framework"]["setting"] == "precision='bf16-mixed'"
+
+
+def _steps(stdout: str) -> list[str]:
+    """The losses the run prints (its other lines carry timestamps and run times)."""
+    return [line for line in stdout.splitlines() if line.startswith(("{'loss'", "train loss"))]
+
+
+def test_a_transformers_trainer_is_named_with_the_accelerate_precision_it_runs(tmp_path: Path) -> None:
+    """transformers' Trainer runs TrainingArguments(bf16=True) through Accelerate's autocast: the
+    policy is Accelerate's, the report names the Trainer's own setting."""
+    script = SCRIPTS / "hf_trainer_train.py"
+    alone = _alone(tmp_path, script, "--bf16")
+    out, data = _run(tmp_path, script, "--bf16")
+    assert out.returncode == 0 and _steps(out.stdout) == _steps(alone.stdout), out.stderr[-2000:]
+    (model,) = data["models"]
+    assert model["model"] == "LlamaForCausalLM" and _errors(data) == []
+    assert model["framework"]["name"] == "transformers Trainer"
+    assert model["framework"]["setting"] == "TrainingArguments(bf16=True) through Accelerate's mixed_precision='bf16'"
+    assert model["framework"]["policy"] == "accelerate:bf16"
+    assert "= transformers Trainer's TrainingArguments(bf16=True)" in " ".join(out.stderr.split())
+    # without bf16 the Trainer adds no precision: the model runs as it is, and nothing is named
+    out, data = _run(tmp_path, script)
+    assert "framework" not in data["models"][0], data["models"][0].get("framework")
