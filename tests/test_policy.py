@@ -265,8 +265,8 @@ PRESETS_SORTED = (
     "mxfp8, no, pure_bf16, pure_fp16, transformer-engine, transformer-engine-float16"
 )
 CLAUSES_SORTED = (
-    "buffers, cast_back, cast_complex, compute, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], keep_in_fp32, "
-    "keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, params, reduce"
+    "buffers, cast_back, cast_complex, compute, converted, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], "
+    "keep_in_fp32, keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
 

@@ -111,7 +111,7 @@ def test_a_bug_only_lightnings_bf16_true_meets_is_found_under_fabrics_precision(
     out, data = _run(tmp_path, SCRIPTS / "litgpt_pretrain.py", "--precision", "bf16-true", "--upcast-norm")
     assert out.returncode == 1
     assert _errors(data) == [("GPT", "CW101")], out.stderr  # transformer.ln_f's weight, cast by Fabric
-    assert data["models"][0]["runs"][0]["policy"] == "lightning:bf16-true"
+    assert data["models"][0]["runs"][0]["policy"] == "lightning:bf16-true,converted=on"
     assert out.stderr.index("error CW") < out.stderr.index("Traceback")
 
 
@@ -233,8 +233,10 @@ def test_a_lightning_trainer_fit_is_audited_in_the_trainers_precision(tmp_path: 
     (model,) = data["models"]
     assert model["model"] == "SequenceClassifier" and _errors(data) == []
     assert model["framework"]["name"] == "Lightning Trainer"
-    assert model["framework"]["policy"] == f"lightning:{precision}"
-    assert {r["policy"] for r in model["runs"]} == {str(Policy.parse(f"lightning:{precision}"))}
+    # bf16-true: Lightning converted the module at setup, so the audit runs its tensors as they are
+    policy = f"lightning:{precision}" + (",converted=on" if precision == "bf16-true" else "")
+    assert model["framework"]["policy"] == policy
+    assert {r["policy"] for r in model["runs"]} == {str(Policy.parse(policy))}
     assert f"= Lightning Trainer's precision='{precision}'" in " ".join(out.stderr.split())
     if precision == "bf16-true":
         given, data = _run(tmp_path, script, "--precision", precision, options=("--policy", "32-true"))
@@ -245,6 +247,21 @@ def test_the_lightning_trainers_planted_bug_is_found_under_its_precision(tmp_pat
     out, data = _run(tmp_path, SCRIPTS / "lightning_trainer.py", "--batch-first")
     assert _errors(data) == [("SequenceClassifier", "CW103")], out.stderr[-2000:]
     assert data["models"][0]["framework"]["setting"] == "precision='bf16-mixed'"
+
+
+def test_a_head_made_after_lightnings_conversion_is_named_by_the_conversion_order(tmp_path: Path) -> None:
+    """issue 39: a bf16-true fit whose head is made in on_fit_start (after the strategy's
+    convert_module): the real fit crashes; castwise names Lightning's order, not a hand cast."""
+    script = SCRIPTS / "lightning_trainer.py"
+    args = ("--precision", "bf16-true", "--late-head")
+    alone = _alone(tmp_path, script, *args)
+    assert alone.returncode != 0 and "same dtype" in alone.stderr  # the truth: the real fit fails
+    out, data = _run(tmp_path, script, *args)
+    assert _errors(data) == [("SequenceClassifier", "CW118")], out.stderr[-3000:]
+    (f,) = [f for f in data["models"][0]["findings"] if f["code"] == "CW118"]
+    assert f["module"] == "head" and "convert_module" in f["message"] and "made after" in f["message"]
+    assert "by hand" not in f["message"] and "configure_model()" in f["fix"] and ".to(torch" not in f["fix"]
+    assert out.stderr.index("error CW118") < out.stderr.index("Traceback")
 
 
 def _steps(stdout: str) -> list[str]:

@@ -314,6 +314,8 @@ class Applied:
     def _cast_tensors(self, owner_dtypes: dict[str, torch.dtype | None]) -> None:
         seen: set[int] = set()
         policy = self.policy
+        if policy.converted:
+            return  # the framework's own conversion already ran: what it left is what runs
         # mixed policies leave the model's tensors as they are and let autocast cast at each op,
         # as Lightning's and Accelerate's mixed precision do; only islands (and an explicit
         # buffers= clause) cast tensors. True policies store everything in the policy's dtypes.

@@ -121,7 +121,12 @@ def _first_line(exc: BaseException) -> str:
 def classify(r: RunRecord, **event: Any) -> Diag:
     """The first rule check (in precedence order) that explains this refused op."""
     ctx = make_ctx(
-        **event, compute=r.compute, device=r.device or devices.CPU, dominant=r.dominant, off_policy=r.off_policy()
+        **event,
+        compute=r.compute,
+        device=r.device or devices.CPU,
+        dominant=r.dominant,
+        off_policy=r.off_policy(),
+        converted=r.converted,
     )
     for check in ordered_checks():
         diag = check.match(ctx)

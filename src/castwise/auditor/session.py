@@ -121,6 +121,7 @@ def _run_once(
             warnings.filterwarnings("ignore", message="castwise: rule .* matches no module")
             applied = apply(copy, policy) if policy is not None else None
         if applied is not None:
+            result.converted = applied.policy.converted
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
         named_tensors = ran.named(copy)

@@ -274,6 +274,7 @@ class Ctx:
     culprit_provs: Sequence[ProvLike]
     disabled_by: str | None = None  # the module whose forward turned autocast off around the op
     region_module: Any = None  # that module (the run's copy), for its source
+    converted: bool = False  # the policy models a framework that converted the model already (converted=on)
 
     @property
     def source(self) -> str | None:
