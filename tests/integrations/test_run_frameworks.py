@@ -190,7 +190,8 @@ def test_a_fabric_module_is_read_as_its_users_module_and_precision() -> None:
     wrapped = fabric.setup_module(model)
     seen = framed(wrapped)
     assert seen is not None and seen.user is model and seen.wrapper is wrapped
-    assert seen.policy == "lightning:bf16-true"  # true: the inputs are cast by the preset itself
+    # true: the inputs are cast by the preset itself; the module is as Fabric converted it at setup
+    assert seen.policy == "lightning:bf16-true,converted=on"
     assert seen.audited(None) is model and seen.audited("32-true") is model
     assert seen.describe(None) == " = Lightning Fabric's precision='bf16-true'"
     # a mixed --policy casts no weight: it cannot undo the conversion Fabric made at setup, and says so
