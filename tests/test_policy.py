@@ -102,9 +102,14 @@ def test_pure_presets_cast_everything_norms_included(names: tuple[str, ...], low
 
 def test_lightning_prefix_means_lightnings_true_precision() -> None:
     # Lightning's HalfPrecision converts the whole module, norms and _keep_in_fp32_modules
-    # included, and the inputs, and sets torch's default dtype while a step runs
-    assert Policy.parse("lightning:bf16-true") == Policy.parse("pure_bf16,keep_in_fp32=off,default_dtype=bf16")
-    assert Policy.parse("lightning:16-true") == Policy.parse("pure_fp16,keep_in_fp32=off,default_dtype=f16")
+    # included, and the inputs, and sets torch's default dtype while a step runs; its module.to(dtype)
+    # casts complex buffers too
+    assert Policy.parse("lightning:bf16-true") == Policy.parse(
+        "pure_bf16,keep_in_fp32=off,default_dtype=bf16,cast_complex=on"
+    )
+    assert Policy.parse("lightning:16-true") == Policy.parse(
+        "pure_fp16,keep_in_fp32=off,default_dtype=f16,cast_complex=on"
+    )
     assert Policy.parse("lightning:half") == Policy.parse("lightning:16-true")
     assert (
         Policy.parse("lightning:64-true")
@@ -260,8 +265,8 @@ PRESETS_SORTED = (
     "mxfp8, no, pure_bf16, pure_fp16, transformer-engine, transformer-engine-float16"
 )
 CLAUSES_SORTED = (
-    "buffers, cast_back, compute, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], keep_in_fp32, "
-    "keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, params, reduce"
+    "buffers, cast_back, cast_complex, compute, converted, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], "
+    "keep_in_fp32, keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from castwise.integrations.frameworks import framed, framework_backward, preset_note
+from castwise.policy import Policy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -110,7 +111,7 @@ def test_a_bug_only_lightnings_bf16_true_meets_is_found_under_fabrics_precision(
     out, data = _run(tmp_path, SCRIPTS / "litgpt_pretrain.py", "--precision", "bf16-true", "--upcast-norm")
     assert out.returncode == 1
     assert _errors(data) == [("GPT", "CW101")], out.stderr  # transformer.ln_f's weight, cast by Fabric
-    assert data["models"][0]["runs"][0]["policy"] == "lightning:bf16-true"
+    assert data["models"][0]["runs"][0]["policy"] == "lightning:bf16-true,converted=on"
     assert out.stderr.index("error CW") < out.stderr.index("Traceback")
 
 
@@ -189,7 +190,8 @@ def test_a_fabric_module_is_read_as_its_users_module_and_precision() -> None:
     wrapped = fabric.setup_module(model)
     seen = framed(wrapped)
     assert seen is not None and seen.user is model and seen.wrapper is wrapped
-    assert seen.policy == "lightning:bf16-true"  # true: the inputs are cast by the preset itself
+    # true: the inputs are cast by the preset itself; the module is as Fabric converted it at setup
+    assert seen.policy == "lightning:bf16-true,converted=on"
     assert seen.audited(None) is model and seen.audited("32-true") is model
     assert seen.describe(None) == " = Lightning Fabric's precision='bf16-true'"
     # a mixed --policy casts no weight: it cannot undo the conversion Fabric made at setup, and says so
@@ -219,3 +221,68 @@ def test_a_bare_preset_lightning_also_has_names_where_castwise_differs(monkeypat
     for name in ("lightning", "lightning_fabric", "pytorch_lightning"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert preset_note("bf16-true") is None  # a script that does not run Lightning
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "bf16-mixed"])
+def test_a_lightning_trainer_fit_is_audited_in_the_trainers_precision(tmp_path: Path, precision: str) -> None:
+    """The Trainer calls training_step itself (no wrapper around the module): the audit finds the
+    Trainer on the stack and runs the module under lightning:<precision>, named in the report."""
+    script = SCRIPTS / "lightning_trainer.py"
+    alone = _alone(tmp_path, script, "--precision", precision)
+    out, data = _run(tmp_path, script, "--precision", precision)
+    assert out.returncode == 0 and out.stdout == alone.stdout, out.stderr[-2000:]
+    (model,) = data["models"]
+    assert model["model"] == "SequenceClassifier" and _errors(data) == []
+    assert model["framework"]["name"] == "Lightning Trainer"
+    # bf16-true: Lightning converted the module at setup, so the audit runs its tensors as they are
+    policy = f"lightning:{precision}" + (",converted=on" if precision == "bf16-true" else "")
+    assert model["framework"]["policy"] == policy
+    assert {r["policy"] for r in model["runs"]} == {str(Policy.parse(policy))}
+    assert f"= Lightning Trainer's precision='{precision}'" in " ".join(out.stderr.split())
+    if precision == "bf16-true":
+        given, data = _run(tmp_path, script, "--precision", precision, options=("--policy", "32-true"))
+        assert f"given in place of Lightning Trainer's precision='{precision}'" in " ".join(given.stderr.split())
+
+
+def test_the_lightning_trainers_planted_bug_is_found_under_its_precision(tmp_path: Path) -> None:
+    out, data = _run(tmp_path, SCRIPTS / "lightning_trainer.py", "--batch-first")
+    assert _errors(data) == [("SequenceClassifier", "CW103")], out.stderr[-2000:]
+    assert data["models"][0]["framework"]["setting"] == "precision='bf16-mixed'"
+
+
+def test_a_head_made_after_lightnings_conversion_is_named_by_the_conversion_order(tmp_path: Path) -> None:
+    """issue 39: a bf16-true fit whose head is made in on_fit_start (after the strategy's
+    convert_module): the real fit crashes; castwise names Lightning's order, not a hand cast."""
+    script = SCRIPTS / "lightning_trainer.py"
+    args = ("--precision", "bf16-true", "--late-head")
+    alone = _alone(tmp_path, script, *args)
+    assert alone.returncode != 0 and "same dtype" in alone.stderr  # the truth: the real fit fails
+    out, data = _run(tmp_path, script, *args)
+    assert _errors(data) == [("SequenceClassifier", "CW118")], out.stderr[-3000:]
+    (f,) = [f for f in data["models"][0]["findings"] if f["code"] == "CW118"]
+    assert f["module"] == "head" and "convert_module" in f["message"] and "made after" in f["message"]
+    assert "by hand" not in f["message"] and "configure_model()" in f["fix"] and ".to(torch" not in f["fix"]
+    assert out.stderr.index("error CW118") < out.stderr.index("Traceback")
+
+
+def _steps(stdout: str) -> list[str]:
+    """The losses the run prints (its other lines carry timestamps and run times)."""
+    return [line for line in stdout.splitlines() if line.startswith(("{'loss'", "train loss"))]
+
+
+def test_a_transformers_trainer_is_named_with_the_accelerate_precision_it_runs(tmp_path: Path) -> None:
+    """transformers' Trainer runs TrainingArguments(bf16=True) through Accelerate's autocast: the
+    policy is Accelerate's, the report names the Trainer's own setting."""
+    script = SCRIPTS / "hf_trainer_train.py"
+    alone = _alone(tmp_path, script, "--bf16")
+    out, data = _run(tmp_path, script, "--bf16")
+    assert out.returncode == 0 and _steps(out.stdout) == _steps(alone.stdout), out.stderr[-2000:]
+    (model,) = data["models"]
+    assert model["model"] == "LlamaForCausalLM" and _errors(data) == []
+    assert model["framework"]["name"] == "transformers Trainer"
+    assert model["framework"]["setting"] == "TrainingArguments(bf16=True) through Accelerate's mixed_precision='bf16'"
+    assert model["framework"]["policy"] == "accelerate:bf16"
+    assert "= transformers Trainer's TrainingArguments(bf16=True)" in " ".join(out.stderr.split())
+    # without bf16 the Trainer adds no precision: the model runs as it is, and nothing is named
+    out, data = _run(tmp_path, script)
+    assert "framework" not in data["models"][0], data["models"][0].get("framework")

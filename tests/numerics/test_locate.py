@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import castwise
 from castwise.errors import CastwiseError
 from castwise.numerics.locate import locate_nonfinite
 from tests.numerics import cases
@@ -147,3 +148,50 @@ def test_policy_runs_on_a_copy_under_the_policy() -> None:
 def test_bad_arguments_say_what_is_valid(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(CastwiseError, match=words):
         locate_nonfinite(nn.Linear(2, 2), torch.randn(1, 2), **kwargs)
+
+
+class _Amp(nn.Module):
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+class _TwoOverflows(nn.Module):
+    """``a`` overflows f16; kept f32 its output saturates to 65504, which ``b`` (k > 1) overflows
+    again, and y - y turns the Inf into a NaN loss: one island is not enough."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.a, self.b = _Amp(1000.0), _Amp(k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(self.a(self.proj(x) * 0 + x))
+        return (y - y).sum()
+
+
+def _real_loss_finite(k: float, policy: str) -> bool:
+    model = _TwoOverflows(k)
+    castwise.apply(model, policy)
+    return bool(torch.isfinite(model(torch.full((2, 4), 100.0))))
+
+
+def test_an_island_that_leaves_the_loss_nan_is_not_verified_and_the_smallest_set_is_searched() -> None:
+    # issue 39: --locate suggested one f32 island that left the loss NaN, unverified and unsaid
+    assert not _real_loss_finite(2.0, "16-true,keep[a]=f32")
+    assert _real_loss_finite(2.0, "16-true,keep[a]=f32,keep[b]=f32")
+    report = castwise.locate_nonfinite(_TwoOverflows(2.0), torch.full((2, 4), 100.0), policy="16-true", mode="eval")
+    (f,) = [f for f in report.findings if f.code == "CW301"]
+    assert f.module == "a" and "Not verified alone" in (f.fix or "") and "keep[a]=f32,keep[b]=f32" in (f.fix or "")
+    assert dict(f.details)["verified_islands"] == ["a", "b"]
+
+
+def test_an_island_that_makes_the_run_finite_says_verified() -> None:
+    assert _real_loss_finite(1.0, "16-true,keep[a]=f32")  # b does not overflow the saturated 65504
+    report = castwise.locate_nonfinite(_TwoOverflows(1.0), torch.full((2, 4), 100.0), policy="16-true", mode="eval")
+    (f,) = [f for f in report.findings if f.code == "CW301"]
+    assert "Verified: re-run with `keep[a]=f32`" in (f.fix or "")
+    assert dict(f.details)["verified_islands"] == ["a"]

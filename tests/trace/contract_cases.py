@@ -722,6 +722,19 @@ def _embedding_index() -> Iterator[Case]:
         )
 
 
+def _bincount() -> Iterator[Case]:
+    # a MoE router's tokens per expert: integer ids only, weights read as f32 or f64
+    for i in (I64, I32, U8, BOOL, F32, BF16):
+        yield Case(f"bincount[{tag(i)}]", "index", aten.bincount.default, lambda i=i: ((t((8,), i),), {}))
+    for w in (F32, BF16, F16, F64, I64):
+        yield Case(
+            f"bincount[i64-{tag(w)}weights]",
+            "index",
+            aten.bincount.default,
+            lambda w=w: ((idx((8,), 4), t((8,), w)), {"minlength": 4}),
+        )
+
+
 def _inplace() -> Iterator[Case]:
     selfs = (F16, BF16, F32, I64)
     unary_other = {
@@ -1312,6 +1325,7 @@ def all_cases() -> list[Case]:
         *_norms(),
         *_attention(),
         *_embedding_index(),
+        *_bincount(),
         *_inplace(),
         *_promotion(),
         *_edges(),

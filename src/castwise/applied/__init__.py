@@ -89,6 +89,10 @@ def saturated(obj: Any) -> Any:
     return _tree_map(obj, _saturate)
 
 
+def _is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point()
+
+
 def _lossless(src: torch.dtype, dst: torch.dtype) -> bool:
     """Lossless casts can be undone by casting back; others keep the original tensor for remove()."""
     return _dtypes.widens(_dtypes.name_of(src), _dtypes.name_of(dst))
@@ -310,15 +314,19 @@ class Applied:
     def _cast_tensors(self, owner_dtypes: dict[str, torch.dtype | None]) -> None:
         seen: set[int] = set()
         policy = self.policy
+        if policy.converted:
+            return  # the framework's own conversion already ran: what it left is what runs
         # mixed policies leave the model's tensors as they are and let autocast cast at each op,
         # as Lightning's and Accelerate's mixed precision do; only islands (and an explicit
         # buffers= clause) cast tensors. True policies store everything in the policy's dtypes.
         default_param = None if policy.is_mixed else policy.param_dtype
         default_buffer = policy.buffer_dtype if policy.is_mixed else policy.effective_buffer_dtype
+        # module.to(dtype) casts complex tensors too (the real part kept): policies that model it say so
+        castable = (lambda t: t.is_floating_point() or t.is_complex()) if policy.cast_complex else _is_float
         for mname, module in self.model.named_modules():
             island = owner_dtypes[mname]
             for pname, p in list(module._parameters.items()):
-                if p is None or id(p) in seen or not p.is_floating_point():
+                if p is None or id(p) in seen or not castable(p):
                     continue
                 seen.add(id(p))  # tied weights: cast once, by their first owner
                 target = island or default_param
@@ -344,7 +352,7 @@ class Applied:
                     )
                 )
             for bname, b in list(module._buffers.items()):
-                if b is None or id(b) in seen or not b.is_floating_point():
+                if b is None or id(b) in seen or not castable(b):
                     continue
                 seen.add(id(b))
                 kept = policy.keep_nonpersistent and bname in module._non_persistent_buffers_set

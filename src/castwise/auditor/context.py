@@ -114,6 +114,7 @@ def make_ctx(
     off_policy: frozenset[str] = frozenset(),
     disabled_by: str | None = None,
     region_module: Any = None,
+    converted: bool = False,
 ) -> Ctx:
     floats = [i for i in range(min(len(dtypes), len(provs))) if dtypes[i].is_floating_point]
     stray = [
@@ -153,6 +154,7 @@ def make_ctx(
         culprit_provs,
         disabled_by,
         region_module,
+        converted,
     )
 
 
@@ -174,6 +176,7 @@ class RunRecord:
     fake: bool = True
     device: Device | None = None
     dominant: torch.dtype = torch.float32  # the copy's most common parameter dtype, as it ran
+    converted: bool = False  # the policy's converted=on: the model's tensors as a framework left them
     # (module, tensor, kind, dtype, expected dtype): tensors the policy left off its dtype
     unexpected: list[tuple[str, str, str, torch.dtype, torch.dtype]] = field(default_factory=list)
     # modules a user's keep[...]/out[...] clause puts in a 16-bit dtype on purpose (keep: with

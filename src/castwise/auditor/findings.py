@@ -121,7 +121,12 @@ def _first_line(exc: BaseException) -> str:
 def classify(r: RunRecord, **event: Any) -> Diag:
     """The first rule check (in precedence order) that explains this refused op."""
     ctx = make_ctx(
-        **event, compute=r.compute, device=r.device or devices.CPU, dominant=r.dominant, off_policy=r.off_policy()
+        **event,
+        compute=r.compute,
+        device=r.device or devices.CPU,
+        dominant=r.dominant,
+        off_policy=r.off_policy(),
+        converted=r.converted,
     )
     for check in ordered_checks():
         diag = check.match(ctx)
@@ -166,7 +171,7 @@ def _recent_operands(r: RunRecord, module: str) -> list[torch.Tensor]:
     refused = r.producer.refused
     if refused is not None and refused[0] == module and len({t.dtype for t in refused[1]}) > 1:
         return refused[1]  # the very operands sdpa refused (q, k, v and a floating mask)
-    recent = [t for m, t in r.producer.recent if m == module][-3:]
+    recent = [t for m, t in r.producer.recent if m == module and t.is_floating_point()][-3:]
     return recent if len({t.dtype for t in recent}) > 1 else []
 
 
@@ -206,9 +211,11 @@ def _dtype_reads(exc: BaseException) -> tuple[str, list[torch.Tensor]] | None:
     return (line, found) if found else None  # a dtype read off no tensor (a config's): not this case
 
 
-def _index_arg(exc: BaseException) -> torch.Tensor | None:
+def _index_arg(exc: BaseException, made: list[torch.Tensor]) -> torch.Tensor | None:
     """The tensor given as the first argument to the function an index check names ("one_hot is
-    only applicable to index tensor ...": ``F.one_hot(idx, n)`` -> ``idx``), read in the raising frame."""
+    only applicable to index tensor ...": ``F.one_hot(idx, n)`` -> ``idx``), read in the raising frame:
+    a (dotted) name is read there; an expression (``labels.int()``) is the last tensor the module made,
+    as Python evaluates the argument right before the call."""
     fn = re.match(r"\w+", str(exc))
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -216,8 +223,18 @@ def _index_arg(exc: BaseException) -> torch.Tensor | None:
     if fn is None or tb is None:
         return None
     line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-    arg = re.search(rf"\b{fn.group(0)}\(\s*([A-Za-z_]\w*)", line)
-    value = tb.tb_frame.f_locals.get(arg.group(1)) if arg else None
+    call = re.search(rf"\b{fn.group(0)}\(\s*(?:([A-Za-z_][\w.]*)\s*[,)])?", line)
+    if call is None:
+        return None
+    value: object = made[-1] if call.group(1) is None and made else None
+    if call.group(1) is not None:
+        head, *attrs = call.group(1).split(".")
+        value = tb.tb_frame.f_locals.get(head)
+        try:
+            for attr in attrs:
+                value = getattr(value, attr)
+        except Exception:  # a property that raises outside the run: not readable here
+            return None
     return value if isinstance(value, torch.Tensor) and value.dtype != torch.int64 else None
 
 
@@ -238,16 +255,17 @@ def _raised_in_python(
     frame = trace.stack[-1] if trace.stack else None
     prov_of = r.producer.prov_of if r.producer is not None else (lambda t: None)
     recent = read or _recent_operands(r, module)
+    here = [t for m, t in r.producer.recent if m == module] if r.producer is not None else []
     own = {} if recent else r.module_params.get(module, {})
     tensors = recent or ([t for t in frame.inputs if t.is_floating_point()] if frame else [])
-    made = [t for m, t in r.producer.recent if m == module][-1:] if r.producer is not None and not recent else []
+    made = [t for t in here if t.is_floating_point()][-1:] if not recent else []
     cast = made and (p := prov_of(made[0])) is not None and p.kind == "cast" and p.module == module
     if cast and own and made[0].dtype not in own.values():
         # the module's forward changed its input's dtype itself (`x.float()`) before the layer's
         # own check raised: that tensor, not the input it was given, met the weights
         tensors = made
     expected = "int64" if _NEEDS_INDEX.search(text) else None
-    index = _index_arg(exc) if expected is not None and exc is not None else None
+    index = _index_arg(exc, here[-1:]) if expected is not None and exc is not None else None
     if index is not None:
         # a composite's own check (one_hot's) that its index is integral: that argument is the
         # culprit, not a precision clash between the line's other tensors
@@ -263,7 +281,7 @@ def _raised_in_python(
         text=text,
         dtypes=dtypes,
         provs=provs,
-        culprits=culprits_of(dtypes, (), r.compute, own),
+        culprits=culprits_of(dtypes, (0,) if index is not None else (), r.compute, own),
         is_fast=False,
         autocast=frame.autocast if frame else None,
         expected=expected,

@@ -122,6 +122,7 @@ def _run_once(
             applied = apply(copy, policy, device=dev) if policy is not None else None
         if applied is not None:
             result.declared = declared_low(copy, applied.policy)
+            result.converted = applied.policy.converted
             result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
             result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
         named_tensors = ran.named(copy)

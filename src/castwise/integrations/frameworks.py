@@ -8,8 +8,10 @@ autocast one), so the script is under no autocast at the call and the wrapper's 
 on the device the script runs on. The audit therefore runs the user's module without the wrapper,
 under the policy that says what the framework does (``lightning:<precision>``,
 ``accelerate:<mixed_precision>``): on the target device (``--device``), replaceable by
-``--policy``, and named in the report. Neither framework is imported here: a wrapper is only
-recognised when the script has imported its framework.
+``--policy``, and named in the report. A Trainer has no wrapper to look through: Lightning's
+calls training_step itself, transformers' runs Accelerate's autocast; the Trainer is read off the
+call stack (``_running_trainer``) and names the precision. Neither framework is imported here: a
+wrapper is only recognised when the script has imported its framework.
 """
 
 from __future__ import annotations
@@ -83,18 +85,65 @@ class Framed:
 
 
 def framed(module: nn.Module) -> Framed | None:
-    """The framework ``module`` is the wrapper of, or None (a plain module: its own forward)."""
-    return _fabric(module) or _accelerate(module)
+    """The framework ``module`` is the wrapper of, or whose Trainer is calling it; None: a plain
+    module run by the script itself."""
+    found = _fabric(module) or _accelerate(module)
+    trainer = _running_trainer()
+    if trainer is None:
+        return found
+    kind, owner = trainer
+    if kind == "Lightning Trainer":
+        # the Trainer calls training_step itself (strategy.training_step, inside the precision
+        # plugin's train_step_context): the model is the user's, no wrapper to look through
+        setting = str(owner.precision)
+        policy, why = _modelled(f"lightning:{setting}")
+        return Framed(module, module, kind, f"precision={setting!r}", policy, why)
+    # transformers' Trainer runs its precision through Accelerate (Trainer.create_accelerator_and_postprocess
+    # passes TrainingArguments' bf16/fp16 as mixed_precision): the policy is Accelerate's, named as the user set it
+    args = owner.args
+    flags = [f"{name}=True" for name in ("bf16", "fp16") if getattr(args, name, False)]
+    setting = f"TrainingArguments({', '.join(flags) or 'bf16=False, fp16=False'})"
+    if found is None:
+        return None  # no precision of the Trainer's: the model runs as it is
+    through = f" through Accelerate's {found.setting}"
+    return dataclasses.replace(found, framework=kind, setting=setting + through)
+
+
+def _running_trainer() -> tuple[str, Any] | None:
+    """The Trainer whose step is calling the model, read off the call stack: a frame whose ``self``
+    is a transformers ``Trainer``, or a LightningModule attached to a Lightning ``Trainer``. Neither
+    library is imported here: only one the script imported is looked for."""
+    hf = sys.modules.get("transformers.trainer")
+    lightning = [m for m in (sys.modules.get(n) for n in ("lightning.pytorch", "pytorch_lightning")) if m is not None]
+    if hf is None and not lightning:
+        return None
+    modules = tuple(m.LightningModule for m in lightning)
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if hf is not None and isinstance(owner, hf.Trainer):
+            return "transformers Trainer", owner
+        if modules and isinstance(owner, modules) and getattr(owner, "_trainer", None) is not None:
+            return "Lightning Trainer", owner._trainer
+        frame = frame.f_back
+    return None
 
 
 def _modelled(text: str) -> tuple[str | None, str]:
     try:
-        f8 = Policy.parse(text).float8
+        parsed = Policy.parse(text)
     except PolicyError as exc:
         return None, f"is not modelled ({exc})"
-    if f8 is not None and text.startswith("lightning:"):
+    if parsed.float8 is not None and text.startswith("lightning:"):
         # as CastwiseCallback: Lightning's float8 is TransformerEngine's, apply converts torchao's recipes
-        return None, f"is not modelled (TransformerEngine's float8, {f8} scaling, is not one castwise converts)"
+        return (
+            None,
+            f"is not modelled (TransformerEngine's float8, {parsed.float8} scaling, is not one castwise converts)",
+        )
+    if text.startswith("lightning:") and not parsed.is_mixed and parsed != Policy.parse("32-true"):
+        # Lightning converted the module once, at setup (the plugin's convert_module), before any step:
+        # the audit runs the tensors as it left them, so a module made after that keeps its dtype (CW118)
+        return f"{text},converted=on", ""
     return text, ""
 
 

@@ -26,9 +26,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
+from castwise import devices
 from castwise.errors import RunStopped
 from castwise.integrations._steps import audit_or_skip, random_streams_kept
 from castwise.integrations.frameworks import Framed, framed, framework_backward, preset_note
+from castwise.integrations.imports import imported_as_on, imported_note
 from castwise.report import Report
 from castwise.run import Inputs, model_device
 
@@ -123,6 +125,11 @@ class Watcher:
             return framework.policy
         return ambient_policy(model_device(model), scaled=self.scaled)
 
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if self.on_note is not None:
+            self.on_note(text)
+
     def _note_presets(self) -> None:
         """Once per run: a bare ``--policy`` preset that Lightning also has, where castwise's
         meaning differs from Lightning's and the script runs Lightning."""
@@ -131,9 +138,7 @@ class Watcher:
         self._noted = True
         note = preset_note(self.policy)
         if note is not None:
-            self.notes.append(note)
-            if self.on_note is not None:
-                self.on_note(note)
+            self.note(note)
 
 
 def ambient_policy(device_type: str, *, scaled: bool = False) -> str | None:
@@ -158,18 +163,24 @@ def run_script(target: str, argv: list[str], watcher: Watcher | None, *, module:
     sys.argv = [target, *argv]
     # python puts the script's folder first, and `python -m` the current directory (a package run
     # from its repository's root imports itself from there); castwise's own entry point put neither
-    sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(target)))
+    root = os.getcwd() if module else os.path.dirname(os.path.abspath(target))
+    sys.path.insert(0, root)
     code = 0
-    try:
-        with watcher.watching() if watcher is not None else contextlib.nullcontext():
-            if module:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python's
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
+    # a simulated GPU: the script's own modules choose at import what they would choose on it
+    target_device = devices.get(watcher.device) if watcher is not None and watcher.device else None
+    with imported_as_on(target_device, root) as own:
+        try:
+            with watcher.watching() if watcher is not None else contextlib.nullcontext():
+                if module:
+                    runpy.run_module(target, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python's
+        except SystemExit as exc:
+            code = _exit_code(exc.code)
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+            if own and watcher is not None and target_device is not None:
+                watcher.note(imported_note(target_device, own))
     return code
 
 

@@ -12,6 +12,7 @@ wider dtype: precision-caused (overflow, underflow, cancellation); non-finite: a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from castwise.numerics import _run
 from castwise.numerics.advice import bug_fix, precision_fix
 from castwise.numerics.observe import NonfiniteObserver, OpFinder, Producer, limits
 from castwise.numerics.rows import locate_rows
+from castwise.policy import Policy
 from castwise.report import Finding, Report, Run
 from castwise.rules.audit._text import where
 from castwise.run import Inputs, RunRequest
@@ -149,13 +151,57 @@ def _state_finding(bad: list[str], mode: str) -> Finding:
     )
 
 
-def locate_in(request: RunRequest, fn: Callable[..., Any] | None = None) -> Report:
+def locate_in(request: RunRequest, fn: Callable[..., Any] | None = None, *, verify: bool = True) -> Report:
     """locate_nonfinite of a checked request; ``fn(model, *args, **kwargs)`` replaces the forward
-    call (a training step's own loss). Global state is left as it was (castwise.auditor)."""
+    call (a training step's own loss). Global state is left as it was (castwise.auditor).
+    ``verify``: re-run a suggested float32 island and say whether it makes the run finite."""
     policy, mode, device = request.policy, request.mode, request.torch_device
-    return _run.reported(
+    report = _run.reported(
         request, "locate", lambda target: _locate(target, request.inputs, policy, mode, device, fn), audit=fn is None
     )
+    return _verified(report, request, fn) if verify else report
+
+
+# how many float32 islands the search adds, one producer at a time, before it gives up
+_MOST_ISLANDS = 4
+
+
+def _verified(report: Report, request: RunRequest, fn: Callable[..., Any] | None) -> Report:
+    """The suggested ``keep[module]=f32`` of a forward precision finding (CW301), re-run: verified
+    when the run ends finite; else the next producer's module is added, one at a time, until the
+    run is finite (the smallest set this greedy search finds) or it gives up. Said in the fix."""
+    at = next((i for i, f in enumerate(report.findings) if f.code == "CW301"), None)
+    if at is None or request.policy is None:
+        return report  # no island suggested, or no policy to add one to (the model as it is)
+    first = report.findings[at]
+    if first.module is None or first.module == "" or dict(first.details).get("phase") != "forward":
+        return report
+    islands = [first.module]
+    while True:
+        keep = ",".join(f"keep[{m}]=f32" for m in islands)
+        again = locate_in(request.under(Policy.parse(f"{request.policy},{keep}")), fn, verify=False)
+        finite = not again.summary["numerics"]["final_nonfinite"] and not again.findings
+        nxt = next((f.module for f in again.findings if f.code == "CW301"), None)
+        if finite or nxt is None or nxt in islands or len(islands) == _MOST_ISLANDS:
+            break
+        islands.append(nxt)
+    if finite and len(islands) == 1:
+        note = f" Verified: re-run with `{keep}`, the run ends finite."
+    elif finite:
+        note = (
+            f" Not verified alone: with `keep[{first.module}]=f32` the run still makes NaN/Inf further on; "
+            f"re-run with `{keep}` (the smallest set found, one producer at a time), it ends finite."
+        )
+    else:
+        note = (
+            f" Not verified: re-run with `{keep}` the run still makes NaN/Inf; no set of up to {_MOST_ISLANDS} "
+            "float32 islands made it finite: look at the code of these modules (a bug, or a scale that overflows "
+            "float32's own range)."
+        )
+    report.findings[at] = dataclasses.replace(
+        first, fix=(first.fix or "") + note, details=(*first.details, ("verified_islands", islands if finite else None))
+    )
+    return report
 
 
 def _locate(

@@ -77,6 +77,12 @@ jmp-style and castwise clauses (every one optional; defaults derive from params/
 - ``keep_in_fp32=on|off`` honour a model's ``_keep_in_fp32_modules`` (default on), as
   transformers does: under float16 compute, plus ``_keep_in_fp32_modules_strict`` under float16
   and bfloat16 compute
+- ``cast_complex=on|off`` cast complex parameters and buffers to the storage dtype as
+  ``module.to(dtype)`` does, dropping their imaginary part (default off: kept complex; on under
+  ``lightning:*-true``, whose precision plugins convert the module with ``module.to(dtype)``)
+- ``converted=on|off`` the model's tensors are as a framework converted them already (Lightning's
+  convert_module, run at setup): apply casts no parameter or buffer (default off; ``castwise run``
+  adds it to a Lightning ``*-true`` precision, so a module made after the conversion is seen: CW118)
 - ``cast_back=saturate|plain`` how an island's output returns to float16: clamped to float16's
   finite range first (default), or plainly cast
 - ``reduce=DT`` dtype gradients are reduced in across ranks (FSDP2's ``reduce_dtype``, DeepSpeed's

@@ -47,6 +47,8 @@ class Policy:
     master_weights: bool = False
     norms: torch.dtype | None = None  # None: normalisation layers follow the policy
     keep_in_fp32: bool = True
+    cast_complex: bool = False  # complex tensors cast with the real ones, as module.to(dtype) does
+    converted: bool = False  # a framework converted the model's tensors already: apply casts none
     cast_back: Literal["saturate", "plain"] = "saturate"
     fastpath: bool = True
     reduce_dtype: torch.dtype = F32  # gradient reduction across ranks (castwise.fsdp2, castwise.export)

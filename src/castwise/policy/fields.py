@@ -178,6 +178,14 @@ FIELDS: tuple[Field, ...] = (
         derived=True,
     ),
     Field("keep_in_fp32", "keep_in_fp32", "bool", lambda b: True),
+    # complex parameters and buffers cast to the (real) storage dtype, as nn.Module.to(dtype) does
+    # (torch/nn/modules/module.py, Module.to's convert: `t.is_floating_point() or t.is_complex()`):
+    # what Lightning's *-true plugins run (convert_module); castwise's own presets keep them complex
+    Field("cast_complex", "cast_complex", "bool", lambda b: False),
+    # the model's tensors are as a framework converted them already (Lightning's convert_module ran
+    # at setup, before the step castwise run meets): apply casts no parameter or buffer, so one made
+    # after the conversion stays as the step meets it
+    Field("converted", "converted", "bool", lambda b: False),
     Field("cast_back", "cast_back", "choice", lambda b: "saturate", choices=("saturate", "plain")),
     Field("fastpath", "fastpath", "bool", lambda b: True),
     # gradients reduced across ranks (castwise.fsdp2, castwise.export): float32 by default, since a

@@ -91,7 +91,7 @@ _F8E4M3 = Preset("float32", "float32", fp8="tensorwise")
 _F8E5M2 = Preset("float32", "float32", fp8="tensorwise:e5m2")
 # Lightning's TransformerEnginePrecision: TE layers, module.to(weights_dtype), inputs cast, torch's
 # default dtype set while a step runs, te.fp8_autocast with DelayedScaling() (HYBRID format)
-_LIGHTNING_TRUE = ("norms=none", "keep_in_fp32=off")
+_LIGHTNING_TRUE = ("norms=none", "keep_in_fp32=off", "cast_complex=on")
 
 
 @dataclass(frozen=True)
@@ -258,10 +258,12 @@ LIGHTNING: dict[str, str] = {
 }
 # ... and what a preset does not say: Lightning's HalfPrecision and DoublePrecision set torch's
 # default dtype around each step (forward_context), and their module.to(dtype) ignores a model's
-# _keep_in_fp32_modules
+# _keep_in_fp32_modules; the half ones' module.to(dtype) casts complex buffers to the real dtype
+# too (convert_module in lightning/{fabric,pytorch}/plugins/precision/half.py), where 64-true's
+# module.double() (double.py) casts floating tensors only
 LIGHTNING_CLAUSES: dict[str, tuple[str, ...]] = {
-    "16-true": ("keep_in_fp32=off", "default_dtype=f16"),
-    "bf16-true": ("keep_in_fp32=off", "default_dtype=bf16"),
+    "16-true": ("keep_in_fp32=off", "default_dtype=f16", "cast_complex=on"),
+    "bf16-true": ("keep_in_fp32=off", "default_dtype=bf16", "cast_complex=on"),
     "64-true": ("default_dtype=f64",),
 }
 ACCELERATE: dict[str, str] = {"no": "no", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}

@@ -132,6 +132,9 @@ class RunLike(Protocol):  # one run of the model and the copy it ran (auditor.co
     # modules a user's keep[...]/out[...] clause puts in 16-bit on purpose (inside a keep too)
     @property
     def declared(self) -> frozenset[str]: ...
+    # (module, tensor, dtype before, dtype after): what applying the policy cast
+    @property
+    def casts(self) -> Sequence[tuple[str, str, torch.dtype, torch.dtype]]: ...
 
 
 class PolicyLike(Protocol):
@@ -274,6 +277,7 @@ class Ctx:
     culprit_provs: Sequence[ProvLike]
     disabled_by: str | None = None  # the module whose forward turned autocast off around the op
     region_module: Any = None  # that module (the run's copy), for its source
+    converted: bool = False  # the policy models a framework that converted the model already (converted=on)
 
     @property
     def source(self) -> str | None:

@@ -245,6 +245,18 @@ def _answers(capability: tuple[int, int]) -> dict[str, Callable[..., Any]]:
 
 
 @contextlib.contextmanager
+def answering_as(device: Device) -> Iterator[None]:
+    """Only ``torch.cuda``'s answers about the GPU (is_available, capability, properties, bf16
+    support...) as the simulated ``device`` gives them, restored on exit; no fake-tensor setting.
+    A device of other kernels, or without a capability: nothing changes."""
+    if device.kernels != "cuda" or device.capability is None:
+        yield
+        return
+    with _patched(torch.cuda, _answers(device.capability)):
+        yield
+
+
+@contextlib.contextmanager
 def _patched(module: types.ModuleType, answers: dict[str, Callable[..., Any]]) -> Iterator[None]:
     originals = {name: getattr(module, name) for name in answers}
     try:

@@ -350,9 +350,10 @@ class Tracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             odict[pkey] = chosen
             if forward:
                 odict[ckey] = module
-                if o.is_floating_point():
+                if cast or o.is_floating_point():
                     # the last tensors made here: the operands of a call that raises before it
-                    # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check)
+                    # reaches dispatch (sdpa's own q/k/v check, a layer's Python dtype check,
+                    # one_hot's check of an index cast on its own line)
                     self.recent.append((module, o))
         self.recorder.op(module, name, self.at.phase, tensors, outs)
         return outs

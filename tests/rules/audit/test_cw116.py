@@ -226,3 +226,91 @@ def test_int64_labels_for_one_hot_are_clean() -> None:
     labels = torch.randint(0, 4, (8,))
     assert _real_error(m, torch.randn(8, 4), labels) is None
     assert not castwise.audit(m, (torch.randn(8, 4), labels), mode="eval").findings
+
+
+class _OneHotInt(_OneHot):
+    """one_hot of labels cast to int32 on the calling line (the index is an expression, not a name)."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return (h * nn.functional.one_hot(labels.int(), 4).to(h.dtype)).sum()
+
+
+def test_int32_labels_given_to_one_hot_are_the_index_rule_not_a_contract_clash() -> None:
+    # issue 39: int32 labels (a dataset's dtype) reach one_hot, which takes int64 only
+    labels = torch.randint(0, 4, (8,), dtype=torch.int32)
+    f = _cw116(_OneHot(), torch.randn(8, 4), labels)
+    assert f.origin is not None and f.origin.tensor is not None and "labels" in f.origin.tensor
+    assert "(int64)" in f.message and "got i32" in f.message and "mixed dtypes" not in f.message
+    assert ".long()" in (f.fix or "") and "floating buffers" not in (f.fix or "")
+
+
+def test_an_int32_cast_inside_the_one_hot_call_is_the_culprit_not_a_weight() -> None:
+    f = _cw116(_OneHotInt(), torch.randn(8, 4), torch.randint(0, 4, (8,)))
+    assert f.origin is not None and "proj" not in (f.origin.tensor or "") and "aten._to_copy" in (f.origin.op or "")
+    assert "(int64)" in f.message and "got i32" in f.message and "drop the narrowing cast" in (f.fix or "")
+
+
+class _Take(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.table[labels].sum() + self.table.index_select(0, labels).sum()
+
+
+def test_int32_indices_where_the_kernel_takes_them_are_clean() -> None:
+    # look-alike of the one_hot case: indexing and index_select take int32 as well as int64
+    labels = torch.randint(0, 4, (8,), dtype=torch.int32)
+    assert _real_error(_Take(), labels) is None
+    assert not castwise.audit(_Take(), labels, mode="eval").findings
+
+
+class _Router(nn.Module):
+    """A MoE router counting tokens per expert with bincount (ids cast with the activations, or not)."""
+
+    def __init__(self, cast_ids: bool, ids: torch.dtype = torch.int64, weighted: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+        self.cast_ids, self.ids, self.weighted = cast_ids, ids, weighted
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(x)
+        idx = logits.argmax(-1).to(self.ids)
+        if self.cast_ids:
+            idx = idx.to(logits.dtype)
+        w = logits.max(-1).values if self.weighted else None
+        return logits.sum() + torch.bincount(idx, weights=w, minlength=4).to(logits.dtype).sum()
+
+
+def _router_real_error(make: Callable[[], _Router], policy: str | None) -> str | None:
+    real = make()
+    if policy:
+        castwise.apply(real, policy)  # the real run under the same policy, in place
+    return _real_error(real, torch.randn(16, 8))
+
+
+@pytest.mark.parametrize("policy", [None, "bf16-true"])
+def test_bincount_of_ids_cast_with_the_activations_is_the_index_rule(policy: str | None) -> None:
+    # bincount's contract (trace/contracts/index.py): integer ids only; it was unchecked (CW901) and
+    # the fake kernel's refusal ended the run as "incomplete" (CW902)
+    real = _router_real_error(lambda: _Router(cast_ids=True), policy)
+    report = castwise.audit(_Router(cast_ids=True), torch.randn(16, 8), policy=policy, mode="eval")
+    assert [x.code for x in report.errors] == ["CW116"], str(report)
+    assert not [x for x in report.findings if x.code in ("CW901", "CW902")], str(report)
+    f = report.errors[0]
+    assert f.op == "aten.bincount" and "drop the cast of the index" in (f.fix or "")
+    assert real is not None and real in f.message
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: _Router(False), lambda: _Router(False, torch.int32), lambda: _Router(False, torch.uint8, weighted=True)],
+    ids=["i64", "i32", "u8-weighted"],
+)
+@pytest.mark.parametrize("policy", [None, "bf16-true"])
+def test_bincount_of_integer_ids_is_checked_and_clean(make: Callable[[], _Router], policy: str | None) -> None:
+    assert _router_real_error(make, policy) is None
+    codes = {f.code for f in castwise.audit(make(), torch.randn(16, 8), policy=policy, mode="eval").findings}
+    assert codes <= {"CW903"}, codes  # the ids' values are assumed; the op itself is checked (no CW901)

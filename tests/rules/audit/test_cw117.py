@@ -63,3 +63,44 @@ def test_a_table_kept_complex_or_its_real_view_cast_is_clean(how: str) -> None:
     x = torch.randn(2, 4, 8)
     report = castwise.audit(_Rope(how), (x,), policy="bf16-true")
     assert not [f for f in report.findings if f.code == "CW117"], str(report)
+
+
+def _after_lightning(precision: str) -> torch.dtype:
+    """The complex buffer's dtype after Lightning Fabric's own conversion (its precision plugin's
+    convert_module, run by ``fabric.setup``) on CPU: the truth the policy models."""
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=1, precision=precision)  # type: ignore[arg-type]
+    return fabric.setup_module(_Rope("none")).module.freqs_cis.dtype
+
+
+def test_lightnings_true_conversion_making_a_complex_buffer_real_is_found() -> None:
+    # issue 39: Lightning's bf16-true runs module.to(bf16), which casts complex buffers too; castwise's
+    # bf16-true keeps them complex, so the lightning: policy must convert as Lightning does
+    assert not _after_lightning("bf16-true").is_complex
+    report = castwise.audit(_Rope("none"), (torch.randn(2, 4, 8),), policy="lightning:bf16-true")
+    found = [f for f in report.findings if f.code == "CW117"]
+    assert len(found) == 1 and not report.errors, str(report)
+    f = found[0]
+    assert f.origin is not None and f.origin.tensor == "buffer freqs_cis"
+    assert "module.to(bf16)" in f.message and "c64[4, 4]" in f.message and "convert_module" in f.message
+    assert "plain attribute" in (f.fix or "")
+
+
+@pytest.mark.parametrize(
+    "policy, lightning", [("lightning:64-true", "64-true"), ("lightning:bf16-mixed", "bf16-mixed")]
+)
+def test_conversions_that_keep_complex_buffers_complex_are_clean(policy: str, lightning: str) -> None:
+    # look-alikes: 64-true converts with module.double() (floating tensors only), *-mixed converts nothing
+    assert _after_lightning(lightning).is_complex
+    report = castwise.audit(_Rope("none"), (torch.randn(2, 4, 8),), policy=policy)
+    assert not [f for f in report.findings if f.code == "CW117"], str(report)
+
+
+def test_castwise_apply_under_lightning_true_is_undone_bit_for_bit() -> None:
+    m = _Rope("none")
+    before = m.freqs_cis.clone()
+    applied = castwise.apply(m, "lightning:bf16-true")
+    assert m.freqs_cis.dtype == torch.bfloat16  # as Lightning's module.to(bf16) leaves it
+    applied.remove()
+    assert m.freqs_cis.dtype == torch.complex64 and torch.equal(m.freqs_cis, before)

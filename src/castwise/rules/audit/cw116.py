@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from castwise._dtypes import short_of
+from castwise._dtypes import name_of, short_of
 from castwise.rules._rule import Rule
 from castwise.rules.api import Ctx, ProvLike
 from castwise.rules.audit._base import AuditRule, Check, Diag
@@ -19,7 +19,7 @@ META = Rule(
         "floating tensor where the kernel takes integers (or bools), and the tensor became floating "
         "in the model: a cast (`.to(bf16)`, `.half()`, `.float()`, `type_as`), a buffer cast with the "
         "weights (a loader, a hand cast of every buffer), a factory or `/` that made floats, or integer "
-        "data given to the model as floats."
+        "data given to the model as floats; or an int32 index where the op takes int64 only (one_hot)."
     ),
     why=(
         "`model.to(dtype)` casts floating tensors only, but a hand-written cast of every buffer (or "
@@ -78,9 +78,31 @@ def _became(first: ProvLike, dt: str) -> tuple[str, str] | None:
     return None  # made in backward: the forward's finding says where
 
 
+def _narrow(ctx: Ctx, first: ProvLike) -> Diag:
+    """An integer index of another width where the op takes int64 only (one_hot): int32 labels."""
+    dt = short_of(first.dtype)
+    line = f" ({first.source})" if first.source else ""
+    how = (
+        f"cast to {dt} by {first.op} in {where(first.module)}{line}"
+        if first.kind in ("cast", "autocast")
+        else f"from {first.describe()}"
+    )
+    drop = f"; drop the narrowing cast{line}" if first.kind == "cast" else ""
+    return ctx.diag(
+        "CW116",
+        f"{ctx.at} needs integer indices (int64) and got {dt}, {how}: this op takes int64 only. Real error: {ctx.text}",
+        f"`.long()` the index where it is made or at the use{drop} (int32 labels from a dataset or a `.int()` cast "
+        "are refused here).",
+    )
+
+
 def _match(ctx: Ctx) -> Diag | None:
     first = ctx.first
-    if ctx.expected not in _INTEGRAL or first is None or not (first.dtype.is_floating_point or first.dtype.is_complex):
+    if first is None or ctx.expected not in _INTEGRAL:
+        return None
+    if ctx.expected == "int64" and name_of(first.dtype) in _INTEGRAL - {"int64", "bool"}:
+        return _narrow(ctx, first)
+    if not (first.dtype.is_floating_point or first.dtype.is_complex):
         return None
     dt = short_of(first.dtype)
     # a model input has its own rules where one speaks for it: CW108 (masks), CW110.embedding (ids)

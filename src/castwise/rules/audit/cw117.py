@@ -41,6 +41,45 @@ def _origin(n: Any) -> Origin | None:
     return prov.origin() if prov is not None else None
 
 
+def _converted(session: Session) -> list[Finding]:
+    """Complex parameters/buffers the policy's own conversion made real: ``module.to(dtype)`` as
+    Lightning's ``*-true`` plugins run it (convert_module), before any step; one finding per tensor."""
+    seen: dict[tuple[str, str], tuple[str, Any, Any, list[str]]] = {}
+    for r in session.runs:
+        for module, name, before, after in r.casts:
+            if before.is_complex and not after.is_complex:
+                owner = r.copy.get_submodule(module)
+                kind = "buffer" if name in owner._buffers else "param"
+                shown = fmt_tensor(name_of(before), tuple(getattr(owner, name).shape))
+                entry = seen.setdefault((module, name), (kind, shown, after, []))
+                if r.mode not in entry[3]:
+                    entry[3].append(r.mode)
+    out: list[Finding] = []
+    for (module, name), (kind, shown, after, modes) in seen.items():
+        tensor = f"{module}.{name}" if module else name
+        out.append(
+            Finding(
+                code="CW117",
+                module=module,
+                op=None,
+                origin=Origin(module=module or None, tensor=f"{kind} {tensor}"),
+                modes=tuple(m for m in ("train", "eval") if m in modes),
+                message=(
+                    f"the policy converts the model as `module.to({short_of(after)})` does, which casts the complex "
+                    f"{kind} {tensor} {shown} to {short_of(after)}: the imaginary part is dropped before the first "
+                    "step and nothing raises (Lightning's `*-true` precision plugins convert the model this way, "
+                    "in convert_module; castwise's own presets keep complex tensors complex)."
+                ),
+                fix=(
+                    f"Keep {tensor} out of the conversion: `module.to` casts every registered parameter and buffer, "
+                    "so hold it as a plain attribute (moved with the device by hand), or register its real view "
+                    "(`torch.view_as_real`) and take `torch.view_as_complex(...float())` where it is used."
+                ),
+            )
+        )
+    return out
+
+
 def _scan(session: Session) -> list[Finding]:
     # one finding per (module, generalized) and cast line: repeated blocks say it once
     seen: dict[tuple[str, str | None], tuple[Any, list[str]]] = {}
@@ -50,7 +89,7 @@ def _scan(session: Session) -> list[Finding]:
             entry = seen.setdefault((generalize(n.module), line), (n, []))
             if r.mode not in entry[1]:
                 entry[1].append(r.mode)
-    out: list[Finding] = []
+    out = _converted(session)
     for n, modes in seen.values():
         line = n.cast.source if n.cast is not None else None
         came = f" ({n.origin.describe()})" if n.origin is not None else ""

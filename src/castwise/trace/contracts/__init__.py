@@ -68,6 +68,7 @@ from castwise.trace.contracts.elementwise import (
 from castwise.trace.contracts.external import EXTERNAL, mixed_width
 from castwise.trace.contracts.float8 import _scaled_mm
 from castwise.trace.contracts.index import (
+    _bincount,
     _embedding,
     _gather,
     _index,
@@ -447,6 +448,7 @@ _register(_rrelu, "rrelu_with_noise")
 _register(_same_as_self, "histogram")  # bin counts in the input's dtype (bin_ct is above)
 _register(_histogram_bins_tensor, "histogram.bins_tensor")
 _register(_histc, "histc")
+_register(_bincount, "bincount")
 _register(_bitwise_not, "bitwise_not", "bitwise_not_")
 _register(_grouped_mm, "_grouped_mm")
 _register(_complex_ctor, "polar", "complex")

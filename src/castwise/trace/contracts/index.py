@@ -12,6 +12,8 @@ from castwise.trace.contracts._base import (
     _INDEX_TYPES,
     BOOL,
     CPU_CHECKS_BEFORE_2_12,
+    F32,
+    F64,
     I32,
     I64,
     U8,
@@ -290,3 +292,19 @@ def _nll_loss_backward(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # pointwise: promotion, in-place castability, strict ops
+
+
+def _bincount(op: str, args: Args, kwargs: Kwargs, dev: Device) -> Any:
+    """Counts of integer ids (a MoE router's tokens per expert). CPU measured (torch 2.14), CUDA read
+    from aten/src/ATen/native/cuda/SummaryOps.cu (``_bincount_cuda``), the same rule: the ids take any
+    integer dtype (AT_DISPATCH_INTEGRAL_TYPES: not bool, never floats); the counts are int64, or with
+    weights f32 for f32 weights and f64 for every other dtype (the kernel reads them as double: bf16 or
+    f16 weights come back f64)."""
+    ids = args[0]
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == BOOL:
+        kernel = "bincount_cuda" if dev.kernels == "cuda" else "bincount_cpu"
+        return _viol(op, "index", f"\"{kernel}\" not implemented for '{_sc(ids.dtype)}'", args, kwargs, [ids], I64)
+    weights = _arg(args, kwargs, 1, "weights")
+    if weights is None:
+        return I64
+    return F32 if weights.dtype == F32 else F64
