@@ -29,7 +29,7 @@ from castwise.run import RunRequest, check
 
 
 def audit(
-    model: nn.Module,
+    model: nn.Module | Any,
     inputs: Any,
     *,
     policy: Policy | str | None = None,
@@ -56,7 +56,12 @@ def audit(
     (its recorded lists replace this torch's), without installing it.
     """
     from castwise.distributed.audit import is_sharded
+    from castwise.distributed.programs import is_programs
 
+    if is_programs(model):  # pipeline / expert parallel: one audit per distinct rank program
+        from castwise.auditor.programs import audit_programs
+
+        return audit_programs(model, inputs, audit, policy=policy, device=device, mode=mode, fake=fake, torch=torch)
     if is_sharded(model, real=not fake):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
         from castwise.auditor.entry import audit_sharded
 
