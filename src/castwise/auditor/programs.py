@@ -34,10 +34,11 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
         receives = program.receives
         if layout.dim == "pp" and program.index > 0 and receives is None and handed is not None:
             receives = (handed,)  # no declared buffer: it receives what the stage before sends
-        key = rp.signature(program.module, receives)
+        given = layout.dim != "pp" or program.index == 0 or not receives  # run on the user's inputs
+        key = rp.signature(program.module, None if given else receives)
         groups.setdefault(key, []).append(program)
         if key not in done:
-            args = inputs if layout.dim != "pp" or program.index == 0 or not receives else _tensors(receives)
+            args = inputs if given else _tensors(receives or ())
             seen = rp.Collectives()
             with rp.recording(seen):
                 report = audit(program.module, args, **options)
