@@ -78,15 +78,18 @@ def _stages(
     outs: tuple[torch.dtype | None, ...] = (),
     rows: tuple[int, ...] = (),
     ins: tuple[torch.dtype, ...] = (),
+    static: bool = False,
 ) -> Callable[[int, Any], Any]:
-    """Stage i in ``dtypes[i]``, returning ``outs[i]``, declaring ``rows[i]`` rows of ``ins[i]``."""
+    """Stage i in ``dtypes[i]``, returning ``outs[i]``, declaring ``rows[i]`` rows of ``ins[i]``;
+    ``static``: its output declared too (output_args), so no metadata is exchanged."""
 
     def make(i: int, group: Any) -> Any:
         from torch.distributed.pipelining import PipelineStage
 
         module = Stage(2 * i, 2, dtypes[i], outs[i] if outs else None)
         declared = torch.zeros(rows[i] if rows else ROWS, HIDDEN, dtype=ins[i] if ins else dtypes[i])
-        return PipelineStage(module, i, len(dtypes), torch.device("cpu"), input_args=declared, group=group)
+        out = torch.zeros(ROWS, HIDDEN, dtype=(outs[i] if outs else None) or dtypes[i]) if static else None
+        return PipelineStage(module, i, len(dtypes), torch.device("cpu"), declared, out, group=group)
 
     return make
 
@@ -138,6 +141,12 @@ S = "send/recv"
 CASES: tuple[Case, ...] = (
     # pipeline: stage i's receive buffer (input_args) against what stage i-1 returns
     _pp("pp: stage 1 receives bf16 into an f32 buffer", (BF16, F32, F32, F32), {("CW174", "layers.2", S, (1,))}),
+    _pp(
+        "pp static: stage 1 reads bf16 bytes as f32 (input_args and output_args given)",
+        (BF16, F32, F32, F32),
+        {("CW174", "layers.2", S, (1,))},
+        static=True,
+    ),
     _pp("pp: last stage f32 after bf16 stages", (BF16, BF16, BF16, F32), {("CW174", "layers.6", S, (3,))}),
     _pp(
         "pp: stage 1 returns f32 to a bf16 stage",
@@ -175,6 +184,7 @@ CASES: tuple[Case, ...] = (
     # controls: the same plans where every rank agrees
     _pp("control pp: all stages bf16", (BF16, BF16, BF16, BF16), set()),
     _pp("control pp: all stages f32", (F32, F32, F32, F32), set()),
+    _pp("control pp static: all stages bf16, metadata given", (BF16, BF16, BF16, BF16), set(), static=True),
     _pp(
         "control pp: an f32 stage receiving and returning bf16",
         (BF16, F32, BF16, BF16),
@@ -236,10 +246,13 @@ def real_outcome(index: int, timeout: float = 120.0) -> str:
         deadline = time.monotonic() + timeout
         try:
             while not context.join(timeout=1):
-                if time.monotonic() > deadline:  # a rank waits for bytes that never come
+                failed = [x for x in _statuses(Path(tmp)) if x != "ok"]
+                if failed and deadline - time.monotonic() > 20:  # the others wait on the rank that raised
+                    deadline = time.monotonic() + 20
+                if time.monotonic() > deadline:  # a rank waits for a peer that never comes
                     for p in context.processes:
                         p.kill()
-                    return "hung"
+                    return "hung" + "".join(f"; {x}" for x in failed)
         except mp.ProcessExitedException:
             return "aborted"  # gloo's EnforceNotMet: the process terminates
         except mp.ProcessRaisedException:
@@ -248,6 +261,19 @@ def real_outcome(index: int, timeout: float = 120.0) -> str:
     if any(r["status"] != "ok" for r in results):
         return "raised"
     return "corrupt" if any(r["wrong"] for r in results) else "ok"
+
+
+def _statuses(folder: Any) -> list[str]:
+    """What the ranks that finished wrote (a file being written is read on the next look)."""
+    import json
+
+    out = []
+    for f in sorted(folder.glob("*.json")):
+        try:
+            out.append(json.loads(f.read_text())["status"])
+        except ValueError:
+            continue
+    return out
 
 
 def _worker(rank: int, index: int, port: int, out: str) -> None:

@@ -70,7 +70,7 @@ def test_bad_programs_are_refused_with_what_is_valid() -> None:
 # the real runs (gloo, one process per rank): a corrupt receive, an aborted all-to-all, a refused
 # reduce-scatter, and a clean pipeline; bench_scale.py --only faults --real runs every case
 REAL = (
-    "pp: f16 received as bf16 (same size)",
+    "pp static: stage 1 reads bf16 bytes as f32 (input_args and output_args given)",
     "ep: rank 3 keeps moe.1's experts in f32",
     "dp: f32 reduce-scattered into bf16",
     "control pp: all stages bf16",

@@ -72,7 +72,7 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
         for f in report.findings:
             said.setdefault((f.code, f.module, f.message), (f, []))[1].append((which, ranks))
         merged.runs += [r for r in report.runs if r not in merged.runs]
-        whole = rp.Program(rep_program.index, tuple(ranks), rep_program.module, rep_program.receives)
+        whole = replace(rep_program, ranks=tuple(ranks))
         by_program.append((whole, seen))
     for f, where in said.values():  # a finding of several programs: said once, for all their ranks
         ranks = sorted(r for _w, rs in where for r in rs)

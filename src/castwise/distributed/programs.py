@@ -66,6 +66,7 @@ class Program:
     ranks: tuple[int, ...]
     module: nn.Module
     receives: tuple[Spec, ...] | None  # PipelineStage's input_args; None: whatever is sent
+    static: bool = False  # PipelineStage given input_args and output_args: no metadata exchanged
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def read(obj: Any) -> Layout:
     mesh = mesh if mesh is not None else _mesh_of(modules)
     grid = _grid(mesh, dim, len(items))
     programs = tuple(
-        Program(i, tuple(int(r) for r in grid[i]), m, _receives(x))
+        Program(i, tuple(int(r) for r in grid[i]), m, _receives(x), _static(x))
         for i, (x, m) in enumerate(zip(items, modules, strict=True))
     )
     return Layout(dim, programs, _title(mesh, dim, len(items)), sum(len(p.ranks) for p in programs))
@@ -128,6 +129,11 @@ def _receives(x: Any) -> tuple[Spec, ...] | None:
     if not meta:
         return None
     return tuple(Spec(short_of(m.dtype), tuple(int(d) for d in m.shape)) for m in meta)
+
+
+def _static(x: Any) -> bool:
+    meta = getattr(x, "_user_meta", None)
+    return bool(getattr(meta, "inputs", None) and getattr(meta, "outputs", None))
 
 
 def _mesh_of(modules: list[nn.Module]) -> Any:
@@ -311,9 +317,13 @@ def p2p_findings(
                 message=(
                     f"Pipeline stage {prev.index} ({ranks_text(prev.ranks)}) sends {out} to stage {nxt.index} "
                     f"({ranks_text(nxt.ranks)}), whose receive buffer is {want[0]} (PipelineStage input_args): "
-                    f"the send/recv moves bytes, so the {what} mismatch is not an error; stage {nxt.index} "
-                    "computes on the bits of another tensor (a bf16 activation read as f32: reinterpreted, half "
-                    "the buffer unfilled)."
+                    + (
+                        f"with input_args and output_args given nothing exchanges metadata and the send/recv "
+                        f"moves bytes, so stage {nxt.index} computes on the bits of another tensor, silently."
+                        if nxt.static
+                        else f"stage {nxt.index} raises PipeliningMetadataError ('{what} mismatch') at its first "
+                        "step, on its ranks only, while the other stages wait on it."
+                    )
                 ),
                 module=first,
                 origin=Origin(first or None, None, f"input of stage {nxt.index} (recv from stage {prev.index})"),

@@ -18,10 +18,13 @@ META = Rule(
     ),
     why=(
         "PipelineStage allocates each receive buffer from its input metadata and the schedule moves the sent "
-        "tensor's bytes into it (batch_isend_irecv). Nothing compares the dtypes (only TORCH_DISTRIBUTED_DEBUG="
-        "DETAIL validates them): a bf16 activation received into an f32 buffer is read as f32 bit patterns and "
-        "half of the buffer keeps its old contents, so the later stages train on garbage without an error. "
-        "Only the ranks of the receiving stage see it; a rank-0 audit audits stage 0."
+        "tensor's bytes into it (batch_isend_irecv). With input_args and output_args both given (static "
+        "metadata) nothing compares the dtypes (only TORCH_DISTRIBUTED_DEBUG=DETAIL does): a bf16 activation "
+        "received into an f32 buffer is read as f32 bit patterns, so the later stages train on garbage without "
+        "an error. With inferred metadata the receiving stage compares what it is sent with its input_args and "
+        "raises PipeliningMetadataError at its first step (torch.distributed.pipelining.stage, "
+        "_validate_inferred_metadata) while the other stages wait. Either way only the ranks of the receiving "
+        "stage see it; a rank-0 audit audits stage 0."
     ),
     example=(
         "stage0 = PipelineStage(layers_0_7.to(torch.bfloat16), 0, 2, dev, input_args=x_bf16)\n"
