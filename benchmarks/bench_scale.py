@@ -229,7 +229,10 @@ def _print_programs(report: castwise.Report, wall: float, cpu: float) -> None:
         for c in p["collectives"]:
             kinds[(c["collective"], c["dtype"])] = kinds.get((c["collective"], c["dtype"]), 0) + c["calls"]
         shown = ", ".join(f"{k} {d}: {n}" for (k, d), n in sorted(kinds.items()))
-        print(f"  {dim}={p[dim]} ({p['ranks']} ranks): {p['title']}; collectives {shown}")
+        runs = ", ".join(f"{r['mode']} {r['status']}" for r in p["runs"])
+        print(
+            f"  {dim}={p[dim]} ({p['ranks']} ranks): {p['title']}; {runs}; {p['ops_traced']} ops; collectives {shown}"
+        )
     for link in report.extra.get("p2p", [])[:3]:
         print(f"  send/recv stage {link['from']} -> {link['to']}: {link['send']} into {link['recv']}")
 

@@ -64,6 +64,8 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
                 "ranks": len(ranks),
                 "first_ranks": ranks[:8],
                 "title": report.title,
+                "runs": [r.to_dict() for r in report.runs],
+                "ops_traced": report.summary.get("ops_traced"),
                 "findings": [f.code for f in report.findings],
                 "collectives": seen.to_list() + list(report.extra.get("collectives", [])),
             }
