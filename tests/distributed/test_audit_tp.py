@@ -133,17 +133,16 @@ class _Experts(nn.Module):
     """Expert parallel as MoE layers write it: the layer holds its process group and all-to-alls
     the tokens to the experts this rank owns."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, garbage: float = 0.0) -> None:
         super().__init__()
-        self.group = group
+        self.group, self.garbage = group, garbage
         self.experts = nn.ModuleList(nn.Linear(32, 32) for _ in range(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        # zeros, not empty_like: the fake process group's all-to-all writes nothing, and the
-        # uninitialised memory (NaN at times) is not what a real all-to-all hands the experts
-        out = torch.zeros_like(x)
+        # the fake process group's all-to-all writes nothing: the buffer keeps what it held
+        out = torch.full_like(x, self.garbage)
         dist.all_to_all_single(out, x, group=self.group)
         return sum((e(out) for e in self.experts), torch.zeros_like(out))
 
@@ -157,6 +156,20 @@ def test_a_model_holding_its_process_group_is_audited() -> None:
         report = castwise.audit(model, torch.randn(8, 32), policy="bf16-mixed", mode="train")
     assert report.ok, [f.message for f in report.findings]
     assert report.runs
+
+
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -float("inf")])
+def test_a_buffer_holding_nan_or_inf_garbage_is_audited(garbage: float) -> None:
+    """The all-to-all buffer keeps uninitialised memory (NaN, inf) under the fake process group:
+    its values are no magnitude, and the audit says nothing of them (it raised "cannot convert
+    float NaN to integer" where the positions observer sized a 16-bit grid from them)."""
+    import torch.distributed as dist
+
+    with fake_process_group(4):
+        model = _Experts(dist.new_group([0, 1, 2, 3]), garbage)
+        report = castwise.audit(model, torch.randn(8, 32), policy="bf16-mixed", mode="train")
+    assert report.ok, [f.message for f in report.findings]
+    assert not [f for f in report.findings if f.code in ("CW130", "CW141")], [f.message for f in report.findings]
 
 
 @pytest.mark.parametrize(

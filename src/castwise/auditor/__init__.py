@@ -29,7 +29,7 @@ from castwise.run import RunRequest, check
 
 
 def audit(
-    model: nn.Module,
+    model: nn.Module | Any,
     inputs: Any,
     *,
     policy: Policy | str | None = None,
@@ -53,10 +53,18 @@ def audit(
     without ``_orig_mod``) and as compiled: Dynamo and AOTAutograd compile a copy on the same
     fake tensors, and every op of their graphs is checked too (the report's ``compiled``).
     ``torch``: a recorded torch release ("2.11"): autocast casts as that release's would
-    (its recorded lists replace this torch's), without installing it.
+    (its recorded lists replace this torch's), without installing it. ``model`` may also be the
+    rank programs of a pipeline / expert-parallel mesh (PipelineStages, or
+    ``castwise.distributed.programs.RankPrograms``): one audit per distinct program, findings
+    naming their ranks, send/recv and collective dtypes compared between programs.
     """
     from castwise.distributed.audit import is_sharded
+    from castwise.distributed.programs import is_programs
 
+    if is_programs(model):  # pipeline / expert parallel: one audit per distinct rank program
+        from castwise.auditor.programs import audit_programs
+
+        return audit_programs(model, inputs, audit, policy=policy, device=device, mode=mode, fake=fake, torch=torch)
     if is_sharded(model, real=not fake):  # FSDP2 or FSDP1: per-unit dtypes, findings of what the units compute
         from castwise.auditor.entry import audit_sharded
 

@@ -190,12 +190,14 @@ def _magnitude(op: str, x: torch.Tensor) -> float:
 
 
 def _largest(call: OpCall, t: torch.Tensor) -> float | None:
-    """The largest |value| of ``t`` where the run knows its values (inputs, ids, positions)."""
+    """The largest |value| of ``t`` where the run knows its values (inputs, ids, positions); None
+    where they hold NaN / inf (uninitialised memory, a buffer no op wrote): no size to read."""
     v = call.run.values.known(t, assume=False)
     if v is None or v.numel() == 0:
         return None
     with _disable_current_modes():
-        return float(v.detach().double().abs().max())
+        largest = float(v.detach().double().abs().max())
+    return largest if math.isfinite(largest) else None
 
 
 def _grid_size(call: OpCall, src: torch.Tensor | None, out: torch.Tensor) -> float:
@@ -206,7 +208,9 @@ def _grid_size(call: OpCall, src: torch.Tensor | None, out: torch.Tensor) -> flo
         v = call.run.values.known(src, assume=False)
         if v is not None and v.numel():
             with _disable_current_modes():
-                return float(v.detach().double().cumsum(dim).abs().max())
+                summed = float(v.detach().double().cumsum(dim).abs().max())
+            if math.isfinite(summed):
+                return summed
     if src is not None:
         known = _largest(call, src)
         if known is not None:

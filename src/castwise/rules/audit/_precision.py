@@ -119,7 +119,9 @@ def declared(run: RunLike, *modules: str | None) -> bool:
 
 def spacing(magnitude: float, dtype: torch.dtype) -> float:
     """The distance between neighbouring ``dtype`` values at ``magnitude`` (the rounding error is
-    half of it)."""
+    half of it); NaN for a NaN / infinite magnitude, which has no spacing (no threshold holds)."""
+    if not math.isfinite(magnitude):
+        return math.nan
     bits = _BITS.get(name_of(dtype), 23)
     m = max(abs(magnitude), 2.0**-14)
     return float(2.0 ** (math.floor(math.log2(m)) - bits))
