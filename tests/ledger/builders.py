@@ -34,3 +34,35 @@ class WideStateAdam(torch.optim.Optimizer):
                 st["exp_avg_sq"].mul_(0.999).addcmul_(g, g, value=0.001)
                 upd = st["exp_avg"] / (st["exp_avg_sq"].sqrt() + 1e-8)
                 p.add_((-group["lr"] * upd).to(p.dtype))
+
+
+class KahanAdamW(torch.optim.Optimizer):
+    """AdamW with Kahan-compensated updates of 16-bit weights (as optimi's ``kahan_sum=True``): a
+    ``kahan_comp`` buffer in the weight's dtype carries what rounding the weight lost."""
+
+    def __init__(self, params: object, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas})  # type: ignore[arg-type]
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                    st["kahan_comp"] = torch.zeros_like(p)
+                st["step"] += 1
+                g = p.grad.float()
+                st["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
+                st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+                m_hat = st["exp_avg"] / (1 - b1 ** st["step"])
+                v_hat = st["exp_avg_sq"] / (1 - b2 ** st["step"])
+                y = -group["lr"] * m_hat / (v_hat.sqrt() + 1e-8) + st["kahan_comp"].float()
+                old = p.float()
+                p.copy_(old + y)
+                st["kahan_comp"].copy_(y - (p.float() - old))  # what the rounding lost, added next step

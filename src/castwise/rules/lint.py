@@ -274,4 +274,21 @@ RULES: tuple[Rule, ...] = (
         example="castwise ledger model.py:build --optimizer mylib.MixedAdamW",
         fix="Keep the saved dtype when loading (override load_state_dict or re-cast the state after it).",
     ),
+    Rule(
+        code="CW152",
+        name="gradients-accumulated-in-16-bit-at-runtime",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="A script summed many micro-batches' gradients into bf16/f16 .grad between two optimizer steps.",
+        detects="castwise run counts, between a script's first and second optimizer.step(), the backward "
+        "passes that accumulate into each bf16/f16 parameter's .grad (post-accumulate-grad hooks, which "
+        "change nothing); reported from 32 micro-batches in bf16 and 256 in f16 (the running sum's rounding "
+        "then reaches ~6%), naming the parameter groups.",
+        why="Each backward adds into the stored gradient and rounds the sum to 8 (bf16) or 11 (f16) "
+        "significant bits: once the sum is much larger than one micro-batch's gradient, the later "
+        "micro-batches' small components vanish and the step follows the first micro-batches.",
+        example="for x in micro_batches:  # 128 of them\n    model(x).sum().backward()  # bf16 model\noptimizer.step()",
+        fix="Accumulate in float32: param.grad_dtype = torch.float32 (torch >= 2.9), f32 parameters under "
+        "autocast, or fewer micro-batches per step.",
+    ),
 )

@@ -1,0 +1,306 @@
+"""The ledger of a run (imports torch): the audit's optimizer step, and the steps a script takes
+under ``castwise run``.
+
+The audit steps after the backward it already ran: on a real run, on that run's own copy with its
+own gradients (CW150 is then measured for any optimizer); on a fake run, the gradients' dtypes are
+the run's and the step runs on a twin of the model as the run had it (the policy's dtypes) holding
+a sample of the user's weights (the first rows, up to ``SAMPLE`` elements a parameter; a meta
+model stays on meta: dtypes without values).
+
+Under ``castwise run`` the global optimizer-step hooks read the script's own first step of each
+optimizer (nothing of it changes): before it, a sample of each 16-bit parameter and its gradient;
+after it, the same step in f32 on the sample (CW150), the state the optimizer made (the ledger),
+and a resume of it (CW151 on the sample). From then on the 16-bit gradients count their
+micro-batches until the second step (CW152).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from castwise._dtypes import name_of, short_of
+from castwise.errors import AuditError
+from castwise.ledger.checks import cw150, f32_step, kept_rows, lost_share, resume_findings, update_findings
+from castwise.ledger.model import OptimizerSpec, keeps_precision, ledger_of, row_entries, spec_of, step_copy
+from castwise.ledger.values import Ledger, group_rows
+from castwise.lint.ledger_checks import accumulation_lossy
+from castwise.rules.api import Finding
+
+__all__ = ["SAMPLE", "StepProbe", "audit_ledger", "sampled", "step_spec", "watch_steps"]
+
+SAMPLE = 4096  # elements of a parameter the checks step on (whole rows, at least one)
+_LOW = (torch.bfloat16, torch.float16)
+_LOST = 0.5
+
+
+def _rows(t: torch.Tensor, limit: int = SAMPLE) -> torch.Tensor:
+    """The first rows of ``t`` holding at most ``limit`` elements (one row at least)."""
+    if t.dim() == 0 or t.numel() <= limit:
+        return t
+    per_row = max(1, t.numel() // t.shape[0])
+    return t[: max(1, limit // per_row)]
+
+
+def sampled(model: nn.Module, dtypes: Mapping[str, torch.dtype], limit: int = SAMPLE) -> nn.Module:
+    """A twin of ``model`` whose parameters are the first rows of the user's (at most ``limit``
+    elements each), in ``dtypes[name]`` (the run's, after the policy); a meta model stays meta.
+    The user's tensors are only read."""
+    memo: dict[int, Any] = {}
+    for n, p in model.named_parameters():
+        dtype = dtypes.get(n, p.dtype)
+        if p.device.type == "meta":
+            t = torch.empty(p.shape, dtype=dtype, device="meta")
+        else:
+            t = _rows(p.detach(), limit).to(dtype=dtype, copy=True)
+        twin = nn.Parameter(t, requires_grad=p.requires_grad)
+        dt = getattr(p, "grad_dtype", None)
+        if isinstance(dt, torch.dtype) and dt != p.dtype:
+            twin.grad_dtype = dt
+        memo[id(p)] = twin
+    return copy.deepcopy(model, memo)
+
+
+def audit_ledger(model: nn.Module, spec: OptimizerSpec, run_copy: nn.Module | None, real: bool, source: str) -> Ledger:
+    """The ledger of the audit's train run: its copy (``run_copy``, after backward) and the user's
+    optimizer (``spec``), with CW150 / CW151 measured on the step."""
+    if real and run_copy is not None:
+        # the run's own copy and gradients: the step the user's next optimizer.step() takes
+        grads = {n: p.grad for n, p in run_copy.named_parameters() if p.grad is not None}
+        result = step_copy(run_copy, spec, grads=grads, in_place=True)
+        measured = True
+    else:
+        params = dict(run_copy.named_parameters()) if run_copy is not None else {}
+        dtypes = {n: p.dtype for n, p in params.items()}
+        grads_dt = {n: p.grad.dtype for n, p in params.items() if p.grad is not None}
+        twin = sampled(model, dtypes)
+        result = step_copy(twin, spec, grad_dtypes=grads_dt, in_place=True)
+        measured = False
+    ledger = ledger_of(result, spec, source)
+    found = (
+        *update_findings(model, spec, result, measured=measured, keep=kept_rows(ledger)),
+        *resume_findings(result),
+    )
+    return dataclasses.replace(ledger, findings=found)
+
+
+@dataclass
+class _Seen:
+    """What the probe keeps of one optimizer between its steps."""
+
+    spec: OptimizerSpec
+    before: dict[str, torch.Tensor] = field(default_factory=dict)  # samples, by name
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # the script's own, by name
+    fresh: bool = True  # no state before this step: the f32 twin starts where it starts
+    steps: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # backward passes into each 16-bit grad
+    hooks: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class StepProbe:
+    """Reads each optimizer's first two steps of a script (the global step hooks); ``names``
+    gives a parameter's name from the script's models (else ``group{i}.{j}``); ``on_ledger`` sees
+    each optimizer's ledger (findings in it) after its second step, or at the end of the run."""
+
+    names: Callable[[torch.Tensor], str | None] = lambda p: None
+    on_ledger: Callable[[Ledger], None] | None = None
+    ledgers: list[Ledger] = field(default_factory=list)
+    _seen: dict[int, _Seen] = field(default_factory=dict)
+    _pending: dict[int, Ledger] = field(default_factory=dict)
+    _busy: bool = False  # the probe's own f32 and resume steps: not the script's
+
+    def _named(self, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, g in enumerate(opt.param_groups):
+            for j, p in enumerate(g["params"]):
+                out[self.names(p) or f"group{i}.{j}"] = p
+        return out
+
+    def pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._busy:
+            return
+        seen = self._seen.get(id(opt))
+        if seen is None:
+            params = self._named(opt)
+            by_id = {id(p): n for n, p in params.items()}
+            groups = tuple(
+                (tuple(by_id[id(p)] for p in g["params"]), {k: v for k, v in g.items() if k != "params"})
+                for g in opt.param_groups
+            )
+            seen = self._seen[id(opt)] = _Seen(OptimizerSpec(type(opt), groups), params=params)
+            seen.fresh = not any(opt.state.get(p) for p in params.values())
+            with torch.no_grad():
+                for n, p in params.items():
+                    if p.dtype in _LOW and p.grad is not None and p.device.type != "meta":
+                        seen.before[n] = _rows(p.detach()).clone()
+                        seen.grads[n] = _rows(p.grad.detach()).clone()
+        elif seen.steps == 1:
+            self._finish(opt, seen)
+
+    def post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        seen = None if self._busy else self._seen.get(id(opt))
+        if seen is None:
+            return
+        seen.steps += 1
+        if seen.steps != 1:
+            return
+        self._busy = True
+        try:
+            ledger = self._first_step(opt, seen)
+        finally:
+            self._busy = False
+        self._pending[id(opt)] = ledger
+        for n, p in seen.params.items():  # count the micro-batches each 16-bit gradient sums
+            if p.dtype in _LOW and p.requires_grad and getattr(p, "grad_dtype", None) in (None, p.dtype):
+                seen.counts[n] = 0
+                seen.hooks.append(p.register_post_accumulate_grad_hook(_counter(seen.counts, n)))  # type: ignore[no-untyped-call]
+        seen.before, seen.grads = {}, {}
+
+    def _first_step(self, opt: torch.optim.Optimizer, seen: _Seen) -> Ledger:
+        spec, who = seen.spec, f"{seen.spec.name.rsplit('.', 1)[-1]} (the script's step)"
+        per = [(n, row_entries(n, p, opt, None, who)) for n, p in seen.params.items()]
+        for _, e in per:
+            e.pop("checkpoint_save")
+            e.pop("checkpoint_load")
+        ledger = Ledger(group_rows(per), f"the script's {spec.name}")
+        keep = {n for n, e in per if keeps_precision(e)}
+        found: list[Finding] = []
+        grads = {n: g for n, g in seen.grads.items() if n not in keep}
+        if seen.fresh and grads:
+            with torch.no_grad():
+                ref = f32_step(spec, seen.before, grads)
+                lost = []
+                for n in grads:
+                    frac = lost_share(seen.before[n], _rows(seen.params[n].detach()), ref[n])
+                    if frac is not None and frac >= _LOST:
+                        lost.append((n, frac))
+            if lost:
+                found.append(cw150(spec, lost, seen.params[lost[0][0]].dtype, None))
+        found += _resume_sample(spec, seen.params)
+        return dataclasses.replace(ledger, findings=tuple(found))
+
+    def _finish(self, opt: torch.optim.Optimizer, seen: _Seen) -> None:
+        """At the second step: the micro-batches counted since the first (CW152), then report."""
+        for h in seen.hooks:
+            h.remove()
+        seen.hooks = []
+        ledger = self._pending.pop(id(opt), None)
+        if ledger is None:
+            return
+        accumulated = [(n, k) for n, k in seen.counts.items() if accumulation_lossy(name_of(seen.params[n].dtype), k)]
+        if accumulated:
+            ledger = dataclasses.replace(ledger, findings=(*ledger.findings, _cw152(seen, accumulated)))
+        self._report(ledger)
+
+    def _report(self, ledger: Ledger) -> None:
+        self.ledgers.append(ledger)
+        if self.on_ledger is not None:
+            self.on_ledger(ledger)
+
+    def close(self) -> None:
+        """The end of the run: optimizers that stepped once are reported as they are."""
+        for key, seen in self._seen.items():
+            for h in seen.hooks:
+                h.remove()
+            seen.hooks = []
+            ledger = self._pending.pop(key, None)
+            if ledger is not None:
+                self._report(ledger)
+
+
+def _counter(counts: dict[str, int], name: str) -> Callable[[torch.Tensor], None]:
+    def hook(p: torch.Tensor) -> None:
+        counts[name] += 1
+
+    return hook
+
+
+def _resume_sample(spec: OptimizerSpec, params: Mapping[str, torch.Tensor]) -> list[Finding]:
+    """CW151 on a sample: a fresh optimizer of the same class and groups over samples of the
+    parameters, one step, and its state_dict loaded into another, as a resume does."""
+    twin = nn.Module()
+    for i, p in enumerate(params.values()):
+        if p.device.type == "meta" or not p.requires_grad:
+            continue
+        q = nn.Parameter(_rows(p.detach(), 256).clone())
+        twin.register_parameter(f"p{i}", q)
+    if not list(twin.parameters()):
+        return []
+    renamed = {f"p{i}": n for i, n in enumerate(params)}
+    present = dict(twin.named_parameters())
+    inverse = {n: k for k, n in renamed.items() if k in present}
+    local = OptimizerSpec(
+        spec.cls, tuple((tuple(inverse[n] for n in names if n in inverse), kw) for names, kw in spec.groups)
+    )
+    result = step_copy(twin, local, in_place=True)
+    out = []
+    for f in resume_findings(result):
+        msg = f.message
+        for k, n in sorted(renamed.items(), key=lambda kv: -len(kv[0])):
+            msg = msg.replace(f"{k}.", f"{n}.")
+        out.append(dataclasses.replace(f, message=msg))
+    return out
+
+
+def _cw152(seen: _Seen, accumulated: list[tuple[str, int]]) -> Finding:
+    n0, k0 = accumulated[0]
+    dt = short_of(seen.params[n0].dtype)
+    by_group: dict[int | None, list[str]] = {}
+    for n, _ in accumulated:
+        by_group.setdefault(seen.spec.group_of(n), []).append(n)
+    groups = "; ".join(
+        f"param group {g}: {', '.join(ns[:6])}{f' (+{len(ns) - 6} more)' if len(ns) > 6 else ''}"
+        for g, ns in by_group.items()
+    )
+    return Finding(
+        code="CW152",
+        message=f"the script accumulated {k0} micro-batches' gradients into {dt} .grad before its second "
+        f"optimizer step: {groups}. Every backward rounds the running sum to {dt}, so the later "
+        f"micro-batches' small components are lost.",
+        fix="Accumulate in float32: param.grad_dtype = torch.float32 on these parameters (torch >= 2.9), "
+        "or f32 parameters under autocast, or fewer micro-batches per step.",
+        details=(("params", tuple(n for n, _ in accumulated)), ("micro_batches", k0)),
+    )
+
+
+@contextmanager
+def watch_steps(probe: StepProbe) -> Iterator[StepProbe]:
+    """The probe on every optimizer step inside the block (torch's global step hooks)."""
+    handles = [register_optimizer_step_pre_hook(probe.pre), register_optimizer_step_post_hook(probe.post)]
+    try:
+        yield probe
+    finally:
+        for h in handles:
+            h.remove()
+        probe.close()
+
+
+def step_spec(model: nn.Module, optimizer: Any, kwargs: Mapping[str, Any] | None, mode: str) -> OptimizerSpec:
+    """The audit's ``optimizer=`` / ``optimizer_kwargs=`` as a spec, or an AuditError saying what
+    is valid."""
+    if mode == "eval":
+        raise AuditError("optimizer= steps after the train run's backward: use mode='train' or 'both', not 'eval'")
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+        return OptimizerSpec(optimizer, ((names, dict(kwargs or {})),))
+    if kwargs is not None:
+        raise AuditError(
+            "optimizer_kwargs= goes with a torch.optim class (optimizer=torch.optim.AdamW, "
+            "optimizer_kwargs={'lr': 1e-5}); an optimizer instance or a function brings its own settings"
+        )
+    if not (isinstance(optimizer, torch.optim.Optimizer | OptimizerSpec) or callable(optimizer)):
+        raise AuditError(
+            f"optimizer={type(optimizer).__name__}: give a torch.optim class (and optimizer_kwargs), an "
+            "optimizer over the model's parameters, or a function model -> optimizer"
+        )
+    return spec_of(model, optimizer)
