@@ -127,13 +127,13 @@ def test_probe_reads_the_scripts_steps_without_changing_them() -> None:
     names = {id(p): n for n, p in model.named_parameters()}
     probe = StepProbe(names=lambda p: names.get(id(p)))
     with watch_steps(probe):
-        _train(model, torch.optim.AdamW(model.parameters(), lr=1e-5), micro=40)
-    _train(twin, torch.optim.AdamW(twin.parameters(), lr=1e-5), micro=40)
+        _train(model, torch.optim.AdamW(model.parameters(), lr=1e-5), micro=128)
+    _train(twin, torch.optim.AdamW(twin.parameters(), lr=1e-5), micro=128)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values(), strict=True))
     (ledger,) = probe.ledgers
     assert [f.code for f in ledger.findings] == ["CW150", "CW152"]
-    assert dict(ledger.findings[1].details)["micro_batches"] == 40
-    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())  # hooks removed
+    assert dict(ledger.findings[1].details)["micro_batches"] == 128
+    assert all(not p._backward_hooks for p in model.parameters())  # hooks removed
 
 
 def test_probe_controls_f32_grads_and_few_micro_batches() -> None:
@@ -142,7 +142,7 @@ def test_probe_controls_f32_grads_and_few_micro_batches() -> None:
         p.grad_dtype = torch.float32  # gradients accumulate in f32
     probe = StepProbe()
     with watch_steps(probe):  # (torch's Adam refuses f32 gradients for bf16 weights; SGD adds them)
-        _train(model, torch.optim.SGD(model.parameters(), lr=1.0), micro=40)
+        _train(model, torch.optim.SGD(model.parameters(), lr=1.0), micro=128)
     assert [f.code for f in probe.ledgers[0].findings] == []
     model, _ = _mlp()
     probe = StepProbe()
@@ -162,3 +162,11 @@ def test_castwise_run_reports_the_optimizer(tmp_path: Path, capsys: pytest.Captu
     assert main(["run", "--json", str(out), str(SCRIPTS / "accumulate_bf16.py"), "--fixed"]) == 0
     assert "CW15" not in capsys.readouterr().err
     assert json.loads(out.read_text())["ledgers"][0]["findings"] == []
+
+
+def test_html_report_has_the_ledger_table() -> None:
+    model, x = _mlp()
+    report = castwise.audit(model, x, optimizer=torch.optim.AdamW, optimizer_kwargs={"lr": 1e-5}, mode="train")
+    page = report.to_html()
+    assert 'id="ledger"' in page and "<th>state</th>" in page and ">bf16</td>" in page
+    assert 'id="ledger"' not in castwise.audit(model, x, mode="train").to_html()  # no optimizer: no ledger

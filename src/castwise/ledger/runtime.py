@@ -10,8 +10,9 @@ model stays on meta: dtypes without values).
 Under ``castwise run`` the global optimizer-step hooks read the script's own first step of each
 optimizer (nothing of it changes): before it, a sample of each 16-bit parameter and its gradient;
 after it, the same step in f32 on the sample (CW150), the state the optimizer made (the ledger),
-and a resume of it (CW151 on the sample). From then on the 16-bit gradients count their
-micro-batches until the second step (CW152).
+and a resume of it (CW151 on the sample). Until the second step, a tensor hook on each 16-bit
+parameter sums a sample of its micro-batches' gradients in f32, which the gradient torch summed
+in 16 bits is measured against (CW152).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from castwise._dtypes import name_of, short_of
+from castwise._dtypes import short_of
 from castwise.errors import AuditError
 from castwise.ledger.checks import cw150, f32_step, kept_rows, lost_share, resume_findings, update_findings
 from castwise.ledger.model import OptimizerSpec, keeps_precision, ledger_of, row_entries, spec_of, step_copy
 from castwise.ledger.values import Ledger, group_rows
-from castwise.lint.ledger_checks import accumulation_lossy
 from castwise.rules.api import Finding
 
 __all__ = ["SAMPLE", "StepProbe", "audit_ledger", "sampled", "step_spec", "watch_steps"]
@@ -102,7 +102,7 @@ class _Seen:
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # the script's own, by name
     fresh: bool = True  # no state before this step: the f32 twin starts where it starts
     steps: int = 0
-    counts: dict[str, int] = field(default_factory=dict)  # backward passes into each 16-bit grad
+    sums: dict[str, _Sum] = field(default_factory=dict)  # each 16-bit gradient's micro-batches, summed in f32
     hooks: list[Any] = field(default_factory=list)
 
 
@@ -160,10 +160,10 @@ class StepProbe:
         finally:
             self._busy = False
         self._pending[id(opt)] = ledger
-        for n, p in seen.params.items():  # count the micro-batches each 16-bit gradient sums
+        for n, p in seen.params.items():  # the micro-batches each 16-bit gradient sums, summed again in f32
             if p.dtype in _LOW and p.requires_grad and getattr(p, "grad_dtype", None) in (None, p.dtype):
-                seen.counts[n] = 0
-                seen.hooks.append(p.register_post_accumulate_grad_hook(_counter(seen.counts, n)))  # type: ignore[no-untyped-call]
+                seen.sums[n] = _Sum(p)
+                seen.hooks.append(p.register_hook(seen.sums[n].add))  # type: ignore[no-untyped-call]
         seen.before, seen.grads = {}, {}
 
     def _first_step(self, opt: torch.optim.Optimizer, seen: _Seen) -> Ledger:
@@ -197,7 +197,7 @@ class StepProbe:
         ledger = self._pending.pop(id(opt), None)
         if ledger is None:
             return
-        accumulated = [(n, k) for n, k in seen.counts.items() if accumulation_lossy(name_of(seen.params[n].dtype), k)]
+        accumulated = [(n, e) for n, e in ((n, s.error()) for n, s in seen.sums.items()) if e is not None]
         if accumulated:
             ledger = dataclasses.replace(ledger, findings=(*ledger.findings, _cw152(seen, accumulated)))
         self._report(ledger)
@@ -218,11 +218,44 @@ class StepProbe:
                 self._report(ledger)
 
 
-def _counter(counts: dict[str, int], name: str) -> Callable[[torch.Tensor], None]:
-    def hook(p: torch.Tensor) -> None:
-        counts[name] += 1
+# report a sum that lost 4x what storing its f32 value once in 16 bits loses, and at least 2^-7 of
+# it (f16's single rounding is so small that 4x of it is still noise)
+_WORSE, _FLOOR = 4.0, 2.0**-7
 
-    return hook
+
+class _Sum:
+    """A sample of one 16-bit parameter's gradient summed in f32 over the micro-batches of a step:
+    a tensor hook sees each micro-batch's gradient before torch adds it into ``.grad`` (it returns
+    None: the gradient is not changed)."""
+
+    def __init__(self, p: torch.Tensor) -> None:
+        self.p, self.count = p, 0
+        self.total: torch.Tensor | None = None
+
+    def add(self, grad: torch.Tensor) -> None:
+        with torch.no_grad():
+            if self.total is None:  # what .grad already holds (not zeroed since the step, or zeros)
+                held = self.p.grad
+                self.total = (
+                    _rows(held).float().clone()
+                    if held is not None
+                    else torch.zeros_like(_rows(grad), dtype=torch.float32)
+                )
+            self.total += _rows(grad).float()
+            self.count += 1
+
+    def error(self) -> tuple[int, float, float] | None:
+        """(micro-batches, relative error of the 16-bit sum, that of the f32 sum stored once in 16
+        bits) when the sum lost ``_WORSE`` times more than storing it does and ``_FLOOR`` at least."""
+        grad = self.p.grad
+        if self.total is None or grad is None or self.count < 2:
+            return None
+        norm = float(self.total.norm())
+        if norm == 0.0:
+            return None
+        err = float((_rows(grad.detach()).float() - self.total).norm()) / norm
+        once = float((self.total.to(grad.dtype).float() - self.total).norm()) / norm
+        return (self.count, err, once) if err >= max(_WORSE * once, _FLOOR) else None
 
 
 def _resume_sample(spec: OptimizerSpec, params: Mapping[str, torch.Tensor]) -> list[Finding]:
@@ -252,23 +285,24 @@ def _resume_sample(spec: OptimizerSpec, params: Mapping[str, torch.Tensor]) -> l
     return out
 
 
-def _cw152(seen: _Seen, accumulated: list[tuple[str, int]]) -> Finding:
-    n0, k0 = accumulated[0]
+def _cw152(seen: _Seen, accumulated: list[tuple[str, tuple[int, float, float]]]) -> Finding:
+    n0, (k0, _, _) = accumulated[0]
     dt = short_of(seen.params[n0].dtype)
     by_group: dict[int | None, list[str]] = {}
-    for n, _ in accumulated:
-        by_group.setdefault(seen.spec.group_of(n), []).append(n)
+    for n, (_, err, once) in accumulated:
+        by_group.setdefault(seen.spec.group_of(n), []).append(f"{n} ({err:.1%} vs {once:.2%})")
     groups = "; ".join(
         f"param group {g}: {', '.join(ns[:6])}{f' (+{len(ns) - 6} more)' if len(ns) > 6 else ''}"
         for g, ns in by_group.items()
     )
     return Finding(
         code="CW152",
-        message=f"the script accumulated {k0} micro-batches' gradients into {dt} .grad before its second "
-        f"optimizer step: {groups}. Every backward rounds the running sum to {dt}, so the later "
-        f"micro-batches' small components are lost.",
-        fix="Accumulate in float32: param.grad_dtype = torch.float32 on these parameters (torch >= 2.9), "
-        "or f32 parameters under autocast, or fewer micro-batches per step.",
+        message=f"the script summed {k0} micro-batches' gradients in {dt} .grad before its second optimizer "
+        f"step, and the sum lost precision: {groups} (error of the {dt} sum against the same gradients summed "
+        f"in f32, vs storing that f32 sum once in {dt}). Every backward rounds the running sum to {dt}.",
+        fix="Accumulate in float32: param.grad_dtype = torch.float32 on these parameters (torch >= 2.9; "
+        "with an optimizer that takes f32 gradients for 16-bit weights), f32 parameters under autocast, or "
+        "fewer micro-batches per step.",
         details=(("params", tuple(n for n, _ in accumulated)), ("micro_batches", k0)),
     )
 
