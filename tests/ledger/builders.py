@@ -51,18 +51,25 @@ class KahanAdamW(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 st = self.state[p]
-                if not st:
+                if not st:  # state in the weight's dtype, as optimi keeps it (computed in f32)
                     st["step"] = 0
-                    st["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    st["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                    st["exp_avg"] = torch.zeros_like(p)
+                    st["exp_avg_sq"] = torch.zeros_like(p)
                     st["kahan_comp"] = torch.zeros_like(p)
                 st["step"] += 1
                 g = p.grad.float()
-                st["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
-                st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
-                m_hat = st["exp_avg"] / (1 - b1 ** st["step"])
-                v_hat = st["exp_avg_sq"] / (1 - b2 ** st["step"])
+                m = st["exp_avg"].float().mul_(b1).add_(g, alpha=1 - b1)
+                v = st["exp_avg_sq"].float().mul_(b2).addcmul_(g, g, value=1 - b2)
+                st["exp_avg"].copy_(m)
+                st["exp_avg_sq"].copy_(v)
+                m_hat = m / (1 - b1 ** st["step"])
+                v_hat = v / (1 - b2 ** st["step"])
                 y = -group["lr"] * m_hat / (v_hat.sqrt() + 1e-8) + st["kahan_comp"].float()
                 old = p.float()
                 p.copy_(old + y)
                 st["kahan_comp"].copy_(y - (p.float() - old))  # what the rounding lost, added next step
+
+
+def f16_mlp() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 8)).half(), torch.randn(2, 64).half()

@@ -170,3 +170,33 @@ def test_html_report_has_the_ledger_table() -> None:
     page = report.to_html()
     assert 'id="ledger"' in page and "<th>state</th>" in page and ">bf16</td>" in page
     assert 'id="ledger"' not in castwise.audit(model, x, mode="train").to_html()  # no optimizer: no ledger
+
+
+def test_cw153_f16_adam_goes_nonfinite_and_f32_state_does_not() -> None:
+    model, x = _mlp(torch.float16)
+    for fake in (True, False):
+        r = castwise.audit(model, x, optimizer=torch.optim.Adam, optimizer_kwargs={"lr": 1e-4}, mode="train", fake=fake)
+        assert "CW153" in _codes(r)
+    probe = StepProbe()
+    with watch_steps(probe):
+        _train(model, torch.optim.Adam(model.parameters(), lr=1e-4), micro=1)
+    assert "CW153" in [f.code for f in probe.ledgers[0].findings]
+    assert not all(bool(torch.isfinite(p).all()) for p in model.parameters())  # the truth: real NaN
+    # controls: f16 weights with SGD (no state to underflow), and f32 weights under f16 autocast
+    f16, _ = _mlp(torch.float16)
+    probe = StepProbe()
+    with watch_steps(probe):
+        _train(f16, torch.optim.SGD(f16.parameters(), lr=1.0), micro=1)
+    assert [f.code for f in probe.ledgers[0].findings] == []
+    f32, x32 = _mlp(torch.float32)
+    r = castwise.audit(f32, x32, policy="16-mixed", optimizer=torch.optim.Adam, optimizer_kwargs={"lr": 1e-4})
+    assert "CW153" not in _codes(r)
+
+
+def test_probe_steps_from_the_state_an_optimizer_makes_at_construction() -> None:
+    # Adagrad makes its state in __init__: the f32 twin of the step starts from it
+    model, _ = _mlp()
+    probe = StepProbe()
+    with watch_steps(probe):
+        _train(model, torch.optim.Adagrad(model.parameters(), lr=1e-5), micro=1)
+    assert "CW150" in [f.code for f in probe.ledgers[0].findings]

@@ -11,8 +11,10 @@ parameter's dtype) gives another dtype than the step made.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +31,7 @@ __all__ = [
     "ledger_with_findings",
     "lost_share",
     "resume_findings",
+    "step_findings",
     "update_findings",
 ]
 
@@ -37,16 +40,68 @@ _SHOWN = 6
 
 
 def f32_step(
-    spec: OptimizerSpec, before: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor], scale: float = 1.0
+    spec: OptimizerSpec,
+    before: Mapping[str, torch.Tensor],
+    grads: Mapping[str, torch.Tensor],
+    scale: float = 1.0,
+    states: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The same first step in float32: the optimizer (class, groups' settings) over f32 copies of
-    the weights ``before`` it, with the same gradients (times ``scale``)."""
+    """The same step in float32: the optimizer (class, groups' settings) over f32 copies of the
+    weights ``before`` it, with the same gradients (times ``scale``) and, where given, the state the
+    optimizer held before it (``states``: per parameter, its per-element tensors in f32)."""
     params = {n: nn.Parameter(before[n].detach().float().clone()) for n in grads}
     opt = spec.build_on(params)
+    for n, st in (states or {}).items():
+        if n in params and st:  # (an optimizer that makes its state at construction: Adagrad)
+            p = params[n]
+            opt.state[p] = {
+                k: v.float().clone() if isinstance(v, torch.Tensor) and v.shape == p.shape else copy.deepcopy(v)
+                for k, v in st.items()
+            }
     for n, g in grads.items():
         params[n].grad = g.detach().float() * scale
     opt.step()
     return {n: p.detach() for n, p in params.items()}
+
+
+def step_findings(
+    spec: OptimizerSpec,
+    before: Mapping[str, torch.Tensor],
+    after: Mapping[str, torch.Tensor],
+    ref: Mapping[str, torch.Tensor],
+    keep: frozenset[str] = frozenset(),
+) -> list[Finding]:
+    """CW153 (the step made NaN/Inf the same step in f32 does not) and CW150 (the step left most
+    changing elements as they were; not for ``keep``: rows keeping precision by design)."""
+    lost: list[tuple[str, float]] = []
+    broken: list[tuple[str, float]] = []
+    for n, r in ref.items():
+        new = ~torch.isfinite(after[n]) & torch.isfinite(before[n]) & torch.isfinite(r)
+        if bool(new.any()):
+            broken.append((n, float(new.float().mean())))
+            continue
+        frac = lost_share(before[n], after[n], r) if n not in keep else None
+        if frac is not None and frac >= _LOST:
+            lost.append((n, frac))
+    out = []
+    if broken:
+        dt = short_of(after[broken[0][0]].dtype)
+        out.append(
+            Finding(
+                code="CW153",
+                message=f"one {spec.name.rsplit('.', 1)[-1]} step made NaN/Inf in {dt} weights the same step in "
+                f"f32 keeps finite: {_group_text(spec, broken)} (share of elements made non-finite). A state or "
+                f"term of the step does not fit {dt}: squared gradients or eps flush to zero, and the update "
+                "divides by it.",
+                fix="Keep f32 master weights and optimizer state (f32 parameters under autocast), or an "
+                "optimizer that keeps its state in f32 for 16-bit weights; for Adam in f16, eps >= 1e-4 only "
+                "hides it.",
+                details=(("params", tuple(n for n, _ in broken)),),
+            )
+        )
+    if lost:
+        out.append(cw150(spec, lost, after[lost[0][0]].dtype, None))
+    return out
 
 
 def lost_share(before: torch.Tensor, after: torch.Tensor, ref: torch.Tensor) -> float | None:
@@ -103,33 +158,28 @@ def update_findings(
     measured: bool = False,
     keep: frozenset[str] = frozenset(),
 ) -> list[Finding]:
-    """CW150 of one step. ``measured``: the gradients are a run's own; else synthetic, and only
+    """CW150 / CW153 of one step. ``measured``: the gradients are a run's own; else synthetic, and only
     an optimizer whose step does not scale with them (Adam-like) says anything. ``keep``: the
     parameters whose row keeps precision by design (master copy, stochastic rounding, Kahan)."""
     low = {
         n: p
         for n, p in result.model.named_parameters()
-        if p.dtype in (torch.bfloat16, torch.float16) and n in result.before and n not in keep
+        if p.dtype in (torch.bfloat16, torch.float16) and n in result.before
     }
     if not low or any(p.device.type == "meta" for p in low.values()):
         return []  # no values on the meta device: nothing to measure
     grads = {n: p.grad.detach().clone() for n, p in low.items() if p.grad is not None}
     ref = f32_step(spec, result.before, grads, 1.0)
-    big = {} if measured else f32_step(spec, result.before, grads, 100.0)
-    lost: list[tuple[str, float]] = []
-    for n in grads:
-        before = result.before[n].float()
-        if not measured:
+    if not measured:
+        big = f32_step(spec, result.before, grads, 100.0)
+        for n in grads:
+            before = result.before[n].float()
             d1, d100 = (ref[n] - before).abs(), (big[n] - before).abs()
             moved = d1 > 0
             if bool(moved.any()) and not 0.5 <= float(d100[moved].median() / d1[moved].median()) <= 2.0:
                 return []  # the step scales with the gradient: synthetic gradients say nothing
-        frac = lost_share(result.before[n], low[n].detach(), ref[n])
-        if frac is not None and frac >= _LOST:
-            lost.append((n, frac))
-    if not lost:
-        return []
-    return [cw150(spec, lost, low[lost[0][0]].dtype, None)]
+    after = {n: low[n].detach() for n in grads}
+    return step_findings(spec, result.before, after, ref, keep)
 
 
 def resume_findings(result: StepResult) -> list[Finding]:

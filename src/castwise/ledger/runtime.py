@@ -8,11 +8,11 @@ a sample of the user's weights (the first rows, up to ``SAMPLE`` elements a para
 model stays on meta: dtypes without values).
 
 Under ``castwise run`` the global optimizer-step hooks read the script's own first step of each
-optimizer (nothing of it changes): before it, a sample of each 16-bit parameter and its gradient;
-after it, the same step in f32 on the sample (CW150), the state the optimizer made (the ledger),
-and a resume of it (CW151 on the sample). Until the second step, a tensor hook on each 16-bit
-parameter sums a sample of its micro-batches' gradients in f32, which the gradient torch summed
-in 16 bits is measured against (CW152).
+optimizer (nothing of it changes): before it, a sample of each 16-bit parameter, its gradient and
+its state; after it, the same step in f32 on the sample from the same state (CW150, CW153), the
+state the optimizer made (the ledger), and a resume of it (CW151 on the sample). Until the second
+step, a tensor hook on each 16-bit parameter sums a sample of its micro-batches' gradients in f32,
+which the gradient torch summed in 16 bits is measured against (CW152).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from castwise._dtypes import short_of
 from castwise.errors import AuditError
-from castwise.ledger.checks import cw150, f32_step, kept_rows, lost_share, resume_findings, update_findings
+from castwise.ledger.checks import f32_step, kept_rows, resume_findings, step_findings, update_findings
 from castwise.ledger.model import OptimizerSpec, keeps_precision, ledger_of, row_entries, spec_of, step_copy
 from castwise.ledger.values import Ledger, group_rows
 from castwise.rules.api import Finding
@@ -39,7 +39,6 @@ __all__ = ["SAMPLE", "StepProbe", "audit_ledger", "sampled", "step_spec", "watch
 
 SAMPLE = 4096  # elements of a parameter the checks step on (whole rows, at least one)
 _LOW = (torch.bfloat16, torch.float16)
-_LOST = 0.5
 
 
 def _rows(t: torch.Tensor, limit: int = SAMPLE) -> torch.Tensor:
@@ -100,7 +99,7 @@ class _Seen:
     before: dict[str, torch.Tensor] = field(default_factory=dict)  # samples, by name
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # the script's own, by name
-    fresh: bool = True  # no state before this step: the f32 twin starts where it starts
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)  # the state before the step, sampled
     steps: int = 0
     sums: dict[str, _Sum] = field(default_factory=dict)  # each 16-bit gradient's micro-batches, summed in f32
     hooks: list[Any] = field(default_factory=list)
@@ -138,12 +137,13 @@ class StepProbe:
                 for g in opt.param_groups
             )
             seen = self._seen[id(opt)] = _Seen(OptimizerSpec(type(opt), groups), params=params)
-            seen.fresh = not any(opt.state.get(p) for p in params.values())
             with torch.no_grad():
                 for n, p in params.items():
-                    if p.dtype in _LOW and p.grad is not None and p.device.type != "meta":
+                    state = _sampled_state(opt.state.get(p, {}), p)
+                    if p.dtype in _LOW and p.grad is not None and p.device.type != "meta" and state is not None:
                         seen.before[n] = _rows(p.detach()).clone()
                         seen.grads[n] = _rows(p.grad.detach()).clone()
+                        seen.states[n] = state
         elif seen.steps == 1:
             self._finish(opt, seen)
 
@@ -164,7 +164,7 @@ class StepProbe:
             if p.dtype in _LOW and p.requires_grad and getattr(p, "grad_dtype", None) in (None, p.dtype):
                 seen.sums[n] = _Sum(p)
                 seen.hooks.append(p.register_hook(seen.sums[n].add))  # type: ignore[no-untyped-call]
-        seen.before, seen.grads = {}, {}
+        seen.before, seen.grads, seen.states = {}, {}, {}
 
     def _first_step(self, opt: torch.optim.Optimizer, seen: _Seen) -> Ledger:
         spec, who = seen.spec, f"{seen.spec.name.rsplit('.', 1)[-1]} (the script's step)"
@@ -173,19 +173,13 @@ class StepProbe:
             e.pop("checkpoint_save")
             e.pop("checkpoint_load")
         ledger = Ledger(group_rows(per), f"the script's {spec.name}")
-        keep = {n for n, e in per if keeps_precision(e)}
+        keep = frozenset(n for n, e in per if keeps_precision(e))
         found: list[Finding] = []
-        grads = {n: g for n, g in seen.grads.items() if n not in keep}
-        if seen.fresh and grads:
+        if seen.grads:
             with torch.no_grad():
-                ref = f32_step(spec, seen.before, grads)
-                lost = []
-                for n in grads:
-                    frac = lost_share(seen.before[n], _rows(seen.params[n].detach()), ref[n])
-                    if frac is not None and frac >= _LOST:
-                        lost.append((n, frac))
-            if lost:
-                found.append(cw150(spec, lost, seen.params[lost[0][0]].dtype, None))
+                ref = f32_step(spec, seen.before, seen.grads, states=seen.states)
+                after = {n: _rows(seen.params[n].detach()) for n in seen.grads}
+                found += step_findings(spec, seen.before, after, ref, keep)
         found += _resume_sample(spec, seen.params)
         return dataclasses.replace(ledger, findings=tuple(found))
 
@@ -256,6 +250,20 @@ class _Sum:
         err = float((_rows(grad.detach()).float() - self.total).norm()) / norm
         once = float((self.total.to(grad.dtype).float() - self.total).norm()) / norm
         return (self.count, err, once) if err >= max(_WORSE * once, _FLOOR) else None
+
+
+def _sampled_state(state: Mapping[str, Any], p: torch.Tensor) -> dict[str, Any] | None:
+    """The first rows of ``p``'s per-element state (scalars as they are), for the f32 twin of the
+    step; None where a state is a low-bit subclass, whose rows cannot be taken as plain values."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor):
+            if type(v) not in (torch.Tensor, nn.Parameter):
+                return None
+            out[k] = _rows(v.detach()).clone() if v.shape == p.shape else v.detach().clone()
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
 
 
 def _resume_sample(spec: OptimizerSpec, params: Mapping[str, torch.Tensor]) -> list[Finding]:

@@ -275,6 +275,23 @@ RULES: tuple[Rule, ...] = (
         fix="Keep the saved dtype when loading (override load_state_dict or re-cast the state after it).",
     ),
     Rule(
+        code="CW153",
+        name="optimizer-step-makes-nonfinite",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="error",
+        summary="An optimizer step made NaN/Inf in 16-bit weights that the same step in f32 keeps finite.",
+        detects="The audit's optimizer step (optimizer=) and castwise run's reading of a script's first "
+        "optimizer.step() compare the stored step with the same step in f32 (same class, settings, "
+        "gradients and prior state, on a sample of each bf16/f16 parameter): weights the 16-bit step "
+        "made NaN or Inf, finite before and in f32, are reported with their param groups.",
+        why="An optimizer that keeps its state in the parameter's dtype computes it there: in f16 Adam's "
+        "squared gradients and its eps (1e-8) flush to zero, the update divides by zero and the weights "
+        "are NaN after the first step, with nothing raised.",
+        example="model = model.half()\nopt = torch.optim.Adam(model.parameters(), lr=1e-4)",
+        fix="Keep f32 master weights and optimizer state (f32 parameters under autocast), or an optimizer "
+        "that keeps f32 state for 16-bit weights.",
+    ),
+    Rule(
         code="CW152",
         name="gradients-accumulated-in-16-bit-at-runtime",
         category="OPTIMIZER_OR_GRAD_DTYPE",
