@@ -6,8 +6,9 @@ Each case is a short real training run on the CPU (an MLP, or a transformers Lla
 small config), read by castwise run's step probe (``castwise.ledger.runtime.StepProbe``, the
 script's own steps) as ``castwise run`` reads a script. The truth comes from real runs too:
 - update cases: the weights after ``--steps`` steps against the same run in f32 (same class,
-  settings, groups and batches, from the same stored starting weights): per param group, the share
-  of the f32 run's movement the stored run misses (``gap``; > 0.5: the group stalls);
+  settings, groups and batches, from the same stored starting weights): per parameter, the share
+  of the f32 run's movement the stored run misses (``gap``; > 0.5: it stalls; NaN: it broke), per
+  param group its worst parameter's (Kahan: the weight plus its compensation, what it keeps);
 - accumulation cases: the first step's gradient summed in 16 bits against the same micro-batches
   summed in f32 (``grad_dtype=float32`` on a twin): the relative error (>= 2^-7: lost);
 - resume cases: a real ``state_dict()`` / ``load_state_dict()`` of the optimizer: does a state
@@ -41,7 +42,9 @@ from tests.ledger.builders import KahanAdamW, WideStateAdam
 from castwise.ledger.runtime import StepProbe, watch_steps
 
 CODES = ("CW150", "CW151", "CW152", "CW153")
-STALL = 0.5  # share of the f32 run's movement missed: the group stalls
+STALL = 0.5  # share of the f32 run's movement missed: the parameter stalls
+PARAM_GAPS: dict[str, float] = {}  # the last update truth, per parameter
+NAMED: dict[str, tuple[str, ...]] = {}  # the last probe's CW150 parameters
 LOST = 2.0**-7  # relative error of a 16-bit gradient sum against the f32 sum
 
 
@@ -185,12 +188,12 @@ def update_truth(setup: Setup, steps: int) -> list[float]:
     train(ref_setup, steps, model_opt=(ref, ref_opt))
     got = {n: kept(opt, p) for n, p in model.named_parameters()}
     want = dict(ref.named_parameters())
-    gaps = []
-    for names in group_names(model, opt):
-        miss = sum(float((got[n].float() - want[n]).pow(2).sum()) for n in names) ** 0.5
-        moved = sum(float((want[n] - w0[n]).pow(2).sum()) for n in names) ** 0.5
-        gaps.append(miss / moved if moved > 0 else 0.0)
-    return gaps
+    PARAM_GAPS.clear()
+    for n in want:
+        moved = float((want[n] - w0[n]).norm())
+        PARAM_GAPS[n] = float((got[n] - want[n]).norm()) / moved if moved > 0 else 0.0
+    # a group stalls where one of its parameters does (the worst parameter of each group)
+    return [max((PARAM_GAPS[n] for n in names), key=lambda v: (v != v, v)) for names in group_names(model, opt)]
 
 
 def accumulate_truth(setup: Setup) -> list[float]:
@@ -253,12 +256,15 @@ def found(setup: Setup, steps: int) -> dict[str, tuple[int, ...]]:
     train(setup, 2, probe, (model, opt))  # the probe reads the first two steps
     index = {n: i for i, ns in enumerate(group_names(model, opt)) for n in ns}
     out: dict[str, tuple[int, ...]] = {}
+    NAMED.clear()
     for ledger in probe.ledgers:
         for f in ledger.findings:
             params = dict(f.details).get("params")
             if f.code == "CW151":  # its message names "param.state": the params are read from it
                 params = tuple(n for n in index if f"{n}." in f.message)
             out[f.code] = tuple(sorted({index[n] for n in params or () if n in index}))
+            if f.code == "CW150":
+                NAMED["CW150"] = tuple(params or ())
     return out
 
 
@@ -348,7 +354,7 @@ def cases(sr: bool) -> list[Case]:
         ),
         Case("f32 AdamW resume", "resume", Setup(mlp, adamw, {"lr": 1e-2}, torch.float32)),
         Case("llama f32 master under bf16 autocast, AdamW lr 2e-5", "update", lm.master()),
-        Case("f16 SGD lr 1e-1", "update", Setup(mlp, sgd, {"lr": 1e-1}, torch.float16)),
+        Case("f16 SGD lr 1.0", "update", Setup(mlp, sgd, {"lr": 1.0}, torch.float16)),
     ]
     if sr:
         from torchao.optim import _AdamW
@@ -371,10 +377,17 @@ def main() -> None:
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     n_found = n_fixed = n_planted = n_clean = n_controls = n_truth = 0
+    params_score = [0, 0, 0]  # CW150 parameters: named and stalled, named not stalled, stalled not named
     for case in cases(not opts.no_sr):
         t = time.perf_counter()
         true = truth(case.kind, case.setup, opts.steps)
         got = found(case.setup, opts.steps)
+        if case.kind == "update":  # per parameter: named by CW150 vs stalled in the real run
+            stalled = {n for n, v in PARAM_GAPS.items() if v > STALL and v == v}
+            named = set(NAMED.get("CW150", ()))
+            params_score[0] += len(named & stalled)
+            params_score[1] += len(named - stalled)
+            params_score[2] += len(stalled - named)
         stray = {c: g for c, g in got.items() if c in CODES and c != case.planted}
         if case.planted is not None:
             n_planted += 1
@@ -404,7 +417,9 @@ def main() -> None:
             )
     print(
         f"planted found with the right group {n_found}/{n_planted} (truth agrees {n_truth}/{n_planted}), fix "
-        f"verified {n_fixed}/{n_planted}; controls clean {n_clean}/{n_controls}; "
+        f"verified {n_fixed}/{n_planted}; controls clean {n_clean}/{n_controls}; CW150 parameters named and "
+        f"stalled {params_score[0]}, named but not stalled {params_score[1]}, stalled but not named "
+        f"{params_score[2]} (stalled: > {STALL} of the f32 movement missed after --steps); "
         f"{time.perf_counter() - t0:.0f}s, load {load:.2f} -> {os.getloadavg()[0]:.2f}"
     )
 

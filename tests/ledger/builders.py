@@ -65,7 +65,7 @@ class KahanAdamW(torch.optim.Optimizer):
                 m_hat = m / (1 - b1 ** st["step"])
                 v_hat = v / (1 - b2 ** st["step"])
                 y = -group["lr"] * m_hat / (v_hat.sqrt() + 1e-8) + st["kahan_comp"].float()
-                old = p.float()
+                old = p.float().clone()  # (for an f32 weight, .float() is the weight itself)
                 p.copy_(old + y)
                 st["kahan_comp"].copy_(y - (p.float() - old))  # what the rounding lost, added next step
 
