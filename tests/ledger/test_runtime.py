@@ -200,3 +200,18 @@ def test_probe_steps_from_the_state_an_optimizer_makes_at_construction() -> None
     with watch_steps(probe):
         _train(model, torch.optim.Adagrad(model.parameters(), lr=1e-5), micro=1)
     assert "CW150" in [f.code for f in probe.ledgers[0].findings]
+
+
+def test_meta_audit_steps_one_parameter_of_each_kind_and_rows_name_them_all() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 8)).bfloat16()
+    model[2].float()
+
+    def adamw(m: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([{"params": m[:3].parameters()}, {"params": m[3].parameters(), "lr": 1e-6}])
+
+    report = castwise.audit(model, torch.randn(2, 64, dtype=torch.bfloat16), optimizer=adamw, mode="train")
+    rows = report.to_dict()["ledger"]["rows"]
+    assert sorted(n for r in rows for n in r["params"]) == sorted(n for n, _ in model.named_parameters())
+    by_param = {n: (r["storage"]["value"], r["state"]["value"]) for r in rows for n in r["params"]}
+    assert by_param["1.weight"] == ("bfloat16", "bfloat16") and by_param["2.weight"] == ("float32", "float32")

@@ -134,7 +134,9 @@ def step_copy(
     opt.step()
     resumed: torch.optim.Optimizer | None
     try:
-        resumed = spec.build(copy.deepcopy(twin))
+        # fresh parameters for a fresh optimizer, as a resumed run builds it (no copy of the model)
+        fresh = {n: nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad) for n, p in twin.named_parameters()}
+        resumed = spec.build_on(fresh)
         resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
     except (RuntimeError, ValueError, KeyError, TypeError):
         resumed = None  # an optimizer whose state does not round-trip: the resume field stays unknown
@@ -229,15 +231,21 @@ def spec_of(
     return OptimizerSpec.of(model, built)
 
 
-def ledger_of(result: StepResult, spec: OptimizerSpec, source: str) -> Ledger:
-    """The ledger of a step's result: one row per group of parameters whose fields are equal."""
+def ledger_of(result: StepResult, spec: OptimizerSpec, source: str, alias: Mapping[str, str] | None = None) -> Ledger:
+    """The ledger of a step's result: one row per group of parameters whose fields are equal
+    (``alias``: a parameter that did not step -> the one that stepped for it, whose fields it has)."""
     who = f"{spec.name.rsplit('.', 1)[-1]} after one step"
     saved = result.model.state_dict(keep_vars=True)
-    per = [
-        (n, row_entries(n, p, result.optimizer, saved.get(n), who))
-        for n, p in result.model.named_parameters()
-        if n in result.before
-    ]
+    params = dict(result.model.named_parameters())
+    entries: dict[str, dict[str, Entry]] = {}
+    per = []
+    for n in params:
+        if n not in result.before:
+            continue
+        rep = (alias or {}).get(n, n)
+        if rep not in entries:
+            entries[rep] = row_entries(rep, params[rep], result.optimizer, saved.get(rep), who)
+        per.append((n, entries[rep]))
     return Ledger(group_rows(per), f"{source} with {spec.name}")
 
 

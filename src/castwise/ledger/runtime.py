@@ -81,14 +81,38 @@ def audit_ledger(model: nn.Module, spec: OptimizerSpec, run_copy: nn.Module | No
         dtypes = {n: p.dtype for n, p in params.items()}
         grads_dt = {n: p.grad.dtype for n, p in params.items() if p.grad is not None}
         twin = sampled(model, dtypes)
-        result = step_copy(twin, spec, grad_dtypes=grads_dt, in_place=True)
+        alias = _representatives(twin, spec, grads_dt) if _on_meta(twin) else {}
+        stepped = _only(spec, set(alias.values())) if alias else spec
+        result = step_copy(twin, stepped, grad_dtypes=grads_dt, in_place=True)
         measured = False
-    ledger = ledger_of(result, spec, source)
+    ledger = ledger_of(result, spec, source, alias if not real else None)
     found = (
         *update_findings(model, spec, result, measured=measured, keep=kept_rows(ledger)),
         *resume_findings(result),
     )
     return dataclasses.replace(ledger, findings=found)
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
+def _representatives(model: nn.Module, spec: OptimizerSpec, grad_dtypes: Mapping[str, torch.dtype]) -> dict[str, str]:
+    """On meta (dtypes, no values: a 7B): each parameter -> the one that steps for it, the first of
+    its kind. What an optimizer allocates is decided per param group by the parameter's dtype, its
+    gradient's, its number of dimensions (Adafactor factors matrices) and whether it is small
+    (bitsandbytes / torchao keep tensors under 4096 elements in full precision)."""
+    first: dict[tuple[Any, ...], str] = {}
+    alias = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            key = (spec.group_of(n), p.dtype, grad_dtypes.get(n), p.dim(), p.numel() >= SAMPLE)
+            alias[n] = first.setdefault(key, n)
+    return alias
+
+
+def _only(spec: OptimizerSpec, names: set[str]) -> OptimizerSpec:
+    return OptimizerSpec(spec.cls, tuple((tuple(n for n in ns if n in names), kw) for ns, kw in spec.groups))
 
 
 @dataclass
