@@ -105,8 +105,9 @@ def step_copy(
     in_place: bool = False,
 ) -> StepResult:
     """One real optimizer step on a deep copy (``in_place``: on ``model`` itself, a copy the
-    caller owns), with ``grads`` where given (a run's own gradients), else small random ones of
-    ``grad_dtypes[name]`` (the dtype a run's backward made), else of the parameter's grad_dtype."""
+    caller owns), with ``grads`` where given (a run's own gradients: parameters without one do not
+    step), else small random ones of ``grad_dtypes[name]`` (the dtype a run's backward made), else
+    of the parameter's grad_dtype."""
     twin = model if in_place else copy.deepcopy(model)
     if not in_place:
         for (_, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
@@ -117,10 +118,10 @@ def step_copy(
     gen = torch.Generator().manual_seed(seed)
     before = {}
     for n, p in twin.named_parameters():
-        if not p.requires_grad:
-            continue
+        if not p.requires_grad or (grads is not None and n not in grads):
+            continue  # a run's parameter its backward did not reach: the step skips it too
         before[n] = p.detach().clone()
-        if grads is not None and n in grads:
+        if grads is not None:
             p.grad = grads[n]
             continue
         dtype = (grad_dtypes or {}).get(n) or _grad_dtype(p)
