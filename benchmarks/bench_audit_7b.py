@@ -103,12 +103,38 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - wall, time.thread_time() - cpu, out
 
 
+def step_pairs(plain: Callable[[], Any], stepped: Callable[[], Any], rounds: int) -> None:
+    """The audit with the optimizer step against the audit without, back to back in pairs."""
+    timed(stepped)  # warm-up: the optimizer's first import and build
+    ratios = []
+    for i in range(rounds):
+        p_wall, p_cpu, _ = timed(plain)
+        s_wall, s_cpu, report = timed(stepped)
+        ratios.append((s_wall / p_wall, s_cpu / p_cpu))
+        print(
+            f"step pair {i + 1}: audit {p_wall:.2f}s, audit+step {s_wall:.2f}s: {s_wall / p_wall:.2f}x "
+            f"(CPU {s_cpu / p_cpu:.2f}x)"
+        )
+    ledger = report.to_dict().get("ledger", {})
+    print(
+        f"audit with the optimizer step: {statistics.median(r for r, _ in ratios):.2f}x the audit (median of "
+        f"{rounds}, target <= 1.3x); CPU-time {statistics.median(c for _, c in ratios):.2f}x; ledger rows "
+        f"{len(ledger.get('rows', []))}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seq", type=int, default=16)
     parser.add_argument("--layers", type=int, default=None, help="default: the config's (32; 405b: 126)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", choices=("7b", "405b"), default="7b")
+    parser.add_argument(
+        "--step",
+        action="store_true",
+        help="also time the audit with an AdamW step (optimizer=, the precision ledger) against the audit "
+        "without it, in pairs (target <= 1.3x)",
+    )
     opts = parser.parse_args()
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
@@ -154,6 +180,20 @@ def main() -> None:
         print(
             f"ratio: {ratio:.2f}x median of {len(pairs)} interleaved pairs (target <= {target}x); best-of {best:.2f}x; "
             f"CPU-time ratio {cpu_ratio:.2f}x"
+        )
+    if opts.step:
+        step_pairs(
+            audit,
+            lambda: castwise.audit(
+                model,
+                ids,
+                policy="bf16-mixed",
+                device="cuda",
+                mode="both",
+                optimizer=torch.optim.AdamW,
+                optimizer_kwargs={"lr": 1e-5},
+            ),
+            max(1, opts.rounds),
         )
     print(f"load average: {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} CPUs)")
     print(f"peak RSS:             {rss:.2f} GiB (target < 2 GiB)")

@@ -14,6 +14,8 @@ model), ``target`` (CLI targets).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -23,6 +25,7 @@ from castwise._state import preserved_state
 from castwise.auditor.entry import audited
 from castwise.auditor.session import MODES
 from castwise.auditor.suggest import suggest_policy
+from castwise.ledger.runtime import step_spec
 from castwise.policy import Policy
 from castwise.report import Report
 from castwise.run import RunRequest, check
@@ -37,6 +40,8 @@ def audit(
     mode: str = "both",
     fake: bool = True,
     torch: str | None = None,
+    optimizer: Any = None,
+    optimizer_kwargs: Mapping[str, Any] | None = None,
 ) -> Report:
     """Run ``model`` on ``inputs`` (forward, and backward in train mode) and report its dtype flow.
 
@@ -57,6 +62,10 @@ def audit(
     rank programs of a pipeline / expert-parallel mesh (PipelineStages, or
     ``castwise.distributed.programs.RankPrograms``): one audit per distinct program, findings
     naming their ranks, send/recv and collective dtypes compared between programs.
+    ``optimizer``: the user's optimizer, stepped once after the train run's backward (the precision
+    ledger: ``to_dict()["ledger"]``, and CW150-CW151 findings naming the param groups): a
+    ``torch.optim`` class (with ``optimizer_kwargs``, over every trainable parameter), an optimizer
+    over ``model``'s parameters (its param groups), or a function ``model -> optimizer``.
     """
     from castwise.distributed.audit import is_sharded
     from castwise.distributed.programs import is_programs
@@ -73,6 +82,8 @@ def audit(
     if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
         model = parts[0]
     request = check("audit", model, inputs, policy=policy, device=device, mode=mode, fake=fake, torch_release=torch)
+    if optimizer is not None or optimizer_kwargs is not None:
+        request = replace(request, step=step_spec(model, optimizer, optimizer_kwargs, mode))
     return audited(request, parts[1] if parts is not None else None)
 
 

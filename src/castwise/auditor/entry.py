@@ -13,10 +13,12 @@ from castwise import _releases as releases
 from castwise import devices
 from castwise._autocast import emulated
 from castwise._compiled import CompileOptions
+from castwise.auditor.context import RunRecord
 from castwise.auditor.offered import check_offered
 from castwise.auditor.session import run_request
 from castwise.auditor.suggest import suggest_policy, verify_code_fixes
 from castwise.distributed.audit import candidate, finish, prepare
+from castwise.ledger.runtime import audit_ledger
 from castwise.policy import Policy
 from castwise.report import Report
 from castwise.run import RunRequest, check, model_device
@@ -28,6 +30,8 @@ def audited(request: RunRequest, compiled: CompileOptions | None = None) -> Repo
     with emulated(request.torch_release):  # every run below, re-audits too, as that release
         report, runs = run_request(request, compiled=compiled)
         report = unverified_silent(report, request.fake)
+        if request.step is not None:  # the optimizer step after the train run's backward
+            report = with_ledger(report, request, runs)
         if report.errors:  # an incomplete run alone has nothing for a policy to fix
             report.suggested_policy = suggest_policy(request, report, runs)
             report = verify_code_fixes(request, report)
@@ -56,6 +60,19 @@ def unverified_silent(report: Report, fake: bool) -> Report:
         else f
         for f in report.findings
     ]
+    return report
+
+
+def with_ledger(report: Report, request: RunRequest, runs: list[RunRecord]) -> Report:
+    """The report with the ledger of the user's optimizer, stepped after the train run (its
+    copy, its gradients), and the ledger's findings."""
+    assert request.step is not None
+    train = next((r for r in runs if r.mode == "train"), None)
+    ledger = audit_ledger(
+        request.model, request.step, train.copy if train is not None else None, not request.fake, "the audit"
+    )
+    report.findings.extend(ledger.findings)
+    report.extra["ledger"] = ledger.to_dict()
     return report
 
 

@@ -60,6 +60,15 @@ def exit_code(report: Report) -> int:
     help="Autocast as that torch release "
     "(recorded lists, not installed); two: every module whose dtype flow changes between them.",
 )
+@click.option(
+    "--optimizer",
+    default=None,
+    metavar="CLASS",
+    help="Step this optimizer class (torch.optim.AdamW) after the train run's backward: the precision "
+    "ledger and its findings in the report.",
+)
+@click.option("--lr", default=None, type=float, help="--optimizer's learning rate (default: the class's).")
+@click.option("--optimizer-kwargs", default=None, metavar="JSON", help="More --optimizer settings, a JSON object.")
 @json_option()
 @click.option("--html", "html_path", default=None, metavar="PATH", help="Write the report as one offline HTML page.")
 def audit(
@@ -70,6 +79,9 @@ def audit(
     real: bool,
     seq_len: int | None,
     torch_release: str | None,
+    optimizer: str | None,
+    lr: float | None,
+    optimizer_kwargs: str | None,
     json_path: str | None,
     html_path: str | None,
 ) -> int:
@@ -96,6 +108,9 @@ def audit(
         from castwise.cli.torch_diff import diff_main, releases_of
 
         pair = releases_of(torch_release) if torch_release is not None else ()
+        from castwise.cli.ledger import optimizer_options
+
+        step = optimizer_options(optimizer, lr, optimizer_kwargs)
         # the model's own lazy imports find the project too
         with working_dir_on_path(), user_stdout_aside(json_path):
             model, inputs = load_target(target, seq_len=seq_len)
@@ -105,7 +120,14 @@ def audit(
                 return diff_main(model, inputs, pair, policy, device, not real, json_path)
             with progress(f"auditing {target} on {'real' if real else 'fake'} tensors"):
                 report = run_audit(
-                    model, inputs, policy=policy, device=device, mode=mode, fake=not real, torch=torch_release
+                    model,
+                    inputs,
+                    policy=policy,
+                    device=device,
+                    mode=mode,
+                    fake=not real,
+                    torch=torch_release,
+                    **step,
                 )
             if real and policy is not None:  # the silent findings' fixes, run against float32 here
                 from castwise.numerics.silent import verify_fixes

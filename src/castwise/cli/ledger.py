@@ -47,17 +47,36 @@ def _optimizer_class(path: str) -> Any:
     return cls
 
 
-def _model_ledger(target: str, optimizer: str, lr: float, kwargs: str | None) -> Any:
-    from castwise.cli.target import load_target
-    from castwise.ledger.checks import ledger_with_findings
-    from castwise.ledger.model import OptimizerSpec
+def optimizer_options(optimizer: str | None, lr: float | None, kwargs: str | None) -> dict[str, Any]:
+    """``--optimizer CLASS --lr X --optimizer-kwargs JSON`` as audit's keyword arguments ({} without
+    --optimizer), or a CastwiseError saying what was wrong."""
+    if optimizer is None:
+        if lr is not None or kwargs is not None:
+            raise CastwiseError("--lr and --optimizer-kwargs go with --optimizer CLASS (e.g. torch.optim.AdamW)")
+        return {}
+    extra = _kwargs(kwargs)
+    return {
+        "optimizer": _optimizer_class(optimizer),
+        "optimizer_kwargs": {**({"lr": lr} if lr is not None else {}), **extra},
+    }
 
+
+def _kwargs(kwargs: str | None) -> dict[str, Any]:
     try:
         extra = json.loads(kwargs) if kwargs else {}
     except ValueError as exc:
         raise CastwiseError(f"--optimizer-kwargs: not JSON ({exc})") from None
     if not isinstance(extra, dict):
         raise CastwiseError('--optimizer-kwargs: give a JSON object, e.g. {"weight_decay": 0.1}')
+    return extra
+
+
+def _model_ledger(target: str, optimizer: str, lr: float, kwargs: str | None) -> Any:
+    from castwise.cli.target import load_target
+    from castwise.ledger.checks import ledger_with_findings
+    from castwise.ledger.model import OptimizerSpec
+
+    extra = _kwargs(kwargs)
     model, _ = load_target(target)
     names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
     spec = OptimizerSpec(_optimizer_class(optimizer), ((names, {"lr": lr, **extra}),))

@@ -52,7 +52,8 @@ def run(
             return 2
 
     def show(name: str, report: Report) -> None:
-        print(f"castwise run: {name} at its first forward", file=sys.stderr)
+        when = " (its first optimizer steps)" if "ledger" in report.extra else " at its first forward"
+        print(f"castwise run: {name}{when}", file=sys.stderr)
         print(render_report(report, terminal_width()), file=sys.stderr, flush=True)
 
     if launched_rank() != 0:
@@ -78,7 +79,9 @@ def run(
         import json
 
         models = [{"model": n, **r.to_dict()} for n, r in watcher.reports]
-        payload = json.dumps({"schema": 1, "models": models, **({"notes": watcher.notes} if watcher.notes else {})})
+        ledgers = {"ledgers": [ledger.to_dict() for ledger in watcher.ledgers]} if watcher.ledgers else {}
+        notes = {"notes": watcher.notes} if watcher.notes else {}
+        payload = json.dumps({"schema": 1, "models": models, **ledgers, **notes})
         with open(json_path, "w", encoding="utf-8") as fh:
             fh.write(payload + "\n")
     if code == 0 and any(r.errors for _, r in watcher.reports):

@@ -8,8 +8,9 @@ fake copies of the real arguments, in the precision the script runs it in (its o
 Accelerate's: see ``frameworks``; ``--policy`` replaces either), in train and eval mode, so a
 crash only validation would meet is reported before the first training step runs. ``GradScaler.__init__``
 is wrapped too: under f16 autocast the audit scales the loss only once the script has made an
-enabled GradScaler. The user's model, inputs and every global setting are left as they were; the
-wrappers are removed when the script ends.
+enabled GradScaler. Each optimizer's first two steps are read through torch's global step hooks
+(``castwise.ledger.runtime``): its ledger, CW150-CW152. The user's model, inputs and every global
+setting are left as they were; the wrappers are removed when the script ends.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from castwise.errors import RunStopped
 from castwise.integrations._steps import audit_or_skip, random_streams_kept
 from castwise.integrations.frameworks import Framed, framed, framework_backward, preset_note
 from castwise.integrations.imports import imported_as_on, imported_note
+from castwise.ledger.runtime import StepProbe, watch_steps
+from castwise.ledger.values import Ledger
 from castwise.report import Report
 from castwise.run import Inputs, model_device
 
@@ -55,6 +58,8 @@ class Watcher:
     _depth: int = 0
     _busy: bool = False
     scaled: bool = False  # an enabled GradScaler was made: the script scales its f16 loss
+    ledgers: list[Ledger] = field(default_factory=list)  # each optimizer's, from its first steps
+    _names: dict[int, str] = field(default_factory=dict)  # the script's models' parameters, by id
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Watcher]:
@@ -79,8 +84,11 @@ class Watcher:
 
         nn.Module.__call__ = __call__  # type: ignore[method-assign]
         torch.amp.GradScaler.__init__ = init_scaler  # type: ignore[method-assign,assignment]
+        # each optimizer's first steps, read as the script takes them (the precision ledger)
+        probe = StepProbe(names=lambda p: self._names.get(id(p)), on_ledger=self._ledger)
         try:
-            yield self
+            with watch_steps(probe):
+                yield self
         finally:
             nn.Module.__call__ = original  # type: ignore[method-assign]
             torch.amp.GradScaler.__init__ = scaler_init  # type: ignore[method-assign]
@@ -88,6 +96,8 @@ class Watcher:
     def _first_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not any(isinstance(p, torch.Tensor) for p in module.parameters()):
             return  # nothing a dtype audit could check
+        for n, p in module.named_parameters():  # what the ledger calls the optimizer's parameters
+            self._names.setdefault(id(p), n)
         from castwise.auditor import audit
 
         inputs = Inputs.called(args, kwargs)  # the call as the script made it
@@ -119,6 +129,15 @@ class Watcher:
         if self.stop and report.errors:
             first = report.errors[0]
             raise RunStopped(f"castwise run --stop: {name}: {first.code} at `{first.module}`: {first.message}")
+
+    def _ledger(self, ledger: Ledger) -> None:
+        """An optimizer's ledger from the script's own first steps; shown as a report when it
+        has findings (``ledgers``: every optimizer's, for the JSON)."""
+        self.ledgers.append(ledger)
+        if ledger.findings and self.on_report is not None:
+            report = Report(findings=list(ledger.findings), title=f"castwise ledger of {ledger.source}")
+            report.extra["ledger"] = ledger.to_dict()
+            self.on_report(ledger.source, report)
 
     def _policy_of(self, model: nn.Module, framework: Framed | None) -> str | None:
         if framework is not None and framework.policy is not None:

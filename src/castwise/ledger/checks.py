@@ -13,33 +13,154 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from castwise._dtypes import short_of
-from castwise.ledger.model import OptimizerSpec, StepResult, _state_tensors, ledger_from_model
+from castwise.ledger.model import OptimizerSpec, StepResult, _state_tensors, keeps_precision, ledger_of, step_copy
 from castwise.ledger.values import Ledger
 from castwise.rules.api import Finding
 
-__all__ = ["ledger_with_findings", "resume_findings", "update_findings"]
+__all__ = [
+    "cw150",
+    "f32_step",
+    "kept_rows",
+    "ledger_with_findings",
+    "lost_share",
+    "resume_findings",
+    "step_findings",
+    "update_findings",
+]
 
-_LOST = 0.5  # report a group when most of its changing elements do not change in storage
+_LOST = 0.5  # report a parameter when most of its changing elements do not change in storage
+_SHOWN = 6
 
 
-def _f32_step(
-    model: nn.Module, spec: OptimizerSpec, grads: dict[str, torch.Tensor], scale: float
+def f32_step(
+    spec: OptimizerSpec,
+    before: Mapping[str, torch.Tensor],
+    grads: Mapping[str, torch.Tensor],
+    scale: float = 1.0,
+    states: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    twin = copy.deepcopy(model).float()
-    opt = spec.build(twin)
-    params = dict(twin.named_parameters())
+    """The same step in float32: the optimizer (class, groups' settings) over f32 copies of the
+    weights ``before`` it, with the same gradients (times ``scale``) and, where given, the state the
+    optimizer held before it (``states``: per parameter, its per-element tensors in f32)."""
+    params = {n: nn.Parameter(before[n].detach().float().clone()) for n in grads}
+    opt = spec.build_on(params)
+    for n, st in (states or {}).items():
+        if n in params and st:  # (an optimizer that makes its state at construction: Adagrad)
+            p = params[n]
+            opt.state[p] = {
+                k: v.float().clone() if isinstance(v, torch.Tensor) and v.shape == p.shape else copy.deepcopy(v)
+                for k, v in st.items()
+            }
     for n, g in grads.items():
-        params[n].grad = g.float() * scale
+        params[n].grad = g.detach().float() * scale
     opt.step()
-    return {n: params[n].detach() for n in grads}
+    return {n: p.detach() for n, p in params.items()}
 
 
-def update_findings(model: nn.Module, spec: OptimizerSpec, result: StepResult) -> list[Finding]:
+def step_findings(
+    spec: OptimizerSpec,
+    before: Mapping[str, torch.Tensor],
+    after: Mapping[str, torch.Tensor],
+    ref: Mapping[str, torch.Tensor],
+    keep: frozenset[str] = frozenset(),
+) -> list[Finding]:
+    """CW153 (the step made NaN/Inf the same step in f32 does not) and CW150 (the step left most
+    changing elements as they were; not for ``keep``: rows keeping precision by design)."""
+    lost: list[tuple[str, float]] = []
+    broken: list[tuple[str, float]] = []
+    for n, r in ref.items():
+        new = ~torch.isfinite(after[n]) & torch.isfinite(before[n]) & torch.isfinite(r)
+        if bool(new.any()):
+            broken.append((n, float(new.float().mean())))
+            continue
+        frac = lost_share(before[n], after[n], r) if n not in keep else None
+        if frac is not None and frac >= _LOST:
+            lost.append((n, frac))
+    out = []
+    if broken:
+        dt = short_of(after[broken[0][0]].dtype)
+        out.append(
+            Finding(
+                code="CW153",
+                message=f"one {spec.name.rsplit('.', 1)[-1]} step made NaN/Inf in {dt} weights the same step in "
+                f"f32 keeps finite: {_group_text(spec, broken)} (share of elements made non-finite). A state or "
+                f"term of the step does not fit {dt}: squared gradients or eps flush to zero, and the update "
+                "divides by it.",
+                fix="Keep f32 master weights and optimizer state (f32 parameters under autocast), or an "
+                "optimizer that keeps its state in f32 for 16-bit weights; for Adam in f16, eps >= 1e-4 only "
+                "hides it.",
+                details=(("params", tuple(n for n, _ in broken)),),
+            )
+        )
+    if lost:
+        out.append(cw150(spec, lost, after[lost[0][0]].dtype, None))
+    return out
+
+
+def lost_share(before: torch.Tensor, after: torch.Tensor, ref: torch.Tensor) -> float | None:
+    """Of the elements the f32 step ``ref`` changes, the share the stored step left as they were
+    (None: the f32 step changes nothing)."""
+    moved = ref != before.float()
+    if not bool(moved.any()):
+        return None
+    stuck = moved & (after == before)
+    return float(stuck.sum() / moved.sum())
+
+
+def _group_text(spec: OptimizerSpec, lost: list[tuple[str, float]]) -> str:
+    """The lost parameters by param group: "param group 1 (lr=1e-05): a.weight (97%), ..."."""
+    by_group: dict[int | None, list[str]] = {}
+    for n, frac in lost:
+        by_group.setdefault(spec.group_of(n), []).append(f"{n} ({frac:.0%})")
+    parts = []
+    for g, names in by_group.items():
+        shown = ", ".join(names[:_SHOWN]) + (f" (+{len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
+        if g is None:
+            parts.append(shown)
+            continue
+        lr = spec.groups[g][1].get("lr")
+        parts.append(f"param group {g}{f' (lr={lr:g})' if isinstance(lr, float | int) else ''}: {shown}")
+    return "; ".join(parts)
+
+
+def cw150(spec: OptimizerSpec, lost: list[tuple[str, float]], dtype: torch.dtype, module: str | None) -> Finding:
+    """CW150 for the parameters in ``lost`` (name, share of changing elements lost)."""
+    dt = short_of(dtype)
+    opt = spec.name.rsplit(".", 1)[-1]
+    return Finding(
+        code="CW150",
+        module=module,
+        message=f"one {opt} step leaves most elements of {len(lost)} {dt} parameters unchanged that the same "
+        f"step in f32 changes: {_group_text(spec, lost)} (share of changing elements lost). The update is below "
+        f"the spacing of {dt} at these weights and rounds away.",
+        fix="Keep f32 master weights (f32 parameters under bf16 autocast; DeepSpeed/Megatron's f32 main params, "
+        "not bf16_master_weights), or an optimizer with bf16 stochastic rounding (torchao AdamW/AdamW8bit "
+        "bf16_stochastic_round=True) or Kahan summation; re-run to check the parameters move.",
+        details=(
+            ("params", tuple(n for n, _ in lost)),
+            ("groups", tuple(sorted({spec.group_of(n) or 0 for n, _ in lost}))),
+        ),
+    )
+
+
+def update_findings(
+    model: nn.Module,
+    spec: OptimizerSpec,
+    result: StepResult,
+    *,
+    measured: bool = False,
+    keep: frozenset[str] = frozenset(),
+) -> list[Finding]:
+    """CW150 / CW153 of one step. ``measured``: the gradients are a run's own; else synthetic, and only
+    an optimizer whose step does not scale with them (Adam-like) says anything. ``keep``: the
+    parameters whose row keeps precision by design (master copy, stochastic rounding, Kahan)."""
     low = {
         n: p
         for n, p in result.model.named_parameters()
@@ -48,39 +169,17 @@ def update_findings(model: nn.Module, spec: OptimizerSpec, result: StepResult) -
     if not low or any(p.device.type == "meta" for p in low.values()):
         return []  # no values on the meta device: nothing to measure
     grads = {n: p.grad.detach().clone() for n, p in low.items() if p.grad is not None}
-    ref = _f32_step(model, spec, grads, 1.0)
-    big = _f32_step(model, spec, grads, 100.0)
-    lost: list[tuple[str, float]] = []
-    for n, p in low.items():
-        before = result.before[n].float()
-        d1, d100 = (ref[n] - before).abs(), (big[n] - before).abs()
-        moved = d1 > 0
-        if not bool(moved.any()):
-            continue
-        ratio = float(d100[moved].median() / d1[moved].median())
-        if not 0.5 <= ratio <= 2.0:
-            return []  # the step scales with the gradient: synthetic gradients say nothing
-        stuck = moved & (p.detach() == result.before[n])
-        frac = float(stuck.sum() / moved.sum())
-        if frac >= _LOST:
-            lost.append((n, frac))
-    if not lost:
-        return []
-    names = ", ".join(f"{n} ({frac:.0%})" for n, frac in lost[:6]) + (
-        f" (+{len(lost) - 6} more)" if len(lost) > 6 else ""
-    )
-    dt = short_of(low[lost[0][0]].dtype)
-    return [
-        Finding(
-            code="CW150",
-            message=f"one {spec.name.rsplit('.', 1)[-1]} step leaves most elements of {len(lost)} {dt} parameters "
-            f"unchanged that the same step in f32 changes: {names} (share of changing elements lost). The update "
-            f"is below the spacing of {dt} at these weights and rounds away.",
-            fix="Keep f32 master weights (train f32 parameters under autocast), or an optimizer with bf16 "
-            "stochastic rounding (torchao AdamW8bit/AdamW4bit/AdamWFp8 bf16_stochastic_round=True) or Kahan "
-            "summation; re-run castwise ledger to check the parameters move.",
-        )
-    ]
+    ref = f32_step(spec, result.before, grads, 1.0)
+    if not measured:
+        big = f32_step(spec, result.before, grads, 100.0)
+        for n in grads:
+            before = result.before[n].float()
+            d1, d100 = (ref[n] - before).abs(), (big[n] - before).abs()
+            moved = d1 > 0
+            if bool(moved.any()) and not 0.5 <= float(d100[moved].median() / d1[moved].median()) <= 2.0:
+                return []  # the step scales with the gradient: synthetic gradients say nothing
+    after = {n: low[n].detach() for n in grads}
+    return step_findings(spec, result.before, after, ref, keep)
 
 
 def resume_findings(result: StepResult) -> list[Finding]:
@@ -112,8 +211,14 @@ def resume_findings(result: StepResult) -> list[Finding]:
     ]
 
 
+def kept_rows(ledger: Ledger) -> frozenset[str]:
+    """The parameters of rows that keep precision by design (not CW150's)."""
+    return frozenset(n for r in ledger.rows if keeps_precision(r.entries()) for n in r.params)
+
+
 def ledger_with_findings(model: nn.Module, spec: OptimizerSpec, source: str = "model") -> Ledger:
     """The model's ledger with CW150 / CW151 measured on the same step."""
-    ledger, result = ledger_from_model(model, spec, source)
-    found = (*update_findings(model, spec, result), *resume_findings(result))
+    result = step_copy(model, spec)
+    ledger = ledger_of(result, spec, source)
+    found = (*update_findings(model, spec, result, keep=kept_rows(ledger)), *resume_findings(result))
     return dataclasses.replace(ledger, findings=found)

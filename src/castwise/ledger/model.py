@@ -23,7 +23,16 @@ from castwise._dtypes import name_of
 from castwise.errors import CastwiseError
 from castwise.ledger.values import UNKNOWN, Entry, Ledger, group_rows
 
-__all__ = ["OptimizerSpec", "StepResult", "ledger_from_model", "step_copy"]
+__all__ = [
+    "OptimizerSpec",
+    "StepResult",
+    "keeps_precision",
+    "ledger_from_model",
+    "ledger_of",
+    "row_entries",
+    "spec_of",
+    "step_copy",
+]
 
 _SCHEME = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float64": "f64"}
 _LOW_BIT = (("4bit", "4-bit"), ("8bit", "8-bit"), ("fp8", "fp8"))
@@ -46,12 +55,24 @@ class OptimizerSpec:
         return OptimizerSpec(type(optimizer), tuple(groups))
 
     def build(self, model: nn.Module) -> torch.optim.Optimizer:
-        params = dict(model.named_parameters())
-        groups = [{"params": [params[n] for n in names], **kw} for names, kw in self.groups]
+        return self.build_on(dict(model.named_parameters()))
+
+    def build_on(self, params: Mapping[str, torch.Tensor]) -> torch.optim.Optimizer:
+        """The optimizer over ``params`` (by name; groups keep their settings, names absent here
+        are left out: a sample of the parameters steps as the whole would)."""
+        groups = [
+            {"params": [params[n] for n in names if n in params], **kw}
+            for names, kw in self.groups
+            if any(n in params for n in names)
+        ]
         try:
             return self.cls(groups)
         except TypeError as exc:  # an optimizer that takes extra settings at construction only
             raise CastwiseError(f"cannot rebuild {self.name} on the model's copy: {exc}") from None
+
+    def group_of(self, name: str) -> int | None:
+        """The index of the param group that holds parameter ``name`` (None: in none)."""
+        return next((i for i, (names, _) in enumerate(self.groups) if name in names), None)
 
     @property
     def name(self) -> str:
@@ -73,31 +94,50 @@ def _grad_dtype(p: nn.Parameter) -> torch.dtype:
     return dt if isinstance(dt, torch.dtype) else p.dtype
 
 
-def step_copy(model: nn.Module, spec: OptimizerSpec, grad_scale: float = 1e-3, seed: int = 0) -> StepResult:
-    """One real optimizer step on a deep copy, with small random gradients."""
-    twin = copy.deepcopy(model)
-    for (_, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
-        dt = getattr(p, "grad_dtype", None)
-        if isinstance(dt, torch.dtype) and dt != p.dtype:
-            q.grad_dtype = dt  # deepcopy does not carry torch's grad_dtype
+def step_copy(
+    model: nn.Module,
+    spec: OptimizerSpec,
+    grad_scale: float = 1e-3,
+    seed: int = 0,
+    *,
+    grads: Mapping[str, torch.Tensor] | None = None,
+    grad_dtypes: Mapping[str, torch.dtype] | None = None,
+    in_place: bool = False,
+) -> StepResult:
+    """One real optimizer step on a deep copy (``in_place``: on ``model`` itself, a copy the
+    caller owns), with ``grads`` where given (a run's own gradients: parameters without one do not
+    step), else small random ones of ``grad_dtypes[name]`` (the dtype a run's backward made), else
+    of the parameter's grad_dtype."""
+    twin = model if in_place else copy.deepcopy(model)
+    if not in_place:
+        for (_, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+            dt = getattr(p, "grad_dtype", None)
+            if isinstance(dt, torch.dtype) and dt != p.dtype:
+                q.grad_dtype = dt  # deepcopy does not carry torch's grad_dtype
     opt = spec.build(twin)
     gen = torch.Generator().manual_seed(seed)
     before = {}
     for n, p in twin.named_parameters():
-        if not p.requires_grad:
-            continue
+        if not p.requires_grad or (grads is not None and n not in grads):
+            continue  # a run's parameter its backward did not reach: the step skips it too
         before[n] = p.detach().clone()
+        if grads is not None:
+            p.grad = grads[n]
+            continue
+        dtype = (grad_dtypes or {}).get(n) or _grad_dtype(p)
         if p.device.type == "meta":
             # a model built on the meta device (a config target, a 7B): the step runs on meta
             # tensors, which carry every dtype the optimizer allocates and no values
-            p.grad = torch.empty(p.shape, dtype=_grad_dtype(p), device="meta")
+            p.grad = torch.empty(p.shape, dtype=dtype, device="meta")
             continue
         g = torch.randn(p.shape, generator=gen, dtype=torch.float32) * grad_scale
-        p.grad = g.to(device=p.device, dtype=_grad_dtype(p))
+        p.grad = g.to(device=p.device, dtype=dtype)
     opt.step()
     resumed: torch.optim.Optimizer | None
     try:
-        resumed = spec.build(copy.deepcopy(twin))
+        # fresh parameters for a fresh optimizer, as a resumed run builds it (no copy of the model)
+        fresh = {n: nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad) for n, p in twin.named_parameters()}
+        resumed = spec.build_on(fresh)
         resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
     except (RuntimeError, ValueError, KeyError, TypeError):
         resumed = None  # an optimizer whose state does not round-trip: the resume field stays unknown
@@ -146,11 +186,14 @@ def _state_entries(opt: torch.optim.Optimizer, p: torch.Tensor, who: str) -> tup
     return state_e, scheme_e, master_e or Entry("none", who, "the parameter itself is updated"), rounding
 
 
-def _row_entries(name: str, p: nn.Parameter, result: StepResult, who: str) -> dict[str, Entry]:
+def row_entries(
+    name: str, p: torch.Tensor, optimizer: torch.optim.Optimizer, saved: torch.Tensor | None, who: str
+) -> dict[str, Entry]:
+    """The ledger fields of parameter ``name`` after a step of ``optimizer`` (``saved``: what
+    ``state_dict()`` holds for it)."""
     stored = name_of(p.dtype)
     grad = p.grad
-    state, scheme, master, rounding = _state_entries(result.optimizer, p, who)
-    saved = result.model.state_dict(keep_vars=True).get(name)
+    state, scheme, master, rounding = _state_entries(optimizer, p, who)
     return {
         "storage": Entry(stored, "parameter dtype"),
         "compute": Entry(UNKNOWN, "", "castwise audit measures what each op computes in"),
@@ -165,6 +208,48 @@ def _row_entries(name: str, p: nn.Parameter, result: StepResult, who: str) -> di
     }
 
 
+def keeps_precision(entries: Mapping[str, Entry]) -> bool:
+    """Whether a row's update survives storage rounding by design: a wider master copy, stochastic
+    rounding or Kahan summation (one step of those may leave a weight unchanged, on purpose)."""
+    return entries["master"].value not in ("none", UNKNOWN) or entries["rounding"].value in ("stochastic", "kahan")
+
+
+def spec_of(
+    model: nn.Module, optimizer: torch.optim.Optimizer | OptimizerSpec | Callable[[nn.Module], torch.optim.Optimizer]
+) -> OptimizerSpec:
+    """The optimizer as a spec: an instance over the model's parameters, a spec, or a function
+    building one on a model (called on ``model``: optimizers allocate state at their first step)."""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return OptimizerSpec.of(model, optimizer)
+    if isinstance(optimizer, OptimizerSpec):
+        return optimizer
+    built = optimizer(model)
+    if not isinstance(built, torch.optim.Optimizer):
+        raise CastwiseError(
+            f"optimizer: the function returned {type(built).__name__}, not a torch.optim.Optimizer; give an "
+            "optimizer over the model's parameters, a torch.optim class, or a function model -> optimizer"
+        )
+    return OptimizerSpec.of(model, built)
+
+
+def ledger_of(result: StepResult, spec: OptimizerSpec, source: str, alias: Mapping[str, str] | None = None) -> Ledger:
+    """The ledger of a step's result: one row per group of parameters whose fields are equal
+    (``alias``: a parameter that did not step -> the one that stepped for it, whose fields it has)."""
+    who = f"{spec.name.rsplit('.', 1)[-1]} after one step"
+    saved = result.model.state_dict(keep_vars=True)
+    params = dict(result.model.named_parameters())
+    entries: dict[str, dict[str, Entry]] = {}
+    per = []
+    for n in params:
+        if n not in result.before:
+            continue
+        rep = (alias or {}).get(n, n)
+        if rep not in entries:
+            entries[rep] = row_entries(rep, params[rep], result.optimizer, saved.get(rep), who)
+        per.append((n, entries[rep]))
+    return Ledger(group_rows(per), f"{source} with {spec.name}")
+
+
 def ledger_from_model(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | OptimizerSpec | Callable[[nn.Module], torch.optim.Optimizer],
@@ -172,13 +257,6 @@ def ledger_from_model(
 ) -> tuple[Ledger, StepResult]:
     """The ledger of ``model`` trained by ``optimizer`` (an instance over the model's
     parameters, an OptimizerSpec, or a function building one on a model)."""
-    if isinstance(optimizer, torch.optim.Optimizer):
-        spec = OptimizerSpec.of(model, optimizer)
-    elif isinstance(optimizer, OptimizerSpec):
-        spec = optimizer
-    else:
-        spec = OptimizerSpec.of(model, optimizer(model))
+    spec = spec_of(model, optimizer)
     result = step_copy(model, spec)
-    who = f"{spec.name.rsplit('.', 1)[-1]} after one step"
-    per = [(n, _row_entries(n, p, result, who)) for n, p in result.model.named_parameters() if n in result.before]
-    return Ledger(group_rows(per), f"{source} with {spec.name}"), result
+    return ledger_of(result, spec, source), result

@@ -4,8 +4,9 @@
 ``summary["modules"]`` is the audit's module tree and ``"numerics"`` the per-module numbers of a
 numerics run): findings with the path from origin to where they show, the module tree
 (collapsible, searchable) with parameter and activation dtypes, casts and silent up-casts,
-parameters and activation bytes by dtype, and the numerics charts. ``render_fragment`` is the
-same report as one ``<div>`` for a notebook cell (``Report._repr_html_``). Torch-free.
+parameters and activation bytes by dtype, the numerics charts, and the precision ledger
+(``"ledger"``, a table). ``render_fragment`` is the same report as one ``<div>`` for a notebook
+cell (``Report._repr_html_``). Torch-free.
 """
 
 from __future__ import annotations
@@ -113,6 +114,33 @@ def _tree_section(modules: list[dict[str, Any]], findings: list[dict[str, Any]])
     )
 
 
+def _ledger_section(ledger: Any) -> str:
+    """The precision ledger (``to_dict()["ledger"]``) as a table: one row per parameter group,
+    each cell's value with where it comes from as its tooltip."""
+    rows = ledger.get("rows") if isinstance(ledger, Mapping) else None
+    if not rows:
+        return ""
+    fields = [k for k in rows[0] if k != "params"]
+    head = "".join(f"<th>{escape(k.replace('_', ' '))}</th>" for k in ["params", *fields])
+    body = []
+    for r in rows:
+        params = list(r.get("params") or [])
+        shown = ", ".join(params[:4]) + (f" (+{len(params) - 4} more)" if len(params) > 4 else "")
+        cells = [f'<td title="{escape(", ".join(params))}">{escape(shown)}</td>']
+        for k in fields:
+            e = r.get(k) or {}
+            why = "; ".join(x for x in (e.get("source"), e.get("note")) if x)
+            cells.append(f'<td title="{escape(why)}">{escape(short(str(e.get("value", "unknown"))))}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (
+        '<section class="cw-section" id="ledger"><h2>Precision ledger</h2>'
+        f'<p class="cw-legend">{escape(str(ledger.get("source", "")))}: per parameter group, where a training '
+        "step keeps each precision (hover a cell for where it comes from).</p>"
+        f'<table class="cw-table cw-ledger"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        "</section>"
+    )
+
+
 def render_fragment(report: Any) -> str:
     """The report as one ``<div class="cw-report">`` with its own style and script."""
     data, title = _data(report)
@@ -121,12 +149,14 @@ def render_fragment(report: Any) -> str:
     modules = [m for m in summary.get("modules") or [] if isinstance(m, dict) and "name" in m]
     names = {m["name"] for m in modules}
     numerics = numerics_html(list(data.get("numerics") or []), findings)
+    ledger = _ledger_section(data.get("ledger"))
     root = f"cw-report-{os.getpid()}-{next(_IDS)}"
     nav = [
         ("findings", "Findings"),
         ("modules", "Modules") if modules else None,
         ("dtypes", "Dtypes") if summary.get("activation_bytes_by_dtype") or summary.get("params_by_dtype") else None,
         ("numerics", "Numerics") if numerics else None,
+        ("ledger", "Ledger") if ledger else None,
     ]
     links = "".join(f'<a href="#{a}">{t}</a>' for item in nav if item for a, t in [item])
     return (
@@ -139,6 +169,7 @@ def render_fragment(report: Any) -> str:
         + _tree_section(modules, findings)
         + _overview(summary)
         + numerics
+        + ledger
         + f"<script>{JS.replace('__ROOT__', root)}</script></div>"
     )
 

@@ -274,4 +274,39 @@ RULES: tuple[Rule, ...] = (
         example="castwise ledger model.py:build --optimizer mylib.MixedAdamW",
         fix="Keep the saved dtype when loading (override load_state_dict or re-cast the state after it).",
     ),
+    Rule(
+        code="CW153",
+        name="optimizer-step-makes-nonfinite",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="error",
+        summary="An optimizer step made NaN/Inf in 16-bit weights that the same step in f32 keeps finite.",
+        detects="The audit's optimizer step (optimizer=) and castwise run's reading of a script's first "
+        "optimizer.step() compare the stored step with the same step in f32 (same class, settings, "
+        "gradients and prior state, on a sample of each bf16/f16 parameter): weights the 16-bit step "
+        "made NaN or Inf, finite before and in f32, are reported with their param groups.",
+        why="An optimizer that keeps its state in the parameter's dtype computes it there: in f16 Adam's "
+        "squared gradients and its eps (1e-8) flush to zero, the update divides by zero and the weights "
+        "are NaN after the first step, with nothing raised.",
+        example="model = model.half()\nopt = torch.optim.Adam(model.parameters(), lr=1e-4)",
+        fix="Keep f32 master weights and optimizer state (f32 parameters under autocast), or an optimizer "
+        "that keeps f32 state for 16-bit weights.",
+    ),
+    Rule(
+        code="CW152",
+        name="gradients-accumulated-in-16-bit-at-runtime",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="A script's bf16/f16 .grad, summed over micro-batches, lost precision against an f32 sum.",
+        detects="castwise run watches a script's first and second optimizer.step(): in between, a tensor hook "
+        "on each bf16/f16 parameter (it returns None: nothing changes) sums a sample of every micro-batch's "
+        "gradient in f32, and the .grad torch summed in 16 bits is measured against it. Reported when the "
+        "16-bit sum's error is at least 4x that of storing the f32 sum once in 16 bits and at least 2^-7 "
+        "(measured: bf16 over ~128 micro-batches of an MLP), naming the parameter groups.",
+        why="Each backward adds into the stored gradient and rounds the sum to 8 (bf16) or 11 (f16) "
+        "significant bits: once the sum is much larger than one micro-batch's gradient, the later "
+        "micro-batches' small components vanish and the step follows the first micro-batches.",
+        example="for x in micro_batches:  # 128 of them\n    model(x).sum().backward()  # bf16 model\noptimizer.step()",
+        fix="Accumulate in float32: param.grad_dtype = torch.float32 (torch >= 2.9), f32 parameters under "
+        "autocast, or fewer micro-batches per step.",
+    ),
 )

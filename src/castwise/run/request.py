@@ -12,6 +12,7 @@ from torch import nn
 
 from castwise import devices
 from castwise.errors import AuditError, CastwiseError, PolicyError
+from castwise.ledger.model import OptimizerSpec
 from castwise.policy import Policy
 from castwise.run.inputs import Inputs
 
@@ -30,6 +31,7 @@ class RunRequest:
     mode: str
     fake: bool
     torch_release: str | None = None  # autocast as this recorded torch release ran it (None: this torch)
+    step: OptimizerSpec | None = None  # the audit's optimizer step after the train run's backward (the ledger)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", Inputs.of(self.inputs))  # a raw batch is parsed here, once

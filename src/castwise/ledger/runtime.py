@@ -1,0 +1,372 @@
+"""The ledger of a run (imports torch): the audit's optimizer step, and the steps a script takes
+under ``castwise run``.
+
+The audit steps after the backward it already ran: on a real run, on that run's own copy with its
+own gradients (CW150 is then measured for any optimizer); on a fake run, the gradients' dtypes are
+the run's and the step runs on a twin of the model as the run had it (the policy's dtypes) holding
+a sample of the user's weights (the first rows, up to ``SAMPLE`` elements a parameter; a meta
+model stays on meta: dtypes without values).
+
+Under ``castwise run`` the global optimizer-step hooks read the script's own first step of each
+optimizer (nothing of it changes): before it, a sample of each 16-bit parameter, its gradient and
+its state; after it, the same step in f32 on the sample from the same state (CW150, CW153), the
+state the optimizer made (the ledger), and a resume of it (CW151 on the sample). Until the second
+step, a tensor hook on each 16-bit parameter sums a sample of its micro-batches' gradients in f32,
+which the gradient torch summed in 16 bits is measured against (CW152).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from castwise._dtypes import short_of
+from castwise.errors import AuditError
+from castwise.ledger.checks import f32_step, kept_rows, resume_findings, step_findings, update_findings
+from castwise.ledger.model import OptimizerSpec, keeps_precision, ledger_of, row_entries, spec_of, step_copy
+from castwise.ledger.values import Ledger, group_rows
+from castwise.rules.api import Finding
+
+__all__ = ["SAMPLE", "StepProbe", "audit_ledger", "sampled", "step_spec", "watch_steps"]
+
+SAMPLE = 4096  # elements of a parameter the checks step on (whole rows, at least one)
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def _rows(t: torch.Tensor, limit: int = SAMPLE) -> torch.Tensor:
+    """The first rows of ``t`` holding at most ``limit`` elements (one row at least)."""
+    if t.dim() == 0 or t.numel() <= limit:
+        return t
+    per_row = max(1, t.numel() // t.shape[0])
+    return t[: max(1, limit // per_row)]
+
+
+def sampled(model: nn.Module, dtypes: Mapping[str, torch.dtype], limit: int = SAMPLE) -> nn.Module:
+    """A twin of ``model`` whose parameters are the first rows of the user's (at most ``limit``
+    elements each), in ``dtypes[name]`` (the run's, after the policy); a meta model stays meta.
+    The user's tensors are only read."""
+    memo: dict[int, Any] = {}
+    for n, p in model.named_parameters():
+        dtype = dtypes.get(n, p.dtype)
+        if p.device.type == "meta":
+            t = torch.empty(p.shape, dtype=dtype, device="meta")
+        else:
+            t = _rows(p.detach(), limit).to(dtype=dtype, copy=True)
+        twin = nn.Parameter(t, requires_grad=p.requires_grad)
+        dt = getattr(p, "grad_dtype", None)
+        if isinstance(dt, torch.dtype) and dt != p.dtype:
+            twin.grad_dtype = dt
+        memo[id(p)] = twin
+    return copy.deepcopy(model, memo)
+
+
+def audit_ledger(model: nn.Module, spec: OptimizerSpec, run_copy: nn.Module | None, real: bool, source: str) -> Ledger:
+    """The ledger of the audit's train run: its copy (``run_copy``, after backward) and the user's
+    optimizer (``spec``), with CW150 / CW151 measured on the step."""
+    if real and run_copy is not None:
+        # the run's own copy and gradients: the step the user's next optimizer.step() takes
+        grads = {n: p.grad for n, p in run_copy.named_parameters() if p.grad is not None}
+        result = step_copy(run_copy, spec, grads=grads, in_place=True)
+        measured = True
+    else:
+        params = dict(run_copy.named_parameters()) if run_copy is not None else {}
+        dtypes = {n: p.dtype for n, p in params.items()}
+        grads_dt = {n: p.grad.dtype for n, p in params.items() if p.grad is not None}
+        twin = sampled(model, dtypes)
+        alias = _representatives(twin, spec, grads_dt) if _on_meta(twin) else {}
+        stepped = _only(spec, set(alias.values())) if alias else spec
+        result = step_copy(twin, stepped, grad_dtypes=grads_dt, in_place=True)
+        measured = False
+    ledger = ledger_of(result, spec, source, alias if not real else None)
+    found = (
+        *update_findings(model, spec, result, measured=measured, keep=kept_rows(ledger)),
+        *resume_findings(result),
+    )
+    return dataclasses.replace(ledger, findings=found)
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
+def _representatives(model: nn.Module, spec: OptimizerSpec, grad_dtypes: Mapping[str, torch.dtype]) -> dict[str, str]:
+    """On meta (dtypes, no values: a 7B): each parameter -> the one that steps for it, the first of
+    its kind. What an optimizer allocates is decided per param group by the parameter's dtype, its
+    gradient's, its number of dimensions (Adafactor factors matrices) and whether it is small
+    (bitsandbytes / torchao keep tensors under 4096 elements in full precision)."""
+    first: dict[tuple[Any, ...], str] = {}
+    alias = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            key = (spec.group_of(n), p.dtype, grad_dtypes.get(n), p.dim(), p.numel() >= SAMPLE)
+            alias[n] = first.setdefault(key, n)
+    return alias
+
+
+def _only(spec: OptimizerSpec, names: set[str]) -> OptimizerSpec:
+    return OptimizerSpec(spec.cls, tuple((tuple(n for n in ns if n in names), kw) for ns, kw in spec.groups))
+
+
+@dataclass
+class _Seen:
+    """What the probe keeps of one optimizer between its steps."""
+
+    spec: OptimizerSpec
+    before: dict[str, torch.Tensor] = field(default_factory=dict)  # samples, by name
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # the script's own, by name
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)  # the state before the step, sampled
+    steps: int = 0
+    sums: dict[str, _Sum] = field(default_factory=dict)  # each 16-bit gradient's micro-batches, summed in f32
+    hooks: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class StepProbe:
+    """Reads each optimizer's first two steps of a script (the global step hooks); ``names``
+    gives a parameter's name from the script's models (else ``group{i}.{j}``); ``on_ledger`` sees
+    each optimizer's ledger (findings in it) after its second step, or at the end of the run."""
+
+    names: Callable[[torch.Tensor], str | None] = lambda p: None
+    on_ledger: Callable[[Ledger], None] | None = None
+    ledgers: list[Ledger] = field(default_factory=list)
+    _seen: dict[int, _Seen] = field(default_factory=dict)
+    _pending: dict[int, Ledger] = field(default_factory=dict)
+    _busy: bool = False  # the probe's own f32 and resume steps: not the script's
+
+    def _named(self, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, g in enumerate(opt.param_groups):
+            for j, p in enumerate(g["params"]):
+                out[self.names(p) or f"group{i}.{j}"] = p
+        return out
+
+    def pre(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._busy:
+            return
+        seen = self._seen.get(id(opt))
+        if seen is None:
+            params = self._named(opt)
+            by_id = {id(p): n for n, p in params.items()}
+            groups = tuple(
+                (tuple(by_id[id(p)] for p in g["params"]), {k: v for k, v in g.items() if k != "params"})
+                for g in opt.param_groups
+            )
+            seen = self._seen[id(opt)] = _Seen(OptimizerSpec(type(opt), groups), params=params)
+            with torch.no_grad():
+                for n, p in params.items():
+                    state = _sampled_state(opt.state.get(p, {}), p)
+                    if p.dtype in _LOW and p.grad is not None and p.device.type != "meta" and state is not None:
+                        seen.before[n] = _rows(p.detach()).clone()
+                        seen.grads[n] = _rows(p.grad.detach()).clone()
+                        seen.states[n] = state
+        elif seen.steps == 1:
+            self._finish(opt, seen)
+
+    def post(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        seen = None if self._busy else self._seen.get(id(opt))
+        if seen is None:
+            return
+        seen.steps += 1
+        if seen.steps != 1:
+            return
+        self._busy = True
+        try:
+            ledger = self._first_step(opt, seen)
+        finally:
+            self._busy = False
+        self._pending[id(opt)] = ledger
+        for n, p in seen.params.items():  # the micro-batches each 16-bit gradient sums, summed again in f32
+            if p.dtype in _LOW and p.requires_grad and getattr(p, "grad_dtype", None) in (None, p.dtype):
+                seen.sums[n] = _Sum(p)
+                seen.hooks.append(p.register_hook(seen.sums[n].add))  # type: ignore[no-untyped-call]
+        seen.before, seen.grads, seen.states = {}, {}, {}
+
+    def _first_step(self, opt: torch.optim.Optimizer, seen: _Seen) -> Ledger:
+        spec, who = seen.spec, f"{seen.spec.name.rsplit('.', 1)[-1]} (the script's step)"
+        per = [(n, row_entries(n, p, opt, None, who)) for n, p in seen.params.items()]
+        for _, e in per:
+            e.pop("checkpoint_save")
+            e.pop("checkpoint_load")
+        ledger = Ledger(group_rows(per), f"the script's {spec.name}")
+        keep = frozenset(n for n, e in per if keeps_precision(e))
+        found: list[Finding] = []
+        if seen.grads:
+            with torch.no_grad():
+                ref = f32_step(spec, seen.before, seen.grads, states=seen.states)
+                after = {n: _rows(seen.params[n].detach()) for n in seen.grads}
+                found += step_findings(spec, seen.before, after, ref, keep)
+        found += _resume_sample(spec, seen.params)
+        return dataclasses.replace(ledger, findings=tuple(found))
+
+    def _finish(self, opt: torch.optim.Optimizer, seen: _Seen) -> None:
+        """At the second step: the micro-batches counted since the first (CW152), then report."""
+        for h in seen.hooks:
+            h.remove()
+        seen.hooks = []
+        ledger = self._pending.pop(id(opt), None)
+        if ledger is None:
+            return
+        accumulated = [(n, e) for n, e in ((n, s.error()) for n, s in seen.sums.items()) if e is not None]
+        if accumulated:
+            ledger = dataclasses.replace(ledger, findings=(*ledger.findings, _cw152(seen, accumulated)))
+        self._report(ledger)
+
+    def _report(self, ledger: Ledger) -> None:
+        self.ledgers.append(ledger)
+        if self.on_ledger is not None:
+            self.on_ledger(ledger)
+
+    def close(self) -> None:
+        """The end of the run: optimizers that stepped once are reported as they are."""
+        for key, seen in self._seen.items():
+            for h in seen.hooks:
+                h.remove()
+            seen.hooks = []
+            ledger = self._pending.pop(key, None)
+            if ledger is not None:
+                self._report(ledger)
+
+
+# report a sum that lost 4x what storing its f32 value once in 16 bits loses, and at least 2^-7 of
+# it (f16's single rounding is so small that 4x of it is still noise)
+_WORSE, _FLOOR = 4.0, 2.0**-7
+
+
+class _Sum:
+    """A sample of one 16-bit parameter's gradient summed in f32 over the micro-batches of a step:
+    a tensor hook sees each micro-batch's gradient before torch adds it into ``.grad`` (it returns
+    None: the gradient is not changed)."""
+
+    def __init__(self, p: torch.Tensor) -> None:
+        self.p, self.count = p, 0
+        self.total: torch.Tensor | None = None
+
+    def add(self, grad: torch.Tensor) -> None:
+        with torch.no_grad():
+            if self.total is None:  # what .grad already holds (not zeroed since the step, or zeros)
+                held = self.p.grad
+                self.total = (
+                    _rows(held).float().clone()
+                    if held is not None
+                    else torch.zeros_like(_rows(grad), dtype=torch.float32)
+                )
+            self.total += _rows(grad).float()
+            self.count += 1
+
+    def error(self) -> tuple[int, float, float] | None:
+        """(micro-batches, relative error of the 16-bit sum, that of the f32 sum stored once in 16
+        bits) when the sum lost ``_WORSE`` times more than storing it does and ``_FLOOR`` at least."""
+        grad = self.p.grad
+        if self.total is None or grad is None or self.count < 2:
+            return None
+        norm = float(self.total.norm())
+        if norm == 0.0:
+            return None
+        err = float((_rows(grad.detach()).float() - self.total).norm()) / norm
+        once = float((self.total.to(grad.dtype).float() - self.total).norm()) / norm
+        return (self.count, err, once) if err >= max(_WORSE * once, _FLOOR) else None
+
+
+def _sampled_state(state: Mapping[str, Any], p: torch.Tensor) -> dict[str, Any] | None:
+    """The first rows of ``p``'s per-element state (scalars as they are), for the f32 twin of the
+    step; None where a state is a low-bit subclass, whose rows cannot be taken as plain values."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor):
+            if type(v) not in (torch.Tensor, nn.Parameter):
+                return None
+            out[k] = _rows(v.detach()).clone() if v.shape == p.shape else v.detach().clone()
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _resume_sample(spec: OptimizerSpec, params: Mapping[str, torch.Tensor]) -> list[Finding]:
+    """CW151 on a sample: a fresh optimizer of the same class and groups over samples of the
+    parameters, one step, and its state_dict loaded into another, as a resume does."""
+    twin = nn.Module()
+    for i, p in enumerate(params.values()):
+        if p.device.type == "meta" or not p.requires_grad:
+            continue
+        q = nn.Parameter(_rows(p.detach(), 256).clone())
+        twin.register_parameter(f"p{i}", q)
+    if not list(twin.parameters()):
+        return []
+    renamed = {f"p{i}": n for i, n in enumerate(params)}
+    present = dict(twin.named_parameters())
+    inverse = {n: k for k, n in renamed.items() if k in present}
+    local = OptimizerSpec(
+        spec.cls, tuple((tuple(inverse[n] for n in names if n in inverse), kw) for names, kw in spec.groups)
+    )
+    result = step_copy(twin, local, in_place=True)
+    out = []
+    for f in resume_findings(result):
+        msg = f.message
+        for k, n in sorted(renamed.items(), key=lambda kv: -len(kv[0])):
+            msg = msg.replace(f"{k}.", f"{n}.")
+        out.append(dataclasses.replace(f, message=msg))
+    return out
+
+
+def _cw152(seen: _Seen, accumulated: list[tuple[str, tuple[int, float, float]]]) -> Finding:
+    n0, (k0, _, _) = accumulated[0]
+    dt = short_of(seen.params[n0].dtype)
+    by_group: dict[int | None, list[str]] = {}
+    for n, (_, err, once) in accumulated:
+        by_group.setdefault(seen.spec.group_of(n), []).append(f"{n} ({err:.1%} vs {once:.2%})")
+    groups = "; ".join(
+        f"param group {g}: {', '.join(ns[:6])}{f' (+{len(ns) - 6} more)' if len(ns) > 6 else ''}"
+        for g, ns in by_group.items()
+    )
+    return Finding(
+        code="CW152",
+        message=f"the script summed {k0} micro-batches' gradients in {dt} .grad before its second optimizer "
+        f"step, and the sum lost precision: {groups} (error of the {dt} sum against the same gradients summed "
+        f"in f32, vs storing that f32 sum once in {dt}). Every backward rounds the running sum to {dt}.",
+        fix="Accumulate in float32: param.grad_dtype = torch.float32 on these parameters (torch >= 2.9; "
+        "with an optimizer that takes f32 gradients for 16-bit weights), f32 parameters under autocast, or "
+        "fewer micro-batches per step.",
+        details=(("params", tuple(n for n, _ in accumulated)), ("micro_batches", k0)),
+    )
+
+
+@contextmanager
+def watch_steps(probe: StepProbe) -> Iterator[StepProbe]:
+    """The probe on every optimizer step inside the block (torch's global step hooks)."""
+    handles = [register_optimizer_step_pre_hook(probe.pre), register_optimizer_step_post_hook(probe.post)]
+    try:
+        yield probe
+    finally:
+        for h in handles:
+            h.remove()
+        probe.close()
+
+
+def step_spec(model: nn.Module, optimizer: Any, kwargs: Mapping[str, Any] | None, mode: str) -> OptimizerSpec:
+    """The audit's ``optimizer=`` / ``optimizer_kwargs=`` as a spec, or an AuditError saying what
+    is valid."""
+    if mode == "eval":
+        raise AuditError("optimizer= steps after the train run's backward: use mode='train' or 'both', not 'eval'")
+    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+        names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+        return OptimizerSpec(optimizer, ((names, dict(kwargs or {})),))
+    if kwargs is not None:
+        raise AuditError(
+            "optimizer_kwargs= goes with a torch.optim class (optimizer=torch.optim.AdamW, "
+            "optimizer_kwargs={'lr': 1e-5}); an optimizer instance or a function brings its own settings"
+        )
+    if not (isinstance(optimizer, torch.optim.Optimizer | OptimizerSpec) or callable(optimizer)):
+        raise AuditError(
+            f"optimizer={type(optimizer).__name__}: give a torch.optim class (and optimizer_kwargs), an "
+            "optimizer over the model's parameters, or a function model -> optimizer"
+        )
+    return spec_of(model, optimizer)
