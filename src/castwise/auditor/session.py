@@ -88,7 +88,7 @@ def _run_once(
 ) -> RunRecord:
     """One run of ``mode`` on a copy of ``model``: the eager program under the dispatch-mode
     tracer, or (``compiled``) the graphs torch.compile makes of it, walked by the compiled producer."""
-    from castwise.applied import apply, iter_casts
+    from castwise.applied import apply
 
     dev = devices.get(device)
     inputs = Inputs.of(inputs)  # parsed once per request: a no-op for the request's own
@@ -121,10 +121,7 @@ def _run_once(
             warnings.filterwarnings("ignore", message="castwise: rule .* matches no module")
             applied = apply(copy, policy, device=dev) if policy is not None else None
         if applied is not None:
-            result.declared = declared_low(copy, applied.policy)
-            result.converted = applied.policy.converted
-            result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
-            result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
+            _record_applied(result, copy, applied)
         named_tensors = ran.named(copy)
         _describe_copy(result, copy)
         if compiled is not None:  # the graphs torch.compile runs, not the eager program
@@ -154,6 +151,17 @@ def _run_once(
         result.producer = tracer
         result.trace = run(tracer, copy, ran.args, ran.kwargs, mode, engine_backward=(dev.kernels == "cpu" or not fake))
     return result
+
+
+def _record_applied(result: RunRecord, copy: nn.Module, applied: Any) -> None:
+    """What applying the policy did to the copy: the casts, the precision clauses declare, dtypes
+    the policy did not expect."""
+    from castwise.applied import iter_casts
+
+    result.declared = declared_low(copy, applied.policy)
+    result.converted = applied.policy.converted
+    result.casts = [(m, n, d, _current_dtype(copy, m, n)) for m, n, d in iter_casts(applied)]
+    result.unexpected = _unexpected_dtypes(copy, applied.policy, applied.decisions, result.casts)
 
 
 def declared_low(model: nn.Module, policy: Policy) -> frozenset[str]:
