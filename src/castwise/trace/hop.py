@@ -61,6 +61,7 @@ def dynamo_skips_restored() -> Iterator[None]:
     met: list[types.CodeType] = []
     tracker = getattr(convert_frame, "input_codes", None)
     add = getattr(tracker, "add", None)
+    outer = vars(tracker).get("add") if tracker is not None else None  # a run's inside another's
     if tracker is not None and add is not None:
 
         def noting(code: types.CodeType) -> None:
@@ -72,7 +73,10 @@ def dynamo_skips_restored() -> Iterator[None]:
         yield
     finally:
         if tracker is not None:
-            del tracker.add  # the instance's own attribute: the class's method again
+            if outer is not None:
+                tracker.add = outer
+            else:
+                vars(tracker).pop("add", None)  # the class's method again
         else:
             # Dynamo was imported during the run: every code it met is the run's
             tracker = getattr(sys.modules.get("torch._dynamo.convert_frame"), "input_codes", None)
