@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One more torch release besides the default (#26, docs/torch.md): a fresh venv with that torch
 # installed first, castwise and its test dependencies resolved against it, then the core tests
-# (policy, applied, trace, auditor) and `castwise demo`. CI runs it for the floor (2.11), 2.12 and
+# (policy, applied, trace, auditor) and `castwise demo`. CI runs it for the floor (2.10), 2.12 and
 # the newest release; by hand: .ci/torch_matrix.sh 2.13.0
 # Usage: .ci/torch_matrix.sh TORCH_VERSION [VENV_DIR]
 # Exit: 0 passed; 1 tests or demo failed; 3 the release could not be installed (the registry did

@@ -72,3 +72,16 @@ def test_cpu_reports_what_the_real_run_raises(policy: str | None, fake: bool) ->
     assert all("dispatch mode" not in f.message for f in report.findings if f.level == "error")
     limits = [f.message for f in report.findings if f.code == "CW902"]
     assert all("castwise's tracer" in m and "fake tensors cannot" not in m for m in limits), limits
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_real_run_after_an_audit_is_as_before(device: str) -> None:
+    """flex_attention compiles a wrapper with Dynamo, which skips it under the tracer's dispatch
+    mode; torch 2.10 marked its code skipped for good, and every later real call in the process
+    failed inside the dense implementation ("marked as skipped"). The audit leaves Dynamo as it was."""
+    before = _real_error()
+    castwise.audit(_Flex(True), X, device=device)
+    after = _real_error()
+    assert type(after) is type(before), after
+    assert str(after).splitlines()[:1] == str(before).splitlines()[:1]

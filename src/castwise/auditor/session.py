@@ -110,7 +110,7 @@ def _run_once(
             # the native CUDA path, whose cells carry cuDNN's dtype contract (trace/fastpath.py)
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
             stack.enter_context(simcuda.simulated_cuda(dev))  # what model code asks torch about the GPU
-        stack.enter_context(hop.eager_cond_restored())  # Dynamo's state of eager torch.cond
+        stack.enter_context(hop.dynamo_skips_restored())  # Dynamo's skip marks (eager cond, flex_attention)
         if fmode is not None:
             stack.enter_context(fake_mod.module_conversions())  # submodules re-cast inside forward
             stack.enter_context(fake_mod.scalar_formatting())  # f"expert_{idx}" on a fake index

@@ -103,7 +103,7 @@ class CompiledProducer:
 
         table = self.decompositions or {}  # an empty table: AOTAutograd's own (as aot_eager)
         compiled: Callable[..., Any] = aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=table)(
-            gm, example_inputs
+            gm, _in_dynamo_mode(example_inputs)
         )
         return compiled
 
@@ -124,6 +124,29 @@ class CompiledProducer:
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
+
+
+def _in_dynamo_mode(example_inputs: list[Any]) -> list[Any]:
+    """The example inputs, the audit's fake tensors among them copied into the fake mode Dynamo
+    traces the graph in (its tracing context's): Dynamo hands its backend the very tensors it was
+    called with, and AOTAutograd traces in the context's mode. Newer torch copies a fake tensor of
+    another mode itself (2.14: torch/_functorch/_aot_autograd/frontend_utils.py, ``process_inputs``:
+    ``fake_mode.from_tensor(x)``); 2.10 asserts that there is one mode (torch/_guards.py,
+    ``detect_fake_mode``). The copy is the same on both; the graph still runs on the audit's own."""
+    from torch._guards import TracingContext
+    from torch._subclasses.fake_tensor import FakeTensor, get_plain_tensors
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    context = TracingContext.try_get()
+    mode = context.fake_mode if context is not None else None
+    if mode is None:
+        return example_inputs
+
+    def foreign(t: torch.Tensor) -> bool:
+        inner: list[Any] = get_plain_tensors(t, out=[]) if is_traceable_wrapper_subclass(t) else [t]
+        return any(isinstance(x, FakeTensor) and x.fake_mode is not mode for x in inner)
+
+    return [mode.from_tensor(x) if isinstance(x, torch.Tensor) and foreign(x) else x for x in example_inputs]
 
 
 _BREAK_LOG = "torch._dynamo.symbolic_convert.__graph_breaks"

@@ -37,7 +37,6 @@ def run_hop(
     them as uncovered (``uncovered``: the tracer's map of op name to modules)."""
     name = str(func._name)  # name() is untyped in torch
     if name == "cond" and len(args) == 4 and not kwargs:
-        _CONDS[0] += 1
         _pred, true_fn, false_fn, operands = args
         with mode:
             out = true_fn(*operands)
@@ -47,41 +46,51 @@ def run_hop(
     return func(*args, **kwargs)
 
 
-_CONDS = [0]  # torch.cond calls run under a tracer in this process
-
-
 @contextlib.contextmanager
-def eager_cond_restored() -> Iterator[None]:
-    """Eager ``torch.cond`` compiles a wrapper with Dynamo, which skips that frame for good where a
-    dispatch mode (the tracer) is active (torch 2.12: every later real ``torch.cond`` in the
-    process then raises "torch.* op returned non-Tensor"). After a run that met a cond, Dynamo
-    forgets the wrapper's code, as before the run."""
-    before = _CONDS[0]
+def dynamo_skips_restored() -> Iterator[None]:
+    """Dynamo's frames met in a run left as they were before it. A ``torch.compile`` inside the
+    model (eager ``torch.cond``'s wrapper, ``flex_attention``'s) meets the tracer's dispatch mode,
+    and Dynamo skips that frame; torch 2.10 (and 2.12 for cond) marks its code skipped for good
+    (torch/_dynamo/convert_frame.py, ``CatchErrorsWrapper.__call__``: ``ConvertFrameReturn()``, whose
+    strategy applies to the code), so every later real call in the process runs the wrapper
+    uncompiled under Dynamo and fails (2.10's flex_attention: "marked as skipped" in its dense
+    implementation). Dynamo's frame callback notes each code it meets (``input_codes.add``), and a
+    code it meets had no skip mark (a marked one never reaches it); after the run each such code
+    gets the default strategy back (its compiled entries stay)."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    met: list[types.CodeType] = []
+    tracker = getattr(convert_frame, "input_codes", None)
+    add = getattr(tracker, "add", None)
+    outer = vars(tracker).get("add") if tracker is not None else None  # a run's inside another's
+    if tracker is not None and add is not None:
+
+        def noting(code: types.CodeType) -> None:
+            met.append(code)
+            add(code)
+
+        tracker.add = noting
     try:
         yield
     finally:
-        if _CONDS[0] != before:
-            _forget_cond_wrapper()
+        if tracker is not None:
+            if outer is not None:
+                tracker.add = outer
+            else:
+                vars(tracker).pop("add", None)  # the class's method again
+        else:
+            # Dynamo was imported during the run: every code it met is the run's
+            tracker = getattr(sys.modules.get("torch._dynamo.convert_frame"), "input_codes", None)
+            met = [c for c in (ref() for ref in getattr(tracker, "seen", ())) if c is not None]
+        if met:
+            _unskip(met)
 
 
-def _forget_cond_wrapper() -> None:
-    module = sys.modules.get("torch._higher_order_ops.cond")
-    cond = getattr(module, "cond", None)
-    if cond is None or not hasattr(cond, "__code__"):
-        return
-    from torch._dynamo import eval_frame
+def _unskip(codes: list[types.CodeType]) -> None:
+    from torch._C._dynamo import eval_frame
 
-    reset_code = getattr(eval_frame, "reset_code", None)  # C: Dynamo's per-code cache and skip mark
-    for code in _nested(cond.__code__):
-        if code.co_name == "_cond_op_wrapper" and reset_code is not None:
-            reset_code(code)
+    default = eval_frame._FrameExecStrategy(eval_frame._FrameAction.DEFAULT, eval_frame._FrameAction.DEFAULT)
+    for code in set(codes):
+        eval_frame.set_code_exec_strategy(code, default)
 
 
-def _nested(code: types.CodeType) -> Iterator[types.CodeType]:
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield const
-            yield from _nested(const)
-
-
-__all__ = ["eager_cond_restored", "is_hop", "run_hop"]
+__all__ = ["dynamo_skips_restored", "is_hop", "run_hop"]
