@@ -180,13 +180,24 @@ def _kind(call: OpCall, t: torch.Tensor) -> str | None:
     return prov.kind if prov is not None else None
 
 
-def _magnitude(op: str, x: torch.Tensor) -> float:
+def _magnitude(op: str, x: torch.Tensor, dim: Any = None) -> float:
     """The size of what a loss-like op makes, from the shape alone: log-probabilities and
-    cross-entropy are about ln(classes) (at initialisation, and for the tokens a model gets wrong)."""
+    cross-entropy are about ln(classes) (at initialisation, and for the tokens a model gets wrong).
+    ``dim``: the op's own class axis (softmax's, logsumexp's), where it names one."""
     if x.dim() == 0:
         return 1.0
-    classes = x.shape[1] if op.startswith("aten.nll_loss") and x.dim() >= 2 else x.shape[-1]
+    if isinstance(dim, list | tuple) and len(dim) == 1:
+        dim = dim[0]
+    if isinstance(dim, int) and -x.dim() <= dim < x.dim():
+        classes = x.shape[dim]
+    else:
+        classes = x.shape[1] if op.startswith("aten.nll_loss") and x.dim() >= 2 else x.shape[-1]
     return max(math.log(max(int(classes), 2)), 1.0) if "softmax" in op or "nll" in op or "logsumexp" in op else 1.0
+
+
+def _class_dim(op: str, args: Any) -> Any:
+    """The axis softmax / log_softmax / logsumexp reduce over (their second argument), else None."""
+    return args[1] if ("softmax" in op or "logsumexp" in op) and len(args) > 1 else None
 
 
 def _largest(call: OpCall, t: torch.Tensor) -> float | None:
@@ -424,7 +435,13 @@ class PrecisionObserver(Observer):
         if not any(o.is_floating_point() and _is_low(o) for o in outputs):
             return  # the kernel was asked for float32 out (autocast's log_softmax: half_to_float)
         self.low_ops[(name, call.module)] = LowOp(
-            name, call.module, x.dtype, tuple(x.shape), call.prov_of(x), _magnitude(name, x), _made_by(call, x)
+            name,
+            call.module,
+            x.dtype,
+            tuple(x.shape),
+            call.prov_of(x),
+            _magnitude(name, x, _class_dim(name, call.args)),
+            _made_by(call, x),
         )
 
     def _decide(self, call: OpCall, name: str, outputs: list[torch.Tensor]) -> None:

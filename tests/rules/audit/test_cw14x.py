@@ -5,6 +5,7 @@ look-alikes that are fine."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -316,3 +317,27 @@ def test_cw142_probabilities_cast_back_or_a_bf16_bias_added_before_top_k(how: st
 def test_cw142_controls_float32_probabilities_and_an_f32_bias_are_clean() -> None:
     assert not _codes(castwise.audit(_Router2("kept_f32"), (torch.randn(4, 16),), policy="bf16-true"), "CW142")
     assert not _codes(castwise.audit(_Router2("bias"), (torch.randn(4, 16),), policy="fp32"), "CW142")
+
+
+class _LogSoftmaxOverDim1(nn.Module):
+    """Log-probabilities taken over dim 1 of (batch, classes, tokens), as a loss written for
+    ``cross_entropy``'s layout does: 256 classes, 1024 tokens on the last axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(16, 256)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(self.head(x).transpose(1, 2), dim=1)
+        return logp.gather(1, t[:, None]).mean()
+
+
+def test_cw140_sizes_log_probabilities_by_the_axis_log_softmax_reduces() -> None:
+    """|log p| is about ln(classes) along the axis log_softmax normalises (dim 1 here), not the last
+    axis (the 1024 tokens): the stated size and error follow the op's own dim."""
+    torch.manual_seed(0)
+    x, t = torch.randn(2, 1024, 16), torch.randint(0, 256, (2, 1024))
+    report = castwise.audit(_LogSoftmaxOverDim1(), (x, t), policy="bf16-true", device="cuda", mode="train")
+    (f,) = [f for f in report.findings if f.code == "CW140"]
+    assert f.op == "aten._log_softmax"
+    assert dict(f.details)["magnitude"] == pytest.approx(math.log(256))
