@@ -266,7 +266,8 @@ PRESETS_SORTED = (
 )
 CLAUSES_SORTED = (
     "buffers, cast_back, cast_complex, compute, converted, default_dtype, fastpath, fp8, inputs, keep[SELECTOR], "
-    "keep_in_fp32, keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, params, reduce"
+    "keep_buffers, keep_in_fp32, keep_nonpersistent, loss_scale, master_weights, norms, out[SELECTOR], output, "
+    "params, reduce"
 )
 DTYPES_TEXT = "valid: bf16, f16, f32, f64 (or bfloat16, float16, float32, float64)"
 

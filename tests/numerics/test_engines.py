@@ -86,15 +86,13 @@ def test_hf_bfloat16_compares_a_clean_llama_within_tolerance() -> None:
     assert castwise.audit(model, batch, policy="hf:bfloat16", device="cpu").findings == []
 
 
-@pytest.mark.parametrize(
-    ("text", "inputs", "buffers"),
-    [("fsdp2:bf16", torch.bfloat16, torch.float32), ("deepspeed:bf16", None, torch.float32)],
-)
-def test_engines_cast_weights_without_autocast(text: str, inputs: torch.dtype | None, buffers: torch.dtype) -> None:
+@pytest.mark.parametrize(("text", "inputs"), [("fsdp2:bf16", torch.bfloat16), ("deepspeed:bf16", None)])
+def test_engines_cast_weights_without_autocast(text: str, inputs: torch.dtype | None) -> None:
     policy = Policy.parse(text)
     assert not policy.is_mixed  # no autocast: cross-entropy runs on the 16-bit logits
     assert (policy.param_dtype, policy.compute_dtype) == (torch.bfloat16, torch.bfloat16)
-    assert (policy.input_dtype, policy.buffer_dtype, policy.norms) == (inputs, buffers, None)
+    assert (policy.input_dtype, policy.norms) == (inputs, None)
+    assert policy.keep_buffers  # buffers as the model made them: neither engine casts one
     assert policy.master_weights and not policy.keep_in_fp32
     assert Policy.parse(str(policy)) == policy
     # the audit, compare and tune read one model: the same parse
@@ -152,3 +150,30 @@ def test_fsdp2_loss_is_real_fully_shards() -> None:
     real = _sharded(twin, [])(x, y)  # float inputs cast by cast_forward_inputs; cross-entropy in bf16
     assert real.dtype == torch.bfloat16
     assert castwise.compare(clf, (x, y), policy="fsdp2:bf16").summary["loss_policy"] == real.item()
+
+
+class _Tables(nn.Module):
+    """A model that makes its rotary table in bf16 itself (nanochat) beside a float32 one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.register_buffer("cos16", torch.rand(16).bfloat16(), persistent=False)
+        self.register_buffer("cos32", torch.rand(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.cos16.dtype == torch.bfloat16 and self.cos32.dtype == torch.float32, "buffers cast"
+        return self.lin(x) * self.cos16 + self.cos32.to(x.dtype)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_fsdp2_leaves_every_buffer_as_the_model_made_it() -> None:
+    """Real fully_shard casts parameters only: a bf16 buffer stays bf16 and an f32 one f32; the
+    fsdp2: preset does the same (an f32 upcast of the bf16 table was castwise's own error)."""
+    torch.manual_seed(0)
+    model, x = _Tables(), torch.randn(4, 16)
+    real = _sharded(copy.deepcopy(model), [])(x)
+    assert real.dtype == torch.bfloat16
+    report = castwise.audit(model, (x,), policy="fsdp2:bf16", device="cpu")
+    assert report.errors == [], report.errors
+    assert castwise.compare(model, (x,), policy="fsdp2:bf16").summary is not None

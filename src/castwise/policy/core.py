@@ -42,6 +42,7 @@ class Policy:
     output_dtype: torch.dtype = F32
     buffer_dtype: torch.dtype | None = None  # None: as param_dtype
     keep_nonpersistent: bool = False  # non-persistent buffers left in the dtype the model built them in
+    keep_buffers: bool = False  # every buffer left in the dtype the model built it in (FSDP2, DeepSpeed)
     input_dtype: torch.dtype | None = None  # None: inputs are not cast
     loss_scale: LossScale = None
     master_weights: bool = False

@@ -166,6 +166,8 @@ FIELDS: tuple[Field, ...] = (
     Field("buffer_dtype", "buffers", "dtype?", lambda b: None, none_words=("none", "params")),
     # buffers outside the state dict (rotary inv_freq) keep their dtype, as from_pretrained(dtype=) leaves them
     Field("keep_nonpersistent", "keep_nonpersistent", "bool", lambda b: False),
+    # every buffer keeps its dtype, as FSDP2 (which casts parameters only) and DeepSpeed leave them
+    Field("keep_buffers", "keep_buffers", "bool", lambda b: False),
     Field("input_dtype", "inputs", "dtype?", _input_default, none_words=("none", "off"), derived=True),
     Field("loss_scale", "loss_scale", "loss_scale", lambda b: None, none_words=("none", "off", "no")),
     Field("master_weights", "master_weights", "bool", lambda b: False),

@@ -110,7 +110,8 @@ class Engine:
 
     def preset(self, dtype: str) -> Preset:
         clauses = ["norms=none"]  # the engine converts norms with everything else
-        clauses += [] if self.casts_buffers else ["buffers=f32"]
+        # buffers the engine does not cast stay as the model made them (a bf16 rotary table too)
+        clauses += [] if self.casts_buffers else ["keep_buffers=on"]
         clauses += ["keep_nonpersistent=on"] if self.keeps_nonpersistent else []
         clauses += [] if self.casts_inputs else ["inputs=none"]
         clauses += ["master_weights=on"] if self.master_weights else []
