@@ -355,10 +355,7 @@ class Applied:
                 if b is None or id(b) in seen or not castable(b):
                     continue
                 seen.add(id(b))
-                kept = policy.keep_buffers or (
-                    policy.keep_nonpersistent and bname in module._non_persistent_buffers_set
-                )
-                target = island or (None if kept else default_buffer)
+                target = island or (None if policy.keeps_buffer(module, bname) else default_buffer)
                 if target is None or b.dtype == target:
                     continue
                 lossless = _lossless(b.dtype, target)

@@ -206,9 +206,7 @@ def _unexpected_dtypes(
                 if is_traceable_wrapper_subclass(t):
                     continue  # a quantised or sharded weight (NF4, DTensor) keeps its own dtype by design
                 seen.add(id(t))
-                if kind == "buffer" and (
-                    policy.keep_buffers or (policy.keep_nonpersistent and tname in module._non_persistent_buffers_set)
-                ):
+                if kind == "buffer" and policy.keeps_buffer(module, tname):
                     continue  # left as the model built it, on purpose
                 if kind == "param":
                     want = island or policy.param_dtype

@@ -100,6 +100,11 @@ class Policy:
     def autocast_dtype(self) -> torch.dtype | None:
         return self.compute_dtype if self.is_mixed else None
 
+    def keeps_buffer(self, module: Any, name: str) -> bool:
+        """Whether buffer ``name`` of ``module`` stays in the dtype the model built it in (every
+        buffer under ``keep_buffers``, those outside the state dict under ``keep_nonpersistent``)."""
+        return self.keep_buffers or (self.keep_nonpersistent and name in module._non_persistent_buffers_set)
+
     @property
     def effective_buffer_dtype(self) -> torch.dtype:
         return self.buffer_dtype if self.buffer_dtype is not None else self.param_dtype
