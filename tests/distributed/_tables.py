@@ -54,14 +54,15 @@ def shard(model: Net, cast: bool) -> Net:
     return model
 
 
-def worker(rank: int, world: int, port: int, out_path: str) -> None:
+def worker(rank: int, world: int, store: str, out_path: str) -> None:
     import torch.distributed as dist
 
     import castwise
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a file store: no TCP port to pick, which another process could take between the pick and the bind
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         results: list[dict[str, Any]] = []
         for cast, positions in CASES:
