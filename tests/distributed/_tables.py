@@ -64,18 +64,24 @@ def worker(rank: int, world: int, store: str, out_path: str) -> None:
     # a file store: no TCP port to pick, which another process could take between the pick and the bind
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        results: list[dict[str, Any]] = []
+        # every collective first, in step on both ranks; then rank 0 audits while rank 1 waits at a
+        # barrier, so neither rank leaves the group (or the process) while the other still uses it
+        runs: list[tuple[bool, str, Net, list[str]]] = []
         for cast, positions in CASES:
             torch.manual_seed(0)
             model = shard(Net(positions), cast)
             model(torch.randn(2, 8, 32)).float().sum().backward()
             received = sorted({d for layer in model.layers for d in layer.received})  # type: ignore[union-attr]
-            # the audit reads the sharded model on its own (no collective): rank 0's is enough
-            report = castwise.audit(model, torch.randn(2, 8, 32), mode="train") if rank == 0 else None
-            codes = sorted({f.code for f in report.findings}) if report is not None else []
-            results.append({"cast": cast, "positions": positions, "received": received, "codes": codes})
-        if rank == 0:
+            runs.append((cast, positions, model, received))
+        dist.barrier()
+        if rank == 0:  # the audit reads the sharded model on its own (no collective): one rank is enough
+            results: list[dict[str, Any]] = []
+            for cast, positions, model, received in runs:
+                report = castwise.audit(model, torch.randn(2, 8, 32), mode="train")
+                codes = sorted({f.code for f in report.findings})
+                results.append({"cast": cast, "positions": positions, "received": received, "codes": codes})
             with open(out_path, "w") as f:
                 json.dump(results, f)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
