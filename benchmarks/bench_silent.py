@@ -135,10 +135,15 @@ def summarise(results: list[dict[str, Any]], devices: tuple[str, ...]) -> dict[s
         def audit_of(r: dict[str, Any], d: str = device) -> dict[str, Any]:
             return next(a for a in r["audits"] if a["device"] == d)
 
+        # a planted case whose op the device's autocast keeps 16-bit is a control there (silence is right)
+        here = [r for r in planted if device in r["expect"]["devices"]]
+        quiet = controls + [r for r in planted if device not in r["expect"]["devices"]]
         summary[device] = {
-            "found_op": sum(audit_of(r)["found_op"] for r in planted),
-            "found_origin": sum(audit_of(r)["found_origin"] for r in planted),
-            "controls_clean": sum(audit_of(r)["status"] == "done" and audit_of(r)["clean"] for r in controls),
+            "planted": len(here),
+            "controls": len(quiet),
+            "found_op": sum(audit_of(r)["found_op"] for r in here),
+            "found_origin": sum(audit_of(r)["found_origin"] for r in here),
+            "controls_clean": sum(audit_of(r)["status"] == "done" and audit_of(r)["clean"] for r in quiet),
             "crashes": sum(audit_of(r)["status"] != "done" for r in ok),
         }
     if any("fix" in r for r in planted):
@@ -158,6 +163,7 @@ def print_summary(s: dict[str, Any], devices: tuple[str, ...]) -> None:
     for d in devices:
         if d in s:
             a = s[d]
+            n, m = a["planted"], a["controls"]
             print(
                 f"{d}: planted found {a['found_op']}/{n} at op, origin {a['found_origin']}/{n}, "
                 f"controls clean {a['controls_clean']}/{m}, {truth}"
