@@ -3,6 +3,7 @@ steps under castwise run (CW150-CW152), with controls that stay clean."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -215,3 +216,58 @@ def test_meta_audit_steps_one_parameter_of_each_kind_and_rows_name_them_all() ->
     assert sorted(n for r in rows for n in r["params"]) == sorted(n for n, _ in model.named_parameters())
     by_param = {n: (r["storage"]["value"], r["state"]["value"]) for r in rows for n in r["params"]}
     assert by_param["1.weight"] == ("bfloat16", "bfloat16") and by_param["2.weight"] == ("float32", "float32")
+
+
+def _ln_mlp(dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    layers = (nn.Linear(32, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+    model = nn.Sequential(*layers)
+    return model.to(dtype)
+
+
+def _sgd_run(model: nn.Module, steps: int, probe: StepProbe | None = None) -> None:
+    gen = torch.Generator().manual_seed(1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    dtype = next(model.parameters()).dtype
+    with watch_steps(probe) if probe is not None else contextlib.nullcontext():
+        for _ in range(steps):
+            model(torch.randn(16, 32, generator=gen).to(dtype)).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_cw150_measures_the_movement_missed_not_the_elements_left() -> None:
+    """f16 SGD at lr 1.0: the first step leaves most changing elements of the LayerNorm weight as they
+    were, yet over 20 real steps it misses little of the f32 run's movement: no CW150."""
+    start = _ln_mlp(torch.float16)
+    w0 = start[1].weight.detach().float().clone()
+    one, ref = copy.deepcopy(start), copy.deepcopy(start).float()
+    _sgd_run(one, 1)
+    _sgd_run(ref, 1)
+    moved = ref[1].weight.detach() != w0
+    left = moved & (one[1].weight.detach().float() == w0)
+    assert float(left.sum() / moved.sum()) > 0.5  # what the first-step share of elements read
+    low, ref = copy.deepcopy(start), copy.deepcopy(start).float()
+    _sgd_run(low, 20)
+    _sgd_run(ref, 20)
+    want = ref[1].weight.detach()
+    gap = float((low[1].weight.detach().float() - want).norm() / (want - w0).norm())
+    assert gap < 0.5  # the real 20-step truth: it trains
+    probe = StepProbe()
+    _sgd_run(copy.deepcopy(start), 6, probe)
+    assert [f.code for f in probe.ledgers[0].findings] == []
+    # the same weights at lr 1e-5 miss everything: named
+    probe = StepProbe(names=lambda p: "w")  # one name for all: told apart by their places
+    stalled = _ln_mlp(torch.float16)
+    with watch_steps(probe):
+        _train_steps(stalled, torch.optim.SGD(stalled.parameters(), lr=1e-5), 6)
+    (f,) = probe.ledgers[0].findings
+    assert f.code == "CW150" and "w (100%), group0.1 (100%)" in f.message
+
+
+def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        model(torch.randn(16, 32, generator=gen).half()).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()

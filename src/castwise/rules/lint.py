@@ -250,11 +250,13 @@ RULES: tuple[Rule, ...] = (
         name="update-rounds-away-in-storage",
         category="OPTIMIZER_OR_GRAD_DTYPE",
         severity="warning",
-        summary="An optimizer step leaves bf16/f16 weights unchanged that the same step in f32 changes.",
-        detects="castwise ledger TARGET runs one step of the user's optimizer on a copy of the model and "
-        "the same step in float32 (same class, settings and gradients); a bf16/f16 parameter most of "
-        "whose changing elements stay put in storage is reported, with the share lost. Measured for "
-        "optimizers whose step does not scale with the gradient (Adam-like).",
+        summary="Optimizer steps leave bf16/f16 weights behind where the same steps in f32 move them.",
+        detects="castwise ledger TARGET and the audit's optimizer= run one step of the user's optimizer on a "
+        "copy of the model, castwise run reads a script's first four steps, each against the same steps in "
+        "float32 (same class, settings, gradients and prior state); a bf16/f16 parameter whose stored "
+        "weights miss more than half of the f32 movement (|w16 - w32| / |w32 - w0|) is reported, with "
+        "the share missed. On synthetic gradients, only for optimizers whose step does not scale with "
+        "the gradient (Adam-like).",
         why="Without an f32 master copy, stochastic rounding or Kahan summation an update below half "
         "the spacing of the stored dtype rounds back to the old value: the weights stop training.",
         example="castwise ledger model.py:build --optimizer torch.optim.AdamW --lr 1e-5",
