@@ -7,8 +7,9 @@ small config), read by castwise run's step probe (``castwise.ledger.runtime.Step
 script's own steps) as ``castwise run`` reads a script. The truth comes from real runs too:
 - update cases: the weights after ``--steps`` steps against the same run in f32 (same class,
   settings, groups and batches, from the same stored starting weights): per parameter, the share
-  of the f32 run's movement the stored run misses (``gap``; > 0.5: it stalls; NaN: it broke), per
-  param group its worst parameter's (Kahan: the weight plus its compensation, what it keeps);
+  of the f32 run's movement the stored run falls short of (``gap``, per element the part of the f32
+  move not made the same way, in norm: moving further is no stall; > 0.5: it stalls; NaN: it broke),
+  per param group its worst parameter's (Kahan: the weight plus its compensation, what it keeps);
 - accumulation cases: the first step's gradient summed in 16 bits against the same micro-batches
   summed in f32 (``grad_dtype=float32`` on a twin): the relative error (>= 2^-7: lost);
 - resume cases: a real ``state_dict()`` / ``load_state_dict()`` of the optimizer: does a state
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ledger.bui
 
 from tests.ledger.builders import KahanAdamW, WideStateAdam
 
+from castwise.ledger.checks import missed_share
 from castwise.ledger.runtime import StepProbe, watch_steps
 
 CODES = ("CW150", "CW151", "CW152", "CW153")
@@ -198,8 +200,8 @@ def update_truth(setup: Setup, steps: int) -> list[float]:
     want = dict(ref.named_parameters())
     PARAM_GAPS.clear()
     for n in want:
-        moved = float((want[n] - w0[n]).norm())
-        PARAM_GAPS[n] = float((got[n] - want[n]).norm()) / moved if moved > 0 else 0.0
+        gap = missed_share(w0[n], got[n], want[n].detach())
+        PARAM_GAPS[n] = 0.0 if gap is None else gap
     # a group stalls where one of its parameters does (the worst parameter of each group)
     return [max((PARAM_GAPS[n] for n in names), key=lambda v: (v != v, v)) for names in group_names(model, opt)]
 

@@ -271,3 +271,49 @@ def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> No
         model(torch.randn(16, 32, generator=gen).half()).float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
+
+
+def _grad_f32_head() -> tuple[nn.Module, torch.Tensor]:
+    model, x = _mlp()
+    for p in model[2].parameters():
+        p.grad_dtype = torch.float32  # the head's gradients accumulate in f32; the body's stay bf16
+    return model, x
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_cw154_adamw_refuses_f32_grads_for_bf16_weights(fake: bool) -> None:
+    model, x = _grad_f32_head()
+    groups = [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 1e-3}]
+    r = castwise.audit(model, x, optimizer=torch.optim.AdamW(groups), mode="train", fake=fake)
+    (f,) = [f for f in r.findings if f.code == "CW154"]
+    details = dict(f.details)
+    assert details["groups"] == (1,) and details["params"] == ("2.weight", "2.bias")
+    assert "param.grad_dtype = torch.float32" in f.message and "exp_avg, exp_avg_sq bf16" in f.message
+    assert details["fixes_verified"][0].startswith("f32 master weights") and "foreach=False: fails" in f.fix
+    assert r.to_dict()["ledger"]["rows"]  # storage and gradient known, the rest unknown
+    assert all(p.grad is None for p in model.parameters())
+    # the fix the finding names, run for real: f32 weights (the master copy) under bf16 autocast
+    master = nn.Sequential(*(copy.deepcopy(m).float() for m in model))
+    opt = torch.optim.AdamW(master.parameters(), lr=1e-3)
+    with torch.autocast("cpu", torch.bfloat16):
+        master(x.float()).float().sum().backward()
+    opt.step()
+    assert all(bool(p.isfinite().all()) for p in master.parameters())
+
+
+def test_cw154_controls_sgd_takes_f32_grads_and_adamw_same_dtype() -> None:
+    model, x = _grad_f32_head()
+    r = castwise.audit(model, x, optimizer=torch.optim.SGD, optimizer_kwargs={"lr": 1e-1}, mode="train")
+    assert "CW154" not in _codes(r)
+    plain, xb = _mlp()
+    r = castwise.audit(plain, xb, optimizer=torch.optim.AdamW, optimizer_kwargs={"lr": 1e-1}, mode="train")
+    assert "CW154" not in _codes(r)
+
+
+def test_cw154_castwise_run_reports_before_the_scripts_step_raises(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", str(SCRIPTS / "grad_dtype_adam.py")])
+    err = capsys.readouterr().err
+    assert "CW154" in err and "param group 1 (lr=0.001)" in err and "f32 master weights" in err
+    assert code != 0  # the script's own step still raises, after the finding
+    assert main(["run", str(SCRIPTS / "grad_dtype_adam.py"), "--fixed"]) == 0
+    assert "CW154" not in capsys.readouterr().err

@@ -32,6 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from castwise._dtypes import short_of
 from castwise.errors import AuditError
 from castwise.ledger.checks import F32Twin, kept_rows, resume_findings, step_findings, update_findings
+from castwise.ledger.contracts import contract_findings, mixes_dtypes, raised_ledger
 from castwise.ledger.model import OptimizerSpec, keeps_precision, ledger_of, row_entries, spec_of, step_copy
 from castwise.ledger.values import Ledger, group_rows
 from castwise.rules.api import Finding
@@ -75,20 +76,34 @@ def sampled(model: nn.Module, dtypes: Mapping[str, torch.dtype], limit: int = SA
 def audit_ledger(model: nn.Module, spec: OptimizerSpec, run_copy: nn.Module | None, real: bool, source: str) -> Ledger:
     """The ledger of the audit's train run: its copy (``run_copy``, after backward) and the user's
     optimizer (``spec``), with CW150 / CW151 measured on the step."""
-    if real and run_copy is not None:
-        # the run's own copy and gradients: the step the user's next optimizer.step() takes
-        grads = {n: p.grad for n, p in run_copy.named_parameters() if p.grad is not None}
-        result = step_copy(run_copy, spec, grads=grads, in_place=True)
-        measured = True
-    else:
-        params = dict(run_copy.named_parameters()) if run_copy is not None else {}
-        dtypes = {n: p.dtype for n, p in params.items()}
-        grads_dt = {n: p.grad.dtype for n, p in params.items() if p.grad is not None}
-        twin = sampled(model, dtypes)
-        alias = _representatives(twin, spec, grads_dt) if _on_meta(twin) else {}
-        stepped = _only(spec, set(alias.values())) if alias else spec
-        result = step_copy(twin, stepped, grad_dtypes=grads_dt, in_place=True)
-        measured = False
+    params = dict(run_copy.named_parameters()) if run_copy is not None else dict(model.named_parameters())
+    grads_dt = {n: p.grad.dtype for n, p in params.items() if p.grad is not None}
+    declared = {  # the user's grad_dtype where it differs from the parameter's (torch's default: the same)
+        n: dt
+        for n, p in model.named_parameters()
+        if isinstance(dt := getattr(p, "grad_dtype", None), torch.dtype) and dt != p.dtype
+    }
+    grads_dt.update({n: dt for n, dt in declared.items() if n in grads_dt})  # (a copy may not carry grad_dtype)
+    if mixes_dtypes(params, grads_dt) and (contract := contract_findings(spec, params, grads_dt, declared)):
+        return raised_ledger(spec, params, grads_dt, source, contract)
+    alias: dict[str, str] = {}
+    try:
+        if real and run_copy is not None:
+            # the run's own copy and gradients: the step the user's next optimizer.step() takes
+            grads = {n: p.grad for n, p in run_copy.named_parameters() if p.grad is not None}
+            result = step_copy(run_copy, spec, grads=grads, in_place=True)
+            measured = True
+        else:
+            twin = sampled(model, {n: p.dtype for n, p in params.items()})
+            alias = _representatives(twin, spec, grads_dt) if _on_meta(twin) else {}
+            stepped = _only(spec, set(alias.values())) if alias else spec
+            result = step_copy(twin, stepped, grad_dtypes=grads_dt, in_place=True)
+            measured = False
+    except (RuntimeError, TypeError) as exc:
+        contract = contract_findings(spec, params, grads_dt, declared)
+        if not contract:
+            raise AuditError(f"the optimizer step on the model's copy raised {type(exc).__name__}: {exc}") from exc
+        return raised_ledger(spec, params, grads_dt, source, contract)
     ledger = ledger_of(result, spec, source, alias if not real else None)
     found = (
         *update_findings(model, spec, result, measured=measured, keep=kept_rows(ledger)),
@@ -164,9 +179,10 @@ class StepProbe:
         seen = self._seen.get(id(opt))
         if seen is None:
             seen = self._seen[id(opt)] = self._first_seen(opt)
-        elif seen.done:
+            self._check_contract(opt, seen)
+        if seen.done:
             return
-        elif seen.steps == 1:
+        if seen.steps == 1:
             self._count_micro_batches(opt, seen)
         if seen.twin is not None:
             with torch.no_grad():
@@ -175,6 +191,21 @@ class StepProbe:
                     for n, p in seen.params.items()
                     if n in seen.twin.params and p.grad is not None
                 }
+
+    def _check_contract(self, opt: torch.optim.Optimizer, seen: _Seen) -> None:
+        """Before the first step: where a gradient's dtype differs from its parameter's, the step on a
+        sample; one that raises is reported now (CW154), before the script's own step raises it."""
+        grads = {n: p.grad.dtype for n, p in seen.params.items() if p.grad is not None}
+        if not mixes_dtypes({n: seen.params[n] for n in grads}, grads):
+            return
+        self._busy = True
+        try:
+            found = contract_findings(seen.spec, seen.params, grads)
+        finally:
+            self._busy = False
+        if found:
+            self._pending[id(opt)] = raised_ledger(seen.spec, seen.params, grads, "the script's step", found)
+            self._report_pending(id(opt), seen)
 
     def _first_seen(self, opt: torch.optim.Optimizer) -> _Seen:
         params = self._named(opt)

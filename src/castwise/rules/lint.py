@@ -311,4 +311,27 @@ RULES: tuple[Rule, ...] = (
         fix="Accumulate in float32: param.grad_dtype = torch.float32 (torch >= 2.9), f32 parameters under "
         "autocast, or fewer micro-batches per step.",
     ),
+    Rule(
+        code="CW154",
+        name="optimizer-step-mixes-dtypes",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="error",
+        summary="The optimizer step raises on a gradient whose dtype differs from its parameter's and state's.",
+        detects="The audit's optimizer step (optimizer=), castwise ledger TARGET and castwise run (before a "
+        "script's first optimizer.step()) run the user's optimizer class and each param group's settings on a "
+        "sample of its parameters in their dtypes, with gradients of the run's gradient dtypes "
+        "(param.grad_dtype); a group whose step raises is reported with the dtypes it mixed, where the "
+        "gradient's dtype came from, the state the step made, and each fix run on the same sample "
+        "(f32 master weights, gradients in the parameter's dtype, foreach=False, fused=True): works or fails.",
+        why="torch's Adam, AdamW, NAdam, RAdam and Adamax make their state in the parameter's dtype "
+        "(torch/optim/adam.py _init_group) and mix it with the gradient in one op (exp_avg.lerp_(grad)), "
+        "which refuses two dtypes: bf16 weights with param.grad_dtype = torch.float32 crash at the first "
+        "step, after the model has loaded and the first backward ran. SGD, Adagrad and RMSprop add the "
+        "gradient and run.",
+        example="model = model.bfloat16()\nfor p in model.parameters():\n    p.grad_dtype = torch.float32\n"
+        "opt = torch.optim.AdamW(model.parameters())",
+        fix="The finding lists what worked on the sample: for torch's Adam family, f32 master weights (f32 "
+        "parameters under bf16 autocast: the gradients are f32 too) or gradients in the parameter's dtype "
+        "(grad_dtype unset); foreach=False and fused=True raise the same.",
+    ),
 )
