@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ledger.bui
 from tests.ledger.builders import KahanAdamW, WideStateAdam
 
 from castwise.ledger.checks import missed_share
-from castwise.ledger.runtime import StepProbe, watch_steps
+from castwise.ledger.runtime import STALL_STEPS, StepProbe, watch_steps
 
 CODES = ("CW150", "CW151", "CW152", "CW153")
 STALL = 0.5  # share of the f32 run's movement missed: the parameter stalls
@@ -263,7 +263,7 @@ def found(setup: Setup, steps: int) -> dict[str, tuple[int, ...]]:
     model, opt = _start(setup)
     names = {id(p): n for n, p in model.named_parameters()}
     probe = StepProbe(names=lambda p: names.get(id(p)))
-    train(setup, 2, probe, (model, opt))  # the probe reads the first two steps
+    train(setup, STALL_STEPS, probe, (model, opt))  # the probe reads the first STALL_STEPS steps
     index = {n: i for i, ns in enumerate(group_names(model, opt)) for n in ns}
     out: dict[str, tuple[int, ...]] = {}
     NAMED.clear()

@@ -317,3 +317,19 @@ def test_cw154_castwise_run_reports_before_the_scripts_step_raises(capsys: pytes
     assert code != 0  # the script's own step still raises, after the finding
     assert main(["run", str(SCRIPTS / "grad_dtype_adam.py"), "--fixed"]) == 0
     assert "CW154" not in capsys.readouterr().err
+
+
+def test_text_report_shows_the_ledger_one_row_per_group(capsys: pytest.CaptureFixture[str]) -> None:
+    target = f"{Path(__file__).parent / 'builders.py'}:bf16_mlp"
+    args = ["audit", target, "--policy", "bf16-true", "--optimizer", "torch.optim.AdamW", "--lr", "1e-5"]
+    main([*args, "--json", "-"])
+    groups = json.loads(capsys.readouterr().out)["ledger"]["rows"]
+    main(args)
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("ledger (the audit with torch.optim.adamw.AdamW"))
+    assert out[at + 1].split()[:4] == ["params", "storage", "compute", "grad"]
+    rows = [line for line in out[at + 2 :] if line.strip()]
+    assert len(rows) == len(groups) == 2  # one line per group, as the JSON's rows (the f32 norm apart)
+    for line, group in zip(rows, groups, strict=True):
+        first = group["params"][0]
+        assert line.split()[0] == first and f"{'bf16' if group['storage']['value'] == 'bfloat16' else 'f32'}" in line
