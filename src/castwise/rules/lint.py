@@ -315,6 +315,23 @@ RULES: tuple[Rule, ...] = (
         "autocast, or fewer micro-batches per step.",
     ),
     Rule(
+        code="CW155",
+        name="checkpoint-resume-changes-precision",
+        category="OPTIMIZER_OR_GRAD_DTYPE",
+        severity="warning",
+        summary="Resuming from a checkpoint file gives its weights or optimizer state another precision.",
+        detects="castwise ledger CHECKPOINT --against TARGET|CONFIG reads the file's dtypes (safetensors header; "
+        "torch.load weights_only=True onto the meta device: no values, no code run) and compares storage, "
+        "optimizer state (dtype, scheme) and master copy with the run it resumes into, per parameter where "
+        "the run names them; each field that differs is named.",
+        why="load_state_dict copies into the existing parameters and keeps their dtype, and torch's "
+        "Optimizer.load_state_dict casts floating state to the parameter's dtype: a run trained with f32 "
+        "moments and resumed into bf16 parameters continues with bf16 moments, with nothing raised.",
+        example="castwise ledger ckpt/last.ckpt --against train.py:build --optimizer torch.optim.AdamW",
+        fix="Resume into the precision the checkpoint was trained in, or convert on purpose and check the "
+        "loss right after the resume.",
+    ),
+    Rule(
         code="CW154",
         name="optimizer-step-mixes-dtypes",
         category="OPTIMIZER_OR_GRAD_DTYPE",
