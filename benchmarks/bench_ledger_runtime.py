@@ -419,17 +419,95 @@ def new_cases() -> list[Case]:
     ]
 
 
+REDUCED = 2.0**-12  # relative error of a reduced gradient against the f32 reduction: far above f32's own
+
+
+def _fsdp_worker(rank: int, world: int, store: str, out_path: str) -> None:
+    """One rank of the FSDP2 cases: an f32 MLP under fully_shard, reduced in bf16 (planted) or f32
+    (the fix and control), the same batches; rank 0 writes what the probe reported and the full
+    reduced gradients. Every collective runs on both ranks, and both leave after one barrier."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        results = {}
+        for reduce in ("bfloat16", "float32"):
+            model = mlp()
+            fully_shard(model, mp_policy=MixedPrecisionPolicy(reduce_dtype=getattr(torch, reduce)))
+            names = {id(p): n for n, p in model.named_parameters()}
+            probe = StepProbe(names=lambda p, names=names: names.get(id(p)), modules=lambda model=model: [model])
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            gen = torch.Generator().manual_seed(10 + rank)  # each rank its own batch
+            grads: dict[str, list[float]] = {}
+            with watch_steps(probe):
+                for step in range(2):
+                    mlp_loss(model, gen, torch.float32).backward()
+                    if step == 0:
+                        grads = {n: p.grad.full_tensor().flatten().tolist() for n, p in model.named_parameters()}
+                    opt.step()
+                    opt.zero_grad()
+            found = {
+                f.code: sorted(dict(f.details).get("params") or ()) for ledger in probe.ledgers for f in ledger.findings
+            }
+            results[reduce] = {"found": found, "grads": grads}
+        dist.barrier()
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(results))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_cases() -> list[str]:
+    """The FSDP2 pair on 2 gloo processes: lines to print and their tallies (planted, control)."""
+    import json
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "fsdp.json"
+        mp.start_processes(
+            _fsdp_worker, args=(2, str(Path(tmp) / "store"), str(out)), nprocs=2, join=True, start_method="spawn"
+        )
+        results = json.loads(out.read_text())
+    ref = {n: torch.tensor(v) for n, v in results["float32"]["grads"].items()}
+    low = {n: torch.tensor(v) for n, v in results["bfloat16"]["grads"].items()}
+    err = float(torch.cat([low[n] - ref[n] for n in ref]).norm() / torch.cat(list(ref.values())).norm())
+    planted, control = results["bfloat16"]["found"], results["float32"]["found"]
+    hit = sorted(planted.get("CW232", ())) == sorted(ref)
+    clean = not any(c in (*CODES, "CW232") for c in control)
+    return [
+        f"{'FOUND' if hit else 'MISSED':7} fsdp2 2 ranks (gloo), f32 MLP reduced in bf16: CW232 params "
+        f"{planted.get('CW232')} (truth: the bf16-reduced gradient vs the f32 reduction {err:.2e}, "
+        f"{'lost' if err > REDUCED else 'fine'} at > 2^-12); fix reduce_dtype=f32 "
+        f"{'verified' if clean else 'NOT verified'}: reported {sorted(control) or 'nothing'}",
+        f"{'CLEAN' if clean else 'FLAGGED':7} control fsdp2 2 ranks (gloo), reduce_dtype=f32: reported "
+        f"{sorted(control) or 'nothing'}; truth 0 (the f32 reduction itself)",
+        f"fsdp2: planted found {int(hit)}/1 (truth agrees {int(err > REDUCED)}/1), fix verified {int(clean)}/1; "
+        f"controls clean {int(clean)}/1",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-sr", action="store_true", help="leave out torchao's SR AdamW (compiles for ~35 s)")
     parser.add_argument("--new", action="store_true", help="only the cases added after CW150's measure was chosen")
+    parser.add_argument("--fsdp", action="store_true", help="only the FSDP2 reduce-dtype pair (2 gloo processes)")
     opts = parser.parse_args()
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     tally = {False: [0] * 6, True: [0] * 6}  # new -> found, fixed, planted, truth agrees, clean, controls
     params_score = [0, 0, 0]  # CW150 parameters: named and stalled, named not stalled, stalled not named
-    for case in cases(not opts.no_sr):
+    for line in fsdp_cases():
+        print(line, flush=True)
+    for case in cases(not opts.no_sr) if not opts.fsdp else []:
         if opts.new and not case.new:
             continue
         t = time.perf_counter()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,12 +29,13 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from castwise._dtypes import short_of
+from castwise._dtypes import name_of, short_of
 from castwise.errors import AuditError
 from castwise.ledger.checks import F32Twin, kept_rows, resume_findings, step_findings, update_findings
 from castwise.ledger.contracts import contract_findings, mixes_dtypes, raised_ledger
+from castwise.ledger.fsdp import reduce_dtypes
 from castwise.ledger.model import OptimizerSpec, keeps_precision, ledger_of, row_entries, spec_of, step_copy
-from castwise.ledger.values import Ledger, group_rows
+from castwise.ledger.values import Entry, Ledger, group_rows
 from castwise.rules.api import Finding
 
 __all__ = ["SAMPLE", "STALL_STEPS", "StepProbe", "audit_ledger", "sampled", "step_spec", "watch_steps"]
@@ -47,7 +48,11 @@ _LOW = (torch.bfloat16, torch.float16)
 
 
 def _rows(t: torch.Tensor, limit: int = SAMPLE) -> torch.Tensor:
-    """The first rows of ``t`` holding at most ``limit`` elements (one row at least)."""
+    """The first rows of ``t`` holding at most ``limit`` elements (one row at least); of a sharded
+    DTensor, this rank's own shard (slicing the DTensor itself could run a collective on one rank)."""
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):
+        t = to_local()
     if t.dim() == 0 or t.numel() <= limit:
         return t
     per_row = max(1, t.numel() // t.shape[0])
@@ -160,6 +165,7 @@ class StepProbe:
 
     names: Callable[[torch.Tensor], str | None] = lambda p: None
     on_ledger: Callable[[Ledger], None] | None = None
+    modules: Callable[[], Iterable[nn.Module]] = lambda: ()  # the script's models (FSDP2's reduce dtypes)
     ledgers: list[Ledger] = field(default_factory=list)
     _seen: dict[int, _Seen] = field(default_factory=dict)
     _pending: dict[int, Ledger] = field(default_factory=dict)
@@ -247,7 +253,13 @@ class StepProbe:
             self._report_pending(id(opt), seen)  # (NaN weights: the next steps' gradients say nothing)
         elif seen.steps == 1:
             for n, p in seen.params.items():  # the micro-batches each 16-bit gradient sums, summed again in f32
-                if p.dtype in _LOW and p.requires_grad and getattr(p, "grad_dtype", None) in (None, p.dtype):
+                sharded = callable(getattr(p, "to_local", None))  # (FSDP2's .grad: the reduced shard, no sum)
+                if (
+                    p.dtype in _LOW
+                    and p.requires_grad
+                    and not sharded
+                    and getattr(p, "grad_dtype", None) in (None, p.dtype)
+                ):
                     seen.sums[n] = _Sum(p)
                     seen.hooks.append(p.register_hook(seen.sums[n].add))  # type: ignore[no-untyped-call]
 
@@ -265,9 +277,14 @@ class StepProbe:
         for _, e in per:
             e.pop("checkpoint_save")
             e.pop("checkpoint_load")
+        reduced = reduce_dtypes(self.modules())
+        for n, e in per:
+            if id(seen.params[n]) in reduced:
+                e["reduction"] = Entry(name_of(reduced[id(seen.params[n])][1]), "FSDP2 MixedPrecisionPolicy")
         ledger = Ledger(group_rows(per), f"the script's {spec.name}")
         seen.keep = frozenset(n for n, e in per if keeps_precision(e))
-        return dataclasses.replace(ledger, findings=tuple(_resume_sample(spec, seen.params)))
+        found = [*_reduce_finding(seen, reduced), *_resume_sample(spec, seen.params)]
+        return dataclasses.replace(ledger, findings=tuple(found))
 
     def _count_micro_batches(self, opt: torch.optim.Optimizer, seen: _Seen) -> None:
         """At the second step: the micro-batches counted since the first (CW152)."""
@@ -383,6 +400,38 @@ def _resume_sample(spec: OptimizerSpec, params: Mapping[str, torch.Tensor]) -> l
             msg = msg.replace(f"{k}.", f"{n}.")
         out.append(dataclasses.replace(f, message=msg))
     return out
+
+
+_BYTES = {torch.float64: 8, torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+def _reduce_finding(seen: _Seen, reduced: Mapping[int, tuple[torch.dtype, torch.dtype]]) -> list[Finding]:
+    """CW232 at runtime: FSDP2 reduces gradients computed and kept wider than its reduce dtype."""
+    narrow: dict[int | None, list[str]] = {}
+    how: tuple[torch.dtype, torch.dtype, torch.dtype] | None = None
+    for n, p in seen.params.items():
+        compute, reduce = reduced.get(id(p), (p.dtype, p.dtype))
+        if _BYTES.get(reduce, 4) < min(_BYTES.get(compute, 4), _BYTES.get(p.dtype, 4)):
+            narrow.setdefault(seen.spec.group_of(n), []).append(n)
+            how = how or (compute, reduce, p.dtype)
+    if how is None:
+        return []
+    compute_s, reduce_s, kept_s = (short_of(d) for d in how)
+    groups = "; ".join(
+        f"param group {g}: {', '.join(ns[:6])}{f' (+{len(ns) - 6} more)' if len(ns) > 6 else ''}"
+        for g, ns in narrow.items()
+    )
+    return [
+        Finding(
+            code="CW232",
+            message=f"FSDP2 reduce-scatters gradients computed in {compute_s} and kept in {kept_s} in {reduce_s} "
+            f"(MixedPrecisionPolicy reduce_dtype): {groups}. The reduction rounds every rank's gradient and "
+            f"their sum to {reduce_s}, the precision the {compute_s} gradients were computed for.",
+            fix="Reduce in the gradients' dtype: MixedPrecisionPolicy(reduce_dtype=torch.float32), or compute "
+            "in the reduce dtype on purpose (param_dtype).",
+            details=(("params", tuple(n for ns in narrow.values() for n in ns)),),
+        )
+    ]
 
 
 def _cw152(seen: _Seen, accumulated: list[tuple[str, tuple[int, float, float]]]) -> Finding:

@@ -241,7 +241,9 @@ RULES: tuple[Rule, ...] = (
         summary="Gradients kept in f32 but all-reduced in bf16/f16.",
         detects="A reduce dtype narrower than the gradients' dtype: DeepSpeed communication_data_type "
         "(or its model-dtype default) below data_types.grad_accum_dtype, torchtitan "
-        "mixed_precision_reduce below the gradients' dtype, FSDP reduce_dtype below grad_dtype.",
+        "mixed_precision_reduce below the gradients' dtype, FSDP reduce_dtype below grad_dtype; under castwise "
+        "run, the reduce dtype FSDP2's fully_shard really uses for each parameter (its MixedPrecisionPolicy as "
+        "initialized) below the dtype the gradient is computed and kept in.",
         why="The all-reduce rounds every rank's gradient and their sum to the narrower dtype: the "
         "precision the gradients were kept in is thrown away at the one step that sums the most values.",
         example='{"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}}',
