@@ -333,3 +333,24 @@ def test_text_report_shows_the_ledger_one_row_per_group(capsys: pytest.CaptureFi
     for line, group in zip(rows, groups, strict=True):
         first = group["params"][0]
         assert line.split()[0] == first and f"{'bf16' if group['storage']['value'] == 'bfloat16' else 'f32'}" in line
+
+
+def test_cw154_castwise_ledger_of_a_model_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build = tmp_path / "gd.py"
+    build.write_text(
+        "import torch\nfrom torch import nn\n\n\ndef build():\n"
+        "    m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)).bfloat16()\n"
+        "    for p in m.parameters():\n        p.grad_dtype = torch.float32\n"
+        "    return m, torch.randn(2, 8).bfloat16()\n"
+    )
+    assert main(["ledger", f"{build}:build", "--json", "-"]) == 1  # an error finding
+    data = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in data["findings"]] == ["CW154"]
+    (row,) = data["rows"]
+    assert (row["storage"]["value"], row["gradient"]["value"], row["state"]["value"]) == (
+        "bfloat16",
+        "float32",
+        "unknown",
+    )
+    assert main(["ledger", f"{build}:build", "--optimizer", "torch.optim.SGD", "--json", "-"]) == 0  # SGD adds them
+    assert json.loads(capsys.readouterr().out)["findings"] == []
