@@ -8,8 +8,8 @@ fake copies of the real arguments, in the precision the script runs it in (its o
 Accelerate's: see ``frameworks``; ``--policy`` replaces either), in train and eval mode, so a
 crash only validation would meet is reported before the first training step runs. ``GradScaler.__init__``
 is wrapped too: under f16 autocast the audit scales the loss only once the script has made an
-enabled GradScaler. Each optimizer's first two steps are read through torch's global step hooks
-(``castwise.ledger.runtime``): its ledger, CW150-CW152. The user's model, inputs and every global
+enabled GradScaler. Each optimizer's first four steps are read through torch's global step hooks
+(``castwise.ledger.runtime``): its ledger, CW150-CW154, CW232 under FSDP2. The user's model, inputs and every global
 setting are left as they were; the wrappers are removed when the script ends.
 """
 
