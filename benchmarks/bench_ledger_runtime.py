@@ -7,8 +7,9 @@ small config), read by castwise run's step probe (``castwise.ledger.runtime.Step
 script's own steps) as ``castwise run`` reads a script. The truth comes from real runs too:
 - update cases: the weights after ``--steps`` steps against the same run in f32 (same class,
   settings, groups and batches, from the same stored starting weights): per parameter, the share
-  of the f32 run's movement the stored run misses (``gap``; > 0.5: it stalls; NaN: it broke), per
-  param group its worst parameter's (Kahan: the weight plus its compensation, what it keeps);
+  of the f32 run's movement the stored run falls short of (``gap``, per element the part of the f32
+  move not made the same way, in norm: moving further is no stall; > 0.5: it stalls; NaN: it broke),
+  per param group its worst parameter's (Kahan: the weight plus its compensation, what it keeps);
 - accumulation cases: the first step's gradient summed in 16 bits against the same micro-batches
   summed in f32 (``grad_dtype=float32`` on a twin): the relative error (>= 2^-7: lost);
 - resume cases: a real ``state_dict()`` / ``load_state_dict()`` of the optimizer: does a state
@@ -39,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.ledger.bui
 
 from tests.ledger.builders import KahanAdamW, WideStateAdam
 
-from castwise.ledger.runtime import StepProbe, watch_steps
+from castwise.ledger.checks import missed_share
+from castwise.ledger.runtime import STALL_STEPS, StepProbe, watch_steps
 
 CODES = ("CW150", "CW151", "CW152", "CW153")
 STALL = 0.5  # share of the f32 run's movement missed: the parameter stalls
@@ -104,6 +106,13 @@ def head_apart(model: nn.Module, kw: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"params": [p for p in model.parameters() if id(p) not in ids], "lr": 1e-2}, {"params": head, **kw}]
 
 
+def embeddings_apart(model: nn.Module, kw: dict[str, Any]) -> list[dict[str, Any]]:
+    """Group 0: the token embeddings and the LM head at lr 1e-2; group 1: the rest at ``kw["lr"]``."""
+    emb = [p for n, p in model.named_parameters() if "embed" in n or "lm_head" in n]
+    ids = {id(p) for p in emb}
+    return [{"params": emb, "lr": 1e-2}, {"params": [p for p in model.parameters() if id(p) not in ids], **kw}]
+
+
 @dataclass(frozen=True)
 class Setup:
     """One training run: the model (built f32, stored in ``dtype``), its optimizer and loop."""
@@ -133,6 +142,7 @@ class Case:
     groups: tuple[int, ...] = ()  # planted param groups
     fix: Setup | None = None
     needs: tuple[str, ...] = field(default=())
+    new: bool = False  # added after CW150's measure was chosen, never tuned on: scored apart
 
 
 def _start(setup: Setup) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -190,8 +200,8 @@ def update_truth(setup: Setup, steps: int) -> list[float]:
     want = dict(ref.named_parameters())
     PARAM_GAPS.clear()
     for n in want:
-        moved = float((want[n] - w0[n]).norm())
-        PARAM_GAPS[n] = float((got[n] - want[n]).norm()) / moved if moved > 0 else 0.0
+        gap = missed_share(w0[n], got[n], want[n].detach())
+        PARAM_GAPS[n] = 0.0 if gap is None else gap
     # a group stalls where one of its parameters does (the worst parameter of each group)
     return [max((PARAM_GAPS[n] for n in names), key=lambda v: (v != v, v)) for names in group_names(model, opt)]
 
@@ -253,7 +263,7 @@ def found(setup: Setup, steps: int) -> dict[str, tuple[int, ...]]:
     model, opt = _start(setup)
     names = {id(p): n for n, p in model.named_parameters()}
     probe = StepProbe(names=lambda p: names.get(id(p)))
-    train(setup, 2, probe, (model, opt))  # the probe reads the first two steps
+    train(setup, STALL_STEPS, probe, (model, opt))  # the probe reads the first STALL_STEPS steps
     index = {n: i for i, ns in enumerate(group_names(model, opt)) for n in ns}
     out: dict[str, tuple[int, ...]] = {}
     NAMED.clear()
@@ -366,19 +376,140 @@ def cases(sr: bool) -> list[Case]:
                 replace(pure, opt=_AdamW, kw={"lr": 1e-5, "bf16_stochastic_round": True}),
             )
         )
-    return planted + controls
+    return planted + controls + new_cases()
+
+
+def new_cases() -> list[Case]:
+    """Cases added once CW150 measured the update gap over the script's first steps; none of them
+    was run before that choice (scored apart)."""
+    rms, nadam = torch.optim.RMSprop, torch.optim.NAdam
+    lm = Setup(llama, torch.optim.AdamW, {"lr": 1e-6}, loss=llama_loss, groups=embeddings_apart)
+    return [
+        Case(
+            "mlp bf16 RMSprop lr 1e-5",
+            "update",
+            s := Setup(mlp, rms, {"lr": 1e-5}),
+            "CW150",
+            (0,),
+            s.master(),
+            new=True,
+        ),
+        Case(
+            "mlp bf16 NAdam head group lr 1e-6",
+            "update",
+            s := Setup(mlp, nadam, {"lr": 1e-6}, groups=head_apart),
+            "CW150",
+            (1,),
+            s.master(),
+            new=True,
+        ),
+        Case("llama bf16 AdamW body lr 1e-6, embeddings 1e-2", "update", lm, "CW150", (1,), lm.master(), new=True),
+        Case("bf16 RMSprop lr 1e-2", "update", Setup(mlp, rms, {"lr": 1e-2}), new=True),
+        Case(
+            "bf16 NAdam lr 1e-2, head group lr 1e-2",
+            "update",
+            Setup(mlp, nadam, {"lr": 1e-2}, groups=head_apart),
+            new=True,
+        ),
+        Case("bf16 Adagrad lr 1e-1", "update", Setup(mlp, torch.optim.Adagrad, {"lr": 1e-1}), new=True),
+        # (the two above: their own 20-step truth misses > 0.5 of the f32 movement, a high learning rate's
+        # bf16 run drifting off the f32 one; kept as run. The two below were added before running them)
+        Case("bf16 RMSprop lr 1e-3", "update", Setup(mlp, rms, {"lr": 1e-3}), new=True),
+        Case("bf16 Adagrad lr 1e-2", "update", Setup(mlp, torch.optim.Adagrad, {"lr": 1e-2}), new=True),
+    ]
+
+
+REDUCED = 2.0**-12  # relative error of a reduced gradient against the f32 reduction: far above f32's own
+
+
+def _fsdp_worker(rank: int, world: int, store: str, out_path: str) -> None:
+    """One rank of the FSDP2 cases: an f32 MLP under fully_shard, reduced in bf16 (planted) or f32
+    (the fix and control), the same batches; rank 0 writes what the probe reported and the full
+    reduced gradients. Every collective runs on both ranks, and both leave after one barrier."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        results = {}
+        for reduce in ("bfloat16", "float32"):
+            model = mlp()
+            fully_shard(model, mp_policy=MixedPrecisionPolicy(reduce_dtype=getattr(torch, reduce)))
+            names = {id(p): n for n, p in model.named_parameters()}
+            probe = StepProbe(names=lambda p, names=names: names.get(id(p)), modules=lambda model=model: [model])
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            gen = torch.Generator().manual_seed(10 + rank)  # each rank its own batch
+            grads: dict[str, list[float]] = {}
+            with watch_steps(probe):
+                for step in range(2):
+                    mlp_loss(model, gen, torch.float32).backward()
+                    if step == 0:
+                        grads = {n: p.grad.full_tensor().flatten().tolist() for n, p in model.named_parameters()}
+                    opt.step()
+                    opt.zero_grad()
+            found = {
+                f.code: sorted(dict(f.details).get("params") or ()) for ledger in probe.ledgers for f in ledger.findings
+            }
+            results[reduce] = {"found": found, "grads": grads}
+        dist.barrier()
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(results))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_cases() -> list[str]:
+    """The FSDP2 pair on 2 gloo processes: lines to print and their tallies (planted, control)."""
+    import json
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "fsdp.json"
+        mp.start_processes(
+            _fsdp_worker, args=(2, str(Path(tmp) / "store"), str(out)), nprocs=2, join=True, start_method="spawn"
+        )
+        results = json.loads(out.read_text())
+    ref = {n: torch.tensor(v) for n, v in results["float32"]["grads"].items()}
+    low = {n: torch.tensor(v) for n, v in results["bfloat16"]["grads"].items()}
+    err = float(torch.cat([low[n] - ref[n] for n in ref]).norm() / torch.cat(list(ref.values())).norm())
+    planted, control = results["bfloat16"]["found"], results["float32"]["found"]
+    hit = sorted(planted.get("CW232", ())) == sorted(ref)
+    clean = not any(c in (*CODES, "CW232") for c in control)
+    return [
+        f"{'FOUND' if hit else 'MISSED':7} fsdp2 2 ranks (gloo), f32 MLP reduced in bf16: CW232 params "
+        f"{planted.get('CW232')} (truth: the bf16-reduced gradient vs the f32 reduction {err:.2e}, "
+        f"{'lost' if err > REDUCED else 'fine'} at > 2^-12); fix reduce_dtype=f32 "
+        f"{'verified' if clean else 'NOT verified'}: reported {sorted(control) or 'nothing'}",
+        f"{'CLEAN' if clean else 'FLAGGED':7} control fsdp2 2 ranks (gloo), reduce_dtype=f32: reported "
+        f"{sorted(control) or 'nothing'}; truth 0 (the f32 reduction itself)",
+        f"fsdp2: planted found {int(hit)}/1 (truth agrees {int(err > REDUCED)}/1), fix verified {int(clean)}/1; "
+        f"controls clean {int(clean)}/1",
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-sr", action="store_true", help="leave out torchao's SR AdamW (compiles for ~35 s)")
+    parser.add_argument("--new", action="store_true", help="only the cases added after CW150's measure was chosen")
+    parser.add_argument("--fsdp", action="store_true", help="only the FSDP2 reduce-dtype pair (2 gloo processes)")
     opts = parser.parse_args()
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    n_found = n_fixed = n_planted = n_clean = n_controls = n_truth = 0
+    tally = {False: [0] * 6, True: [0] * 6}  # new -> found, fixed, planted, truth agrees, clean, controls
     params_score = [0, 0, 0]  # CW150 parameters: named and stalled, named not stalled, stalled not named
-    for case in cases(not opts.no_sr):
+    for line in fsdp_cases():
+        print(line, flush=True)
+    for case in cases(not opts.no_sr) if not opts.fsdp else []:
+        if opts.new and not case.new:
+            continue
         t = time.perf_counter()
         true = truth(case.kind, case.setup, opts.steps)
         got = found(case.setup, opts.steps)
@@ -390,34 +521,38 @@ def main() -> None:
             params_score[2] += len(stalled - named)
         stray = {c: g for c, g in got.items() if c in CODES and c != case.planted}
         if case.planted is not None:
-            n_planted += 1
             truth_ok = bad(case.kind, true) == case.groups
             hit = got.get(case.planted) == case.groups
             fixed_true = truth(case.kind, case.fix, opts.steps) if case.fix is not None else []
             fixed_got = found(case.fix, opts.steps) if case.fix is not None else {"-": ()}
             fixed = not bad(case.kind, fixed_true) and not any(c in CODES for c in fixed_got)
-            n_truth += truth_ok
-            n_found += hit
-            n_fixed += fixed
+            score = tally[case.new]
+            score[0], score[1], score[2], score[3] = score[0] + hit, score[1] + fixed, score[2] + 1, score[3] + truth_ok
             print(
-                f"{'FOUND' if hit else 'MISSED':7} {case.name}: {case.planted} groups {got.get(case.planted)} "
+                f"{'FOUND' if hit else 'MISSED':7} {'(new) ' * case.new}{case.name}: {case.planted} groups "
+                f"{got.get(case.planted)} "
                 f"(planted {case.groups}; truth {_fmt(true)}{'' if truth_ok else ' DISAGREES'}); fix "
                 f"{'verified' if fixed else 'NOT verified'}: truth {_fmt(fixed_true)}, reported "
                 f"{sorted(fixed_got) or 'nothing'}; also reported {stray or 'nothing'} "
                 f"[{time.perf_counter() - t:.1f}s]"
             )
         else:
-            n_controls += 1
             clean = not any(c in CODES for c in got)
-            n_clean += clean
+            tally[case.new][4] += clean
+            tally[case.new][5] += 1
             print(
-                f"{'CLEAN' if clean else 'FLAGGED':7} control {case.name}: reported {sorted(got) or 'nothing'}; truth "
+                f"{'CLEAN' if clean else 'FLAGGED':7} {'(new) ' * case.new}control {case.name}: reported "
+                f"{sorted(got) or 'nothing'}; truth "
                 f"{_fmt(true)}{'' if not bad(case.kind, true) else ' (truth says a problem)'} "
                 f"[{time.perf_counter() - t:.1f}s]"
             )
+    for new, (n_found, n_fixed, n_planted, n_truth, n_clean, n_controls) in tally.items():
+        print(
+            f"{'new cases' if new else 'cases'}: planted found with the right group {n_found}/{n_planted} (truth "
+            f"agrees {n_truth}/{n_planted}), fix verified {n_fixed}/{n_planted}; controls clean {n_clean}/{n_controls}"
+        )
     print(
-        f"planted found with the right group {n_found}/{n_planted} (truth agrees {n_truth}/{n_planted}), fix "
-        f"verified {n_fixed}/{n_planted}; controls clean {n_clean}/{n_controls}; CW150 parameters named and "
+        f"CW150 parameters named and "
         f"stalled {params_score[0]}, named but not stalled {params_score[1]}, stalled but not named "
         f"{params_score[2]} (stalled: > {STALL} of the f32 movement missed after --steps); "
         f"{time.perf_counter() - t0:.0f}s, load {load:.2f} -> {os.getloadavg()[0]:.2f}"

@@ -3,6 +3,7 @@ steps under castwise run (CW150-CW152), with controls that stay clean."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -215,3 +216,141 @@ def test_meta_audit_steps_one_parameter_of_each_kind_and_rows_name_them_all() ->
     assert sorted(n for r in rows for n in r["params"]) == sorted(n for n, _ in model.named_parameters())
     by_param = {n: (r["storage"]["value"], r["state"]["value"]) for r in rows for n in r["params"]}
     assert by_param["1.weight"] == ("bfloat16", "bfloat16") and by_param["2.weight"] == ("float32", "float32")
+
+
+def _ln_mlp(dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    layers = (nn.Linear(32, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))
+    model = nn.Sequential(*layers)
+    return model.to(dtype)
+
+
+def _sgd_run(model: nn.Module, steps: int, probe: StepProbe | None = None) -> None:
+    gen = torch.Generator().manual_seed(1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    dtype = next(model.parameters()).dtype
+    with watch_steps(probe) if probe is not None else contextlib.nullcontext():
+        for _ in range(steps):
+            model(torch.randn(16, 32, generator=gen).to(dtype)).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_cw150_measures_the_movement_missed_not_the_elements_left() -> None:
+    """f16 SGD at lr 1.0: the first step leaves most changing elements of the LayerNorm weight as they
+    were, yet over 20 real steps it misses little of the f32 run's movement: no CW150."""
+    start = _ln_mlp(torch.float16)
+    w0 = start[1].weight.detach().float().clone()
+    one, ref = copy.deepcopy(start), copy.deepcopy(start).float()
+    _sgd_run(one, 1)
+    _sgd_run(ref, 1)
+    moved = ref[1].weight.detach() != w0
+    left = moved & (one[1].weight.detach().float() == w0)
+    assert float(left.sum() / moved.sum()) > 0.5  # what the first-step share of elements read
+    low, ref = copy.deepcopy(start), copy.deepcopy(start).float()
+    _sgd_run(low, 20)
+    _sgd_run(ref, 20)
+    want = ref[1].weight.detach()
+    gap = float((low[1].weight.detach().float() - want).norm() / (want - w0).norm())
+    assert gap < 0.5  # the real 20-step truth: it trains
+    probe = StepProbe()
+    _sgd_run(copy.deepcopy(start), 6, probe)
+    assert [f.code for f in probe.ledgers[0].findings] == []
+    # the same weights at lr 1e-5 miss everything: named
+    probe = StepProbe(names=lambda p: "w")  # one name for all: told apart by their places
+    stalled = _ln_mlp(torch.float16)
+    with watch_steps(probe):
+        _train_steps(stalled, torch.optim.SGD(stalled.parameters(), lr=1e-5), 6)
+    (f,) = probe.ledgers[0].findings
+    assert f.code == "CW150" and "w (100%), group0.1 (100%)" in f.message
+
+
+def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        model(torch.randn(16, 32, generator=gen).half()).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _grad_f32_head() -> tuple[nn.Module, torch.Tensor]:
+    model, x = _mlp()
+    for p in model[2].parameters():
+        p.grad_dtype = torch.float32  # the head's gradients accumulate in f32; the body's stay bf16
+    return model, x
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_cw154_adamw_refuses_f32_grads_for_bf16_weights(fake: bool) -> None:
+    model, x = _grad_f32_head()
+    groups = [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 1e-3}]
+    r = castwise.audit(model, x, optimizer=torch.optim.AdamW(groups), mode="train", fake=fake)
+    (f,) = [f for f in r.findings if f.code == "CW154"]
+    details = dict(f.details)
+    assert details["groups"] == (1,) and details["params"] == ("2.weight", "2.bias")
+    assert "param.grad_dtype = torch.float32" in f.message and "exp_avg, exp_avg_sq bf16" in f.message
+    assert details["fixes_verified"][0].startswith("f32 master weights") and "foreach=False: fails" in f.fix
+    assert r.to_dict()["ledger"]["rows"]  # storage and gradient known, the rest unknown
+    assert all(p.grad is None for p in model.parameters())
+    # the fix the finding names, run for real: f32 weights (the master copy) under bf16 autocast
+    master = nn.Sequential(*(copy.deepcopy(m).float() for m in model))
+    opt = torch.optim.AdamW(master.parameters(), lr=1e-3)
+    with torch.autocast("cpu", torch.bfloat16):
+        master(x.float()).float().sum().backward()
+    opt.step()
+    assert all(bool(p.isfinite().all()) for p in master.parameters())
+
+
+def test_cw154_controls_sgd_takes_f32_grads_and_adamw_same_dtype() -> None:
+    model, x = _grad_f32_head()
+    r = castwise.audit(model, x, optimizer=torch.optim.SGD, optimizer_kwargs={"lr": 1e-1}, mode="train")
+    assert "CW154" not in _codes(r)
+    plain, xb = _mlp()
+    r = castwise.audit(plain, xb, optimizer=torch.optim.AdamW, optimizer_kwargs={"lr": 1e-1}, mode="train")
+    assert "CW154" not in _codes(r)
+
+
+def test_cw154_castwise_run_reports_before_the_scripts_step_raises(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", str(SCRIPTS / "grad_dtype_adam.py")])
+    err = capsys.readouterr().err
+    assert "CW154" in err and "param group 1 (lr=0.001)" in err and "f32 master weights" in err
+    assert code != 0  # the script's own step still raises, after the finding
+    assert main(["run", str(SCRIPTS / "grad_dtype_adam.py"), "--fixed"]) == 0
+    assert "CW154" not in capsys.readouterr().err
+
+
+def test_text_report_shows_the_ledger_one_row_per_group(capsys: pytest.CaptureFixture[str]) -> None:
+    target = f"{Path(__file__).parent / 'builders.py'}:bf16_mlp"
+    args = ["audit", target, "--policy", "bf16-true", "--optimizer", "torch.optim.AdamW", "--lr", "1e-5"]
+    main([*args, "--json", "-"])
+    groups = json.loads(capsys.readouterr().out)["ledger"]["rows"]
+    main(args)
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("ledger (the audit with torch.optim.adamw.AdamW"))
+    assert out[at + 1].split()[:4] == ["params", "storage", "compute", "grad"]
+    rows = [line for line in out[at + 2 :] if line.strip()]
+    assert len(rows) == len(groups) == 2  # one line per group, as the JSON's rows (the f32 norm apart)
+    for line, group in zip(rows, groups, strict=True):
+        first = group["params"][0]
+        assert line.split()[0] == first and f"{'bf16' if group['storage']['value'] == 'bfloat16' else 'f32'}" in line
+
+
+def test_cw154_castwise_ledger_of_a_model_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build = tmp_path / "gd.py"
+    build.write_text(
+        "import torch\nfrom torch import nn\n\n\ndef build():\n"
+        "    m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)).bfloat16()\n"
+        "    for p in m.parameters():\n        p.grad_dtype = torch.float32\n"
+        "    return m, torch.randn(2, 8).bfloat16()\n"
+    )
+    assert main(["ledger", f"{build}:build", "--json", "-"]) == 1  # an error finding
+    data = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in data["findings"]] == ["CW154"]
+    (row,) = data["rows"]
+    assert (row["storage"]["value"], row["gradient"]["value"], row["state"]["value"]) == (
+        "bfloat16",
+        "float32",
+        "unknown",
+    )
+    assert main(["ledger", f"{build}:build", "--optimizer", "torch.optim.SGD", "--json", "-"]) == 0  # SGD adds them
+    assert json.loads(capsys.readouterr().out)["findings"] == []

@@ -83,20 +83,57 @@ def _model_ledger(target: str, optimizer: str, lr: float, kwargs: str | None) ->
     return ledger_with_findings(model, spec, source=target)
 
 
+def _checkpoint_ledger(
+    targets: tuple[str, ...], against: tuple[str, ...], options: tuple[str, float, str | None]
+) -> Any:
+    """The ledger of a checkpoint file (None: TARGET is none), with CW155 against ``against``."""
+    import dataclasses
+
+    from castwise.ledger.checkpoint import CHECKPOINT_SUFFIXES, ledger_from_checkpoint, resume_findings
+
+    if len(targets) != 1 or Path(targets[0]).suffix.lower() not in CHECKPOINT_SUFFIXES:
+        if against:
+            raise CastwiseError(f"--against goes with a checkpoint file ({', '.join(sorted(CHECKPOINT_SUFFIXES))})")
+        return None
+    result = ledger_from_checkpoint(targets[0])
+    if against:
+        target = _config_ledger(against)
+        if target is None:
+            if len(against) > 1:
+                raise CastwiseError("--against: give one model target, or training configuration files")
+            target = _model_ledger(against[0], *options)
+        result = dataclasses.replace(result, findings=(*result.findings, *resume_findings(result, target)))
+    return result
+
+
 @click.command("ledger")
 @click.argument("targets", nargs=-1, required=True)
 @click.option("--optimizer", default="torch.optim.AdamW", show_default=True, help="Optimizer class (model targets).")
 @click.option("--lr", default=1e-3, show_default=True, type=float, help="Learning rate of the step (model targets).")
 @click.option("--optimizer-kwargs", default=None, metavar="JSON", help="More optimizer settings (model targets).")
+@click.option(
+    "--against",
+    multiple=True,
+    metavar="TARGET|CONFIG",
+    help="With a checkpoint file: the run it resumes into; the fields a resume changes are named (CW155).",
+)
 @json_option("ledger")
 def ledger(
-    targets: tuple[str, ...], optimizer: str, lr: float, optimizer_kwargs: str | None, json_path: str | None
+    targets: tuple[str, ...],
+    optimizer: str,
+    lr: float,
+    optimizer_kwargs: str | None,
+    against: tuple[str, ...],
+    json_path: str | None,
 ) -> int:
-    """The precision ledger of training CONFIG files, or of a model TARGET and its optimizer."""
+    """The precision ledger of training CONFIG files, a model TARGET and its optimizer, or a
+    checkpoint file (torch.save / safetensors; --against the run it resumes into)."""
 
     def body() -> int:
         check_json_path(json_path)
-        result = _config_ledger(targets)
+        result = _checkpoint_ledger(targets, against, (optimizer, lr, optimizer_kwargs))
+        if result is None:
+            result = _config_ledger(targets)
         if result is None:
             if len(targets) > 1:
                 raise CastwiseError("give one model target, or training configuration files")

@@ -8,8 +8,8 @@ fake copies of the real arguments, in the precision the script runs it in (its o
 Accelerate's: see ``frameworks``; ``--policy`` replaces either), in train and eval mode, so a
 crash only validation would meet is reported before the first training step runs. ``GradScaler.__init__``
 is wrapped too: under f16 autocast the audit scales the loss only once the script has made an
-enabled GradScaler. Each optimizer's first two steps are read through torch's global step hooks
-(``castwise.ledger.runtime``): its ledger, CW150-CW152. The user's model, inputs and every global
+enabled GradScaler. Each optimizer's first four steps are read through torch's global step hooks
+(``castwise.ledger.runtime``): its ledger, CW150-CW154, CW232 under FSDP2. The user's model, inputs and every global
 setting are left as they were; the wrappers are removed when the script ends.
 """
 
@@ -60,6 +60,7 @@ class Watcher:
     scaled: bool = False  # an enabled GradScaler was made: the script scales its f16 loss
     ledgers: list[Ledger] = field(default_factory=list)  # each optimizer's, from its first steps
     _names: dict[int, str] = field(default_factory=dict)  # the script's models' parameters, by id
+    _roots: list[nn.Module] = field(default_factory=list)  # the script's models (the ledger reads FSDP2's dtypes)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Watcher]:
@@ -85,7 +86,7 @@ class Watcher:
         nn.Module.__call__ = __call__  # type: ignore[method-assign]
         torch.amp.GradScaler.__init__ = init_scaler  # type: ignore[method-assign,assignment]
         # each optimizer's first steps, read as the script takes them (the precision ledger)
-        probe = StepProbe(names=lambda p: self._names.get(id(p)), on_ledger=self._ledger)
+        probe = StepProbe(names=lambda p: self._names.get(id(p)), on_ledger=self._ledger, modules=lambda: self._roots)
         try:
             with watch_steps(probe):
                 yield self
@@ -98,6 +99,7 @@ class Watcher:
             return  # nothing a dtype audit could check
         for n, p in module.named_parameters():  # what the ledger calls the optimizer's parameters
             self._names.setdefault(id(p), n)
+        self._roots.append(module)
         from castwise.auditor import audit
 
         inputs = Inputs.called(args, kwargs)  # the call as the script made it

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from castwise._wrap import wrap
+from castwise.report.ledger_text import ledger_lines
 from castwise.rules.api import SEVERITY_ORDER, CodeFix, Finding, Mode, Origin
 from castwise.trace.events import RunKind, RunStatus
 
@@ -164,6 +165,7 @@ def render_report(report: Report, width: int = WIDTH) -> str:
         lines.append("")
         lines += wrap(f"activations by dtype: {share}", width, subsequent_indent="  ")
     lines += _compiled_lines(report.summary.get("compiled") or {}, width)
+    lines += ledger_lines(report.extra.get("ledger"), width)
     return "\n".join(lines)
 
 
