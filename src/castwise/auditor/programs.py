@@ -10,7 +10,7 @@ findings between programs (CW174 send/recv, CW175 collectives), and ``extra["pro
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 
 from castwise._dtypes import canonical, to_torch
 from castwise.distributed import programs as rp
-from castwise.report import Report
+from castwise.report import Finding, Report
 
 
 def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **options: Any) -> Report:
@@ -54,7 +54,7 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
     merged.extra["mesh"] = layout.title
     merged.extra["programs"] = []
     by_program: list[tuple[rp.Program, rp.Collectives]] = []
-    said: dict[tuple[str, str | None, str], tuple[Any, list[tuple[str, list[int]]]]] = {}
+    parts: list[tuple[str, list[int], Report]] = []
     for key, (rep_program, report, seen) in done.items():
         members = groups[key]
         ranks = sorted(r for p in members for r in p.ranks)
@@ -70,25 +70,62 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
                 "collectives": seen.to_list() + list(report.extra.get("collectives", [])),
             }
         )
-        which = f"{layout.dim}={','.join(str(p.index) for p in members)}"
-        for f in report.findings:
-            said.setdefault((f.code, f.module, f.message), (f, []))[1].append((which, ranks))
+        parts.append((f"{layout.dim}={','.join(str(p.index) for p in members)}", ranks, report))
         merged.runs += [r for r in report.runs if r not in merged.runs]
         whole = replace(rep_program, ranks=tuple(ranks))
         by_program.append((whole, seen))
-    for f, where in said.values():  # a finding of several programs: said once, for all their ranks
-        ranks = sorted(r for _w, rs in where for r in rs)
-        shown = "; ".join(w for w, _r in where)
-        merged.findings.append(replace(f, message=f"{f.message} [{shown}: {rp.ranks_text(ranks)}]"))
     merged.findings = [
         *rp.p2p_findings(layout, sent, first_module, modes),
         *rp.collective_findings(by_program, layout.dim, modes),
-        *merged.findings,
+        *said_for_ranks(parts),
     ]
     merged.extra["p2p"] = [
         {"from": a.index, "to": b.index, "send": str(sent[a.index]), "recv": str((b.receives or (sent[a.index],))[0])}
         for a, b in itertools.pairwise(layout.programs)
         if layout.dim == "pp" and a.index in sent
+    ]
+    return merged
+
+
+def said_for_ranks(parts: Sequence[tuple[str, Sequence[int], Report]]) -> list[Finding]:
+    """The findings of the programs' reports (``(label, ranks, report)``, one per distinct
+    program), each said once for the ranks of every program that has it: its message ends
+    ``[pp=1,2: ranks 4-11]`` (``[rank 1]`` with no label), its details gain ``ranks``."""
+    said: dict[tuple[str, str | None, str], tuple[Finding, list[tuple[str, list[int]]]]] = {}
+    for which, ranks, report in parts:
+        for f in report.findings:
+            said.setdefault((f.code, f.module, f.message), (f, []))[1].append((which, list(ranks)))
+    out: list[Finding] = []
+    for f, where in said.values():
+        ranks = sorted(r for _w, rs in where for r in rs)
+        shown = "; ".join(w for w, _r in where if w)
+        where_text = f"{shown}: {rp.ranks_text(ranks)}" if shown else rp.ranks_text(ranks)
+        details = f.details if any(k == "ranks" for k, _v in f.details) else (*f.details, ("ranks", ranks))
+        out.append(replace(f, message=f"{f.message} [{where_text}]", details=details))
+    return out
+
+
+def merge_ranks(parts: Sequence[tuple[Sequence[int], Report]], world: int) -> Report:
+    """One report for the programs the ranks of a launched job ran (``castwise run`` under
+    torchrun): ``parts`` holds each distinct program's ranks and report. One program on every rank
+    (DDP replicas): its report, the title saying so; several: each finding names its ranks."""
+    parts = sorted(parts, key=lambda p: min(p[0]))
+    first = parts[0][1]
+    ran = sorted(r for ranks, _r in parts for r in ranks)
+    missing = sorted(set(range(world)) - set(ran))
+    gap = f"; {rp.ranks_text(missing)} reported nothing" if missing else ""
+    if len(parts) == 1:
+        merged = replace(first, findings=list(first.findings), extra=dict(first.extra))
+        merged.title = f"{first.title} - the same program on {rp.ranks_text(ran)} of {world}{gap}"
+    else:
+        merged = Report(
+            findings=said_for_ranks([("", ranks, r) for ranks, r in parts]),
+            runs=list(dict.fromkeys(run for _ranks, r in parts for run in r.runs)),
+            summary=first.summary,
+            title=f"{first.title} - {len(parts)} distinct rank programs over {world} ranks{gap}",
+        )
+    merged.extra["programs"] = [
+        {"ranks": list(ranks), "title": r.title, "findings": [f.code for f in r.findings]} for ranks, r in parts
     ]
     return merged
 
