@@ -71,6 +71,7 @@ def test_bad_programs_are_refused_with_what_is_valid() -> None:
 # reduce-scatter, and a clean pipeline; bench_scale.py --only faults --real runs every case
 REAL = (
     "pp static: stage 1 reads bf16 bytes as f32 (input_args and output_args given)",
+    "pp tuple: stage 0's f32 position table into stage 1's bf16 input_args[1]",
     "ep: rank 3 keeps moe.1's experts in f32",
     "dp: f32 reduce-scattered into bf16",
     "control pp: all stages bf16",

@@ -27,13 +27,13 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
     layout = rp.read(obj)
     done: dict[tuple[Any, ...], tuple[rp.Program, Report, rp.Collectives]] = {}
     groups: dict[tuple[Any, ...], list[rp.Program]] = {}
-    sent: dict[int, rp.Spec] = {}
+    sent: dict[int, tuple[rp.Spec, ...]] = {}
     first_module: dict[int, str] = {}
-    handed: rp.Spec | None = None
+    handed: tuple[rp.Spec, ...] | None = None
     for program in layout.programs:
         receives = program.receives
         if layout.dim == "pp" and program.index > 0 and receives is None and handed is not None:
-            receives = (handed,)  # no declared buffer: it receives what the stage before sends
+            receives = handed  # no declared buffer: it receives what the stage before sends
         given = layout.dim != "pp" or program.index == 0 or not receives  # run on the user's inputs
         key = rp.signature(program.module, None if given else receives)
         groups.setdefault(key, []).append(program)
@@ -44,8 +44,8 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
                 report = audit(program.module, args, **options)
             done[key] = (program, report, seen)
         report = done[key][1]
-        out = _root_output(report)
-        if out is not None:
+        out = _root_outputs(report)
+        if out:
             sent[program.index] = out
             handed = out
         first_module[program.index] = _first_module(program.module)
@@ -80,7 +80,7 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
         *said_for_ranks(parts),
     ]
     merged.extra["p2p"] = [
-        {"from": a.index, "to": b.index, "send": str(sent[a.index]), "recv": str((b.receives or (sent[a.index],))[0])}
+        {"from": a.index, "to": b.index, "send": _specs(sent[a.index]), "recv": _specs(b.receives or sent[a.index])}
         for a, b in itertools.pairwise(layout.programs)
         if layout.dim == "pp" and a.index in sent
     ]
@@ -134,10 +134,15 @@ def _tensors(specs: tuple[rp.Spec, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.zeros(s.shape, dtype=to_torch(canonical(s.dtype) or s.dtype)) for s in specs)
 
 
-def _root_output(report: Report) -> rp.Spec | None:
+def _root_outputs(report: Report) -> tuple[rp.Spec, ...]:
+    """What the program returns (every tensor of a tuple: a stage sends each to the next)."""
     root = next((m for m in report.summary.get("modules", []) if m.get("name") == ""), None)
-    outs = root.get("outputs") if root else None
-    return rp.spec_of(outs[0]) if outs else None
+    specs = (rp.spec_of(text) for text in (root.get("outputs") or [] if root else []))
+    return tuple(s for s in specs if s is not None)
+
+
+def _specs(specs: tuple[rp.Spec, ...]) -> str:
+    return ", ".join(str(s) for s in specs)
 
 
 def _first_module(module: torch.nn.Module) -> str:
