@@ -92,7 +92,7 @@ class Reducer(nn.Module):
 class Case:
     name: str
     world: int
-    kind: str  # "pp", "ep", "dp"
+    kind: str  # "pp", "ep", "dp"; "ep-dtensor": one model whose experts are DTensors sharded over ep
     mesh: tuple[tuple[str, int], ...]  # the mesh's dims, outermost first
     make: Callable[[int, Any], Any]  # (coordinate, group) -> the program's module / stage
     inputs: Callable[[], Any]
@@ -168,6 +168,22 @@ def _ep(name: str, odd: dict[int, tuple[int, torch.dtype]], expect: set[Any], **
     return Case(name, world, "ep", mesh, _experts(odd, **kw), _x(BF16, 8), frozenset(expect))
 
 
+def _ep_dtensor(name: str, recv: torch.dtype | None, expect: set[Any]) -> Case:
+    """Grouped experts sharded over ep=4 by an expert-parallel style (tests/distributed/_ep_style.py),
+    its dispatch receiving into a buffer of ``recv``: the model itself, no RankPrograms."""
+
+    def make(coord: int, mesh: Any) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from tests.distributed._ep_style import ExpertsOverEP, MoEBlock
+
+        torch.manual_seed(0)
+        model = MoEBlock(8, HIDDEN, 8).to(BF16)
+        return parallelize_module(model, mesh, {"experts": ExpertsOverEP(recv)})
+
+    return Case(name, 4, "ep-dtensor", (("ep", 4),), make, _x(BF16, 16), frozenset(expect))
+
+
 def _dp(name: str, into: torch.dtype, kind: str, expect: set[Any], dtype: torch.dtype = F32) -> Case:
     make = lambda r, g: Reducer(into, kind, 2).to(dtype)  # noqa: E731
     return Case(name, 2, "dp", (("dp", 2),), make, _x(dtype), frozenset(expect))
@@ -220,6 +236,12 @@ CASES: tuple[Case, ...] = (
         {("CW175", "moe.0", "all-to-all", (2, 6))},
         mesh=(("dp", 2), ("ep", 4)),
     ),
+    # expert parallel read from the model: its experts' DTensor weights sharded over the ep dim
+    _ep_dtensor(
+        "ep dtensor: the dispatch receives bf16 tokens into an f32 buffer",
+        F32,
+        {("CW175", "experts", "all-to-all", (0, 1, 2, 3))},
+    ),
     # one call with operands of two dtypes: a reduce narrower than what it reduces
     _dp("dp: f32 reduce-scattered into bf16", BF16, "reduce-scatter", {("CW175", "", "reduce-scatter", (0, 1))}),
     _dp("dp: bf16 all-gathered into f32", F32, "all-gather", {("CW175", "", "all-gather", (0, 1))}, BF16),
@@ -239,6 +261,7 @@ CASES: tuple[Case, ...] = (
     _ep("control ep: rank 3 f32 experts cast back before the combine", {3: (1, F32)}, set(), back=BF16),
     _dp("control dp: f32 reduce-scattered into f32", F32, "reduce-scatter", set()),
     _ep("control ep x dp: all bf16 on (dp=2, ep=4)", {}, set(), mesh=(("dp", 2), ("ep", 4))),
+    _ep_dtensor("control ep dtensor: the dispatch receives into a buffer like the tokens", None, set()),
 )
 
 
@@ -250,6 +273,8 @@ def programs(case: Case) -> Any:
 
     names = tuple(n for n, _s in case.mesh)
     mesh = init_device_mesh("cpu", tuple(s for _n, s in case.mesh), mesh_dim_names=names)
+    if case.kind == "ep-dtensor":
+        return case.make(0, mesh["ep"])  # the model as the user has it: castwise reads its EP programs
     dim = case.kind
     group = mesh.get_group(dim)
     made = tuple(case.make(i, group) for i in range(dict(case.mesh)[dim]))
@@ -331,10 +356,11 @@ def _worker(rank: int, index: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=case.world)
     names = tuple(n for n, _s in case.mesh)
     mesh = init_device_mesh("cpu", tuple(s for _n, s in case.mesh), mesh_dim_names=names)
-    group = mesh.get_group(case.kind)
+    dim = "ep" if case.kind == "ep-dtensor" else case.kind
+    group = mesh.get_group(dim)
     coord = dist.get_rank(group)
     try:
-        wrong = _run(case, case.make(coord, group), coord, group)
+        wrong = _run(case, case.make(coord, mesh[dim] if dim != case.kind else group), coord, group)
         status = "ok"
     except Exception as exc:  # what the real run raises is the outcome
         wrong, status = False, f"{type(exc).__name__}: {exc}"[:300]

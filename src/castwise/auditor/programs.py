@@ -40,7 +40,7 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
         if key not in done:
             args = inputs if given else _tensors(receives or ())
             seen = rp.Collectives()
-            with rp.recording(seen):
+            with rp.recording(seen), rp.one_program():
                 report = audit(program.module, args, **options)
             done[key] = (program, report, seen)
         report = done[key][1]

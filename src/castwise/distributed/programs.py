@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,10 +81,45 @@ class Layout:
     world: int
 
 
+# set while the per-program audit runs one program: a module recognised as expert parallel by
+# its parameters is then that program, not a mesh of programs again
+_ONE_PROGRAM: ContextVar[bool] = ContextVar("castwise_one_program", default=False)
+
+
+@contextlib.contextmanager
+def one_program() -> Iterator[None]:
+    token = _ONE_PROGRAM.set(True)
+    try:
+        yield
+    finally:
+        _ONE_PROGRAM.reset(token)
+
+
+def expert_mesh(obj: Any) -> Any:
+    """The whole mesh of a module holding DTensor parameters sharded over an ``ep`` mesh dim (an
+    expert-parallel style's experts, ``[experts, ...]`` sharded on dim 0 by ``distribute_module``);
+    None: no such parameter."""
+    from torch import nn
+
+    if not isinstance(obj, nn.Module) or "torch.distributed.tensor" not in sys.modules:
+        return None
+    for p in obj.parameters():
+        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if mesh is None or placements is None:
+            continue
+        names = tuple(mesh.mesh_dim_names or ())
+        if any(n == "ep" and pl.is_shard() for n, pl in zip(names, placements, strict=False)):
+            return mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    return None
+
+
 def is_programs(obj: Any) -> bool:
-    """Whether ``obj`` is what the per-program audit takes: RankPrograms, a PipelineStage, or a
-    non-empty list / tuple of PipelineStages."""
+    """Whether ``obj`` is what the per-program audit takes: RankPrograms, a PipelineStage, a
+    non-empty list / tuple of PipelineStages, or a module whose experts are sharded over an
+    ``ep`` mesh dim (its EP ranks' programs, read from the model itself)."""
     if isinstance(obj, RankPrograms):
+        return True
+    if not _ONE_PROGRAM.get() and expert_mesh(obj) is not None:
         return True
     if isinstance(obj, (list, tuple)) and obj:
         return all(_is_stage(s) for s in obj)
@@ -90,8 +127,6 @@ def is_programs(obj: Any) -> bool:
 
 
 def _is_stage(obj: Any) -> bool:
-    import sys
-
     stage = getattr(sys.modules.get("torch.distributed.pipelining.stage"), "_PipelineStageBase", None)
     return stage is not None and isinstance(obj, stage)
 
@@ -100,6 +135,9 @@ def read(obj: Any) -> Layout:
     """The programs of ``obj`` (see ``is_programs``), each with its ranks on the mesh."""
     if isinstance(obj, RankPrograms):
         items, dim, mesh = tuple(obj.programs), obj.dim, obj.mesh
+    elif (mesh := expert_mesh(obj)) is not None:
+        # every EP rank runs the model on its own experts' shard: one program per ep coordinate
+        items, dim = (obj,) * int(mesh.mesh.shape[tuple(mesh.mesh_dim_names).index("ep")]), "ep"
     else:
         stages = sorted(obj if isinstance(obj, (list, tuple)) else [obj], key=lambda s: s.stage_index)
         items, dim, mesh = tuple(stages), "pp", None
