@@ -49,6 +49,7 @@ def test_a_fault_of_rank_1s_stage_alone_is_reported_by_rank_0_naming_rank_1(tmp_
     [finding] = [f for f in model["findings"] if f["severity"] == "error"]
     assert finding["module"] == "2" and finding["ranks"] == [1] and finding["message"].endswith("[rank 1]")
     assert [p["ranks"] for p in model["programs"]] == [[0], [1]]
+    assert [(r["mode"], r["status"]) for r in model["runs"]] == [("eval", "error")]  # the worst of the two
 
 
 @pytest.mark.parametrize("case", ["clean", "replicas"])

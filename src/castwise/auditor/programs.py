@@ -18,7 +18,7 @@ import torch
 
 from castwise._dtypes import canonical, to_torch
 from castwise.distributed import programs as rp
-from castwise.report import Finding, Report
+from castwise.report import Finding, Report, Run
 
 
 def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **options: Any) -> Report:
@@ -71,9 +71,9 @@ def audit_programs(obj: Any, inputs: Any, audit: Callable[..., Report], **option
             }
         )
         parts.append((f"{layout.dim}={','.join(str(p.index) for p in members)}", ranks, report))
-        merged.runs += [r for r in report.runs if r not in merged.runs]
         whole = replace(rep_program, ranks=tuple(ranks))
         by_program.append((whole, seen))
+    merged.runs = joined_runs([report for _w, _r, report in parts])
     merged.findings = [
         *rp.p2p_findings(layout, sent, first_module, modes),
         *rp.collective_findings(by_program, layout.dim, modes),
@@ -105,6 +105,22 @@ def said_for_ranks(parts: Sequence[tuple[str, Sequence[int], Report]]) -> list[F
     return out
 
 
+_WORST = {"ok": 0, "error": 1, "incomplete": 2}
+
+
+def joined_runs(reports: Sequence[Report]) -> list[Run]:
+    """The programs' runs, one per mode / device / policy / kind, with the worst status among
+    them ("eval on cpu: error" where one program's eval run failed, not "ok, error")."""
+    joined: dict[tuple[Any, ...], Run] = {}
+    for report in reports:
+        for run in report.runs:
+            key = (run.mode, run.device, run.policy, run.kind)
+            seen = joined.get(key)
+            if seen is None or _WORST[run.status] > _WORST[seen.status]:
+                joined[key] = run
+    return list(joined.values())
+
+
 def merge_ranks(parts: Sequence[tuple[Sequence[int], Report]], world: int) -> Report:
     """One report for the programs the ranks of a launched job ran (``castwise run`` under
     torchrun): ``parts`` holds each distinct program's ranks and report. One program on every rank
@@ -120,7 +136,7 @@ def merge_ranks(parts: Sequence[tuple[Sequence[int], Report]], world: int) -> Re
     else:
         merged = Report(
             findings=said_for_ranks([("", ranks, r) for ranks, r in parts]),
-            runs=list(dict.fromkeys(run for _ranks, r in parts for run in r.runs)),
+            runs=joined_runs([r for _ranks, r in parts]),
             summary=first.summary,
             title=f"{first.title} - {len(parts)} distinct rank programs over {world} ranks{gap}",
         )
