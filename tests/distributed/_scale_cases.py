@@ -38,6 +38,37 @@ class Stage(nn.Module):
         return x.to(self.out) if self.out is not None else x
 
 
+class PairStage(Stage):
+    """A stage that takes and returns two tensors, the hidden states and a table made by stage 0
+    (position embeddings, in ``table`` there) that each later stage uses and passes on."""
+
+    def __init__(self, first: int, count: int, dtype: torch.dtype, table: torch.dtype) -> None:
+        super().__init__(first, count, dtype)
+        self.table = table
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        if pos is None:
+            pos = torch.linspace(0, 1, ROWS * HIDDEN, dtype=self.table).view(ROWS, HIDDEN)
+        return super().forward(x + pos.to(x.dtype)), pos
+
+
+def _pairs(
+    dtypes: tuple[torch.dtype, ...], table: torch.dtype, declared: tuple[torch.dtype, ...]
+) -> Callable[[int, Any], Any]:
+    """Two-tensor stages in ``dtypes[i]``, stage 0 making the table in ``table``; stage i > 0
+    declares its receive buffers as (its own dtype, ``declared[i]``)."""
+
+    def make(i: int, group: Any) -> Any:
+        from torch.distributed.pipelining import PipelineStage
+
+        module = PairStage(2 * i, 2, dtypes[i], table)
+        hidden = torch.zeros(ROWS, HIDDEN, dtype=dtypes[i])
+        args = (hidden,) if i == 0 else (hidden, torch.zeros(ROWS, HIDDEN, dtype=declared[i]))
+        return PipelineStage(module, i, len(dtypes), torch.device("cpu"), args, group=group)
+
+    return make
+
+
 class Reducer(nn.Module):
     """A layer that reduce-scatters (or all-gathers) its output over its group into a buffer of ``into``."""
 
@@ -61,7 +92,7 @@ class Reducer(nn.Module):
 class Case:
     name: str
     world: int
-    kind: str  # "pp", "ep", "dp"
+    kind: str  # "pp", "ep", "dp"; "ep-dtensor": one model whose experts are DTensors sharded over ep
     mesh: tuple[tuple[str, int], ...]  # the mesh's dims, outermost first
     make: Callable[[int, Any], Any]  # (coordinate, group) -> the program's module / stage
     inputs: Callable[[], Any]
@@ -124,12 +155,33 @@ def _pp(name: str, dtypes: tuple[torch.dtype, ...], expect: set[Any], **kw: Any)
     return Case(name, world, "pp", mesh, _stages(dtypes, **kw), _x(dtypes[0]), frozenset(expect), gloo)
 
 
+def _pp2(name: str, declared: torch.dtype, expect: set[Any]) -> Case:
+    """Two bf16 stages sending (hidden, an f32 table); stage 1 declares the table as ``declared``."""
+    return Case(name, 2, "pp", (("pp", 2),), _pairs((BF16, BF16), F32, (BF16, declared)), _x(BF16), frozenset(expect))
+
+
 def _ep(name: str, odd: dict[int, tuple[int, torch.dtype]], expect: set[Any], **kw: Any) -> Case:
     mesh = kw.pop("mesh", (("ep", 4),))
     world = 1
     for _n, s in mesh:
         world *= s
     return Case(name, world, "ep", mesh, _experts(odd, **kw), _x(BF16, 8), frozenset(expect))
+
+
+def _ep_dtensor(name: str, recv: torch.dtype | None, expect: set[Any]) -> Case:
+    """Grouped experts sharded over ep=4 by an expert-parallel style (tests/distributed/_ep_style.py),
+    its dispatch receiving into a buffer of ``recv``: the model itself, no RankPrograms."""
+
+    def make(coord: int, mesh: Any) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        from tests.distributed._ep_style import ExpertsOverEP, MoEBlock
+
+        torch.manual_seed(0)
+        model = MoEBlock(8, HIDDEN, 8).to(BF16)
+        return parallelize_module(model, mesh, {"experts": ExpertsOverEP(recv)})
+
+    return Case(name, 4, "ep-dtensor", (("ep", 4),), make, _x(BF16, 16), frozenset(expect))
 
 
 def _dp(name: str, into: torch.dtype, kind: str, expect: set[Any], dtype: torch.dtype = F32) -> Case:
@@ -168,6 +220,12 @@ CASES: tuple[Case, ...] = (
         {("CW174", "layers.4", S, (2, 6))},
         mesh=(("dp", 2), ("pp", 4)),
     ),
+    # a stage sending a tuple: each tensor goes into the next stage's buffer of its position
+    _pp2(
+        "pp tuple: stage 0's f32 position table into stage 1's bf16 input_args[1]",
+        BF16,
+        {("CW174", "layers.2", S, (1,))},
+    ),
     # expert parallel: one EP rank's experts in another dtype, the combine all-to-all disagrees
     _ep("ep: rank 3 keeps moe.1's experts in f32", {3: (1, F32)}, {("CW175", "moe.1", "all-to-all", (3,))}),
     _ep("ep: rank 0 keeps moe.0's experts in f32", {0: (0, F32)}, {("CW175", "moe.0", "all-to-all", (0,))}),
@@ -177,6 +235,12 @@ CASES: tuple[Case, ...] = (
         {2: (0, F32)},
         {("CW175", "moe.0", "all-to-all", (2, 6))},
         mesh=(("dp", 2), ("ep", 4)),
+    ),
+    # expert parallel read from the model: its experts' DTensor weights sharded over the ep dim
+    _ep_dtensor(
+        "ep dtensor: the dispatch receives bf16 tokens into an f32 buffer",
+        F32,
+        {("CW175", "experts", "all-to-all", (0, 1, 2, 3))},
     ),
     # one call with operands of two dtypes: a reduce narrower than what it reduces
     _dp("dp: f32 reduce-scattered into bf16", BF16, "reduce-scatter", {("CW175", "", "reduce-scatter", (0, 1))}),
@@ -192,10 +256,12 @@ CASES: tuple[Case, ...] = (
         outs=(None, BF16, None, None),
         ins=(BF16, BF16, BF16, BF16),
     ),
+    _pp2("control pp tuple: stage 1 declares the f32 position table it receives", F32, set()),
     _ep("control ep: all ranks bf16", {}, set()),
     _ep("control ep: rank 3 f32 experts cast back before the combine", {3: (1, F32)}, set(), back=BF16),
     _dp("control dp: f32 reduce-scattered into f32", F32, "reduce-scatter", set()),
     _ep("control ep x dp: all bf16 on (dp=2, ep=4)", {}, set(), mesh=(("dp", 2), ("ep", 4))),
+    _ep_dtensor("control ep dtensor: the dispatch receives into a buffer like the tokens", None, set()),
 )
 
 
@@ -207,6 +273,8 @@ def programs(case: Case) -> Any:
 
     names = tuple(n for n, _s in case.mesh)
     mesh = init_device_mesh("cpu", tuple(s for _n, s in case.mesh), mesh_dim_names=names)
+    if case.kind == "ep-dtensor":
+        return case.make(0, mesh["ep"])  # the model as the user has it: castwise reads its EP programs
     dim = case.kind
     group = mesh.get_group(dim)
     made = tuple(case.make(i, group) for i in range(dict(case.mesh)[dim]))
@@ -288,10 +356,11 @@ def _worker(rank: int, index: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=case.world)
     names = tuple(n for n, _s in case.mesh)
     mesh = init_device_mesh("cpu", tuple(s for _n, s in case.mesh), mesh_dim_names=names)
-    group = mesh.get_group(case.kind)
+    dim = "ep" if case.kind == "ep-dtensor" else case.kind
+    group = mesh.get_group(dim)
     coord = dist.get_rank(group)
     try:
-        wrong = _run(case, case.make(coord, group), coord, group)
+        wrong = _run(case, case.make(coord, mesh[dim] if dim != case.kind else group), coord, group)
         status = "ok"
     except Exception as exc:  # what the real run raises is the outcome
         wrong, status = False, f"{type(exc).__name__}: {exc}"[:300]
@@ -318,9 +387,9 @@ def _run_stage(stage: Any, coord: int, group: Any) -> bool:
     agrees on) what it sent and received, and compares its input with the previous stage's output."""
     from torch.distributed.pipelining import ScheduleGPipe
 
-    seen: dict[str, torch.Tensor] = {}
-    stage.submod.register_forward_pre_hook(lambda m, args: seen.__setitem__("in", args[0].detach().clone()))
-    stage.submod.register_forward_hook(lambda m, args, out: seen.__setitem__("out", out.detach().clone()))
+    seen: dict[str, tuple[torch.Tensor, ...]] = {}
+    stage.submod.register_forward_pre_hook(lambda m, args: seen.__setitem__("in", _held(args)))
+    stage.submod.register_forward_hook(lambda m, args, out: seen.__setitem__("out", _held(out)))
     schedule = ScheduleGPipe(stage, n_microbatches=1)
     if coord == 0:
         x = torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(0))
@@ -329,9 +398,17 @@ def _run_stage(stage: Any, coord: int, group: Any) -> bool:
         schedule.step()
     world = dist.get_world_size(group)
     sent = [torch.zeros(8 * ROWS * HIDDEN, dtype=torch.float64) for _ in range(world)]
-    mine = seen["out"].double().flatten()
+    mine = torch.cat([t.double().flatten() for t in seen["out"]])
     dist.all_gather(sent, nn.functional.pad(mine, (0, 8 * ROWS * HIDDEN - mine.numel())), group=group)
     if coord == 0:
         return False
-    before = sent[coord - 1][: seen["in"].numel()]
-    return not torch.equal(before.to(seen["in"].dtype).double(), seen["in"].double().flatten())
+    wrong, at = False, 0
+    for received in seen["in"]:  # each input against the previous stage's output of its position
+        before = sent[coord - 1][at : at + received.numel()]
+        wrong = wrong or not torch.equal(before.to(received.dtype).double(), received.double().flatten())
+        at += received.numel()
+    return wrong
+
+
+def _held(value: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(t.detach().clone() for t in (value if isinstance(value, tuple) else (value,)))

@@ -43,6 +43,30 @@ def test_one_audit_per_distinct_program_and_the_title_names_the_whole_mesh() -> 
     assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
 
 
+def test_experts_sharded_over_ep_are_read_as_the_ep_ranks_programs_from_the_model_itself() -> None:
+    """No RankPrograms: the experts' DTensor weights sharded on dim 0 over the "ep" mesh dim make
+    the model an EP plan, audited as its ranks' program (local experts, the style's all-to-alls)."""
+    case = next(c for c in CASES if c.name.startswith("ep dtensor"))
+    with fake_process_group(case.world), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = programs(case)
+        before = _held(model)
+        report = castwise.audit(model, case.inputs(), mode="eval")
+        after = _held(model)
+    assert report.title.startswith("castwise audit of EP4 over 4 ranks (ep=4)")
+    assert [p["ep"] for p in report.extra["programs"]] == [[0, 1, 2, 3]]
+    [finding] = report.errors
+    assert "The all-to-all in `experts` (torch.distributed.all_to_all_single)" in finding.message
+    assert finding.message.endswith("[ep=0,1,2,3: ranks 0-3]")
+    assert before == after and before["experts.w1"] == ("DTensor", torch.bfloat16, (2, 16, 8))
+
+
+def _held(model: torch.nn.Module) -> dict[str, tuple[str, torch.dtype, tuple[int, ...]]]:
+    """Each parameter's class, dtype and local shape (a DTensor's shard on this rank)."""
+    local = {n: p.to_local() if hasattr(p, "to_local") else p for n, p in model.named_parameters()}
+    return {n: (type(p).__name__, p.dtype, tuple(local[n].shape)) for n, p in model.named_parameters()}
+
+
 def test_the_programs_themselves_are_left_as_they_were() -> None:
     case = next(c for c in CASES if c.name.startswith("ep: rank 3"))
     with fake_process_group(case.world):
@@ -71,7 +95,9 @@ def test_bad_programs_are_refused_with_what_is_valid() -> None:
 # reduce-scatter, and a clean pipeline; bench_scale.py --only faults --real runs every case
 REAL = (
     "pp static: stage 1 reads bf16 bytes as f32 (input_args and output_args given)",
+    "pp tuple: stage 0's f32 position table into stage 1's bf16 input_args[1]",
     "ep: rank 3 keeps moe.1's experts in f32",
+    "ep dtensor: the dispatch receives bf16 tokens into an f32 buffer",
     "dp: f32 reduce-scattered into bf16",
     "control pp: all stages bf16",
 )

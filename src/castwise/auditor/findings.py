@@ -304,6 +304,18 @@ def _fake_kernel_refused(fail: Event, text: str, simulated_cuda: bool) -> Diag:
     )
 
 
+def _c10d_call(exc: BaseException) -> str:
+    """`` (in torch.distributed.all_to_all_single)``: the torch.distributed function the user called
+    where ``exc`` was raised inside it (c10d's own checks raise before any op dispatches), else ""."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py"):
+            return f" (in torch.distributed.{code.co_name})"  # the outermost: the API the user called
+        tb = tb.tb_next
+    return ""
+
+
 def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     """The finding for what the model raised (None: already reported as a predicted violation)."""
     trace, fail = r.trace, r.trace.failure
@@ -314,7 +326,7 @@ def _raised(r: RunRecord, exc: BaseException) -> Diag | None:
     if forward and trace.error_phase == "backward" and r.fake:
         return None  # backward of a forward the real run would not have finished
     module = trace.stack[-1].name if trace.stack else (fail.module if fail else "")
-    text = f"{type(exc).__name__}: {_first_line(exc)}"
+    text = f"{type(exc).__name__}: {_first_line(exc)}{_c10d_call(exc)}"
     grad_hooks = [c for c in trace.hook_changes if c.kind == "grad"]
     if grad_hooks and "changed the type of value" in str(exc):
         change = grad_hooks[-1]  # autograd checks each hook's result as it returns: the last one raised

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from castwise.cli import EXIT_FINDINGS, DeviceChoice, check_json_path, error, terminal_width
 from castwise.errors import CastwiseError
+
+if TYPE_CHECKING:
+    from castwise.integrations.ranks import Meeting
+    from castwise.integrations.run import Watcher
+    from castwise.report import Report
+
+Reporter = Callable[[str, "Report"], None]
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -34,8 +44,8 @@ def run(
 
     castwise's lines go to stderr; the script's stdout is left as it is. The exit code is the
     script's own, or 1 when it exited 0 and an audit found an error."""
-    from castwise.integrations.run import RunStopped, Watcher, run_script
-    from castwise.report import Report, render_report
+    from castwise.integrations.run import RunStopped, run_script
+    from castwise.report import render_report
 
     if json_path == "-":
         error("castwise run --json needs a file: the script's stdout is the script's own")
@@ -56,15 +66,13 @@ def run(
         print(f"castwise run: {name}{when}", file=sys.stderr)
         print(render_report(report, terminal_width()), file=sys.stderr, flush=True)
 
-    if launched_rank() != 0:
-        # torchrun / accelerate launch: every rank runs the same model; rank 0 audits and reports
-        # for them all, the others run the script as python would, unwatched (no audit, no cost)
-        return _unwatched(script, list(args), as_module)
-
     def note(text: str) -> None:
         print(f"castwise run: note: {text}", file=sys.stderr, flush=True)
 
-    watcher = Watcher(policy=policy, device=device, mode=mode, stop=stop, on_report=show, on_note=note)
+    watched = _watcher(dict(policy=policy, device=device, mode=mode, stop=stop), show, note)
+    if watched is None:  # torchrun without its agent store, rank > 0: rank 0 speaks alone
+        return _unwatched(script, list(args), as_module)
+    watcher, meeting = watched
     try:
         code = run_script(script, list(args), watcher, module=as_module)
     except RunStopped as exc:
@@ -75,6 +83,11 @@ def run(
     except Exception as exc:  # the script's own error: printed as python prints it, exit 1 as python's
         print_script_error(exc)
         code = 1
+    finally:
+        if meeting is not None:
+            meeting.finish()
+    if watcher.on_report is None:
+        return code  # the script's own: a rank exiting 1 for a finding would make torchrun stop rank 0
     if json_path is not None:
         import json
 
@@ -89,16 +102,31 @@ def run(
     return code
 
 
-def launched_rank() -> int:
-    """This process's global rank as torchrun and accelerate launch set it (``RANK``, else
-    ``LOCAL_RANK`` on one node); 0 when launched on its own or the value is not a number."""
-    import os
+def _watcher(
+    options: dict[str, Any], show: Reporter, note: Callable[[str], None]
+) -> tuple[Watcher, Meeting | None] | None:
+    """The watcher of this process. Under torchrun / accelerate launch each rank audits its program
+    (once per distinct program) and rank 0 prints one report per model for all ranks, the others
+    print nothing (castwise.integrations.ranks); None: a rank > 0 with no store to meet through."""
+    from castwise.integrations.ranks import launched_rank, meeting_from_env
+    from castwise.integrations.run import Watcher
 
-    for var in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(var, "").strip()
-        if value:
-            return int(value) if value.isdigit() else 0
-    return 0
+    lead = launched_rank() == 0
+    meeting = meeting_from_env(None)
+    if meeting is None and not lead:
+        return None
+    watcher = Watcher(**options, on_report=show if lead else None, on_note=note if lead else None, meeting=meeting)
+    if meeting is not None:
+
+        def joined(name: str, report: Report) -> None:  # rank 0: one model's report for every rank
+            watcher.reports.append((name, report))
+            show(name, report)
+
+        meeting.on_report = joined
+        meeting.start()
+    elif os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        note("launched without torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE): only rank 0's program is audited")
+    return watcher, meeting
 
 
 def _unwatched(script: str, args: list[str], as_module: bool) -> int:

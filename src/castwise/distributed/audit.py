@@ -219,7 +219,7 @@ def _view_module(
     for key in _HOOK_DICTS:
         hooks = state.get(key)
         if isinstance(hooks, dict):
-            state[key] = type(hooks)((k, v) for k, v in hooks.items() if not _foreign_hook(v))
+            state[key] = type(hooks)((k, v) for k, v in hooks.items() if tp.user_style_hook(v) or not _foreign_hook(v))
     originals = wrapped.params.get(id(module), {}) if wrapped is not None else {}
     flat = getattr(sys.modules.get("torch.distributed.fsdp._flat_param"), "FlatParameter", None)
     params: dict[str, nn.Parameter | None] = {}

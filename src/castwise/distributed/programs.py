@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,10 +81,45 @@ class Layout:
     world: int
 
 
+# set while the per-program audit runs one program: a module recognised as expert parallel by
+# its parameters is then that program, not a mesh of programs again
+_ONE_PROGRAM: ContextVar[bool] = ContextVar("castwise_one_program", default=False)
+
+
+@contextlib.contextmanager
+def one_program() -> Iterator[None]:
+    token = _ONE_PROGRAM.set(True)
+    try:
+        yield
+    finally:
+        _ONE_PROGRAM.reset(token)
+
+
+def expert_mesh(obj: Any) -> Any:
+    """The whole mesh of a module holding DTensor parameters sharded over an ``ep`` mesh dim (an
+    expert-parallel style's experts, ``[experts, ...]`` sharded on dim 0 by ``distribute_module``);
+    None: no such parameter."""
+    from torch import nn
+
+    if not isinstance(obj, nn.Module) or "torch.distributed.tensor" not in sys.modules:
+        return None
+    for p in obj.parameters():
+        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if mesh is None or placements is None:
+            continue
+        names = tuple(mesh.mesh_dim_names or ())
+        if any(n == "ep" and pl.is_shard() for n, pl in zip(names, placements, strict=False)):
+            return mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    return None
+
+
 def is_programs(obj: Any) -> bool:
-    """Whether ``obj`` is what the per-program audit takes: RankPrograms, a PipelineStage, or a
-    non-empty list / tuple of PipelineStages."""
+    """Whether ``obj`` is what the per-program audit takes: RankPrograms, a PipelineStage, a
+    non-empty list / tuple of PipelineStages, or a module whose experts are sharded over an
+    ``ep`` mesh dim (its EP ranks' programs, read from the model itself)."""
     if isinstance(obj, RankPrograms):
+        return True
+    if not _ONE_PROGRAM.get() and expert_mesh(obj) is not None:
         return True
     if isinstance(obj, (list, tuple)) and obj:
         return all(_is_stage(s) for s in obj)
@@ -90,8 +127,6 @@ def is_programs(obj: Any) -> bool:
 
 
 def _is_stage(obj: Any) -> bool:
-    import sys
-
     stage = getattr(sys.modules.get("torch.distributed.pipelining.stage"), "_PipelineStageBase", None)
     return stage is not None and isinstance(obj, stage)
 
@@ -100,6 +135,9 @@ def read(obj: Any) -> Layout:
     """The programs of ``obj`` (see ``is_programs``), each with its ranks on the mesh."""
     if isinstance(obj, RankPrograms):
         items, dim, mesh = tuple(obj.programs), obj.dim, obj.mesh
+    elif (mesh := expert_mesh(obj)) is not None:
+        # every EP rank runs the model on its own experts' shard: one program per ep coordinate
+        items, dim = (obj,) * int(mesh.mesh.shape[tuple(mesh.mesh_dim_names).index("ep")]), "ep"
     else:
         stages = sorted(obj if isinstance(obj, (list, tuple)) else [obj], key=lambda s: s.stage_index)
         items, dim, mesh = tuple(stages), "pp", None
@@ -300,48 +338,80 @@ def recording(seen: Collectives) -> Iterator[None]:
 
 
 def p2p_findings(
-    layout: Layout, sent: dict[int, Spec], receiver_module: dict[int, str], modes: tuple[Any, ...]
+    layout: Layout, sent: dict[int, tuple[Spec, ...]], receiver_module: dict[int, str], modes: tuple[Any, ...]
 ) -> list[Finding]:
-    """A CW174 error per stage whose declared receive buffer differs from what the stage before
-    sends it: ``sent[i]``, stage i's output as its audit computed it."""
+    """A CW174 error per stage input whose declared receive buffer differs from what the stage
+    before sends into it: ``sent[i]``, stage i's outputs as its audit computed them (a tuple
+    sends each tensor into the next stage's buffer of the same position)."""
     found: list[Finding] = []
     for prev, nxt in itertools.pairwise(layout.programs):
-        out, want = sent.get(prev.index), nxt.receives
-        if out is None or not want or (out.dtype, out.shape) == (want[0].dtype, want[0].shape):
+        outs, want = sent.get(prev.index, ()), nxt.receives or ()
+        if not outs or not want:
             continue
-        first = receiver_module.get(nxt.index, "")
-        what = "dtype" if out.dtype != want[0].dtype else "shape"
-        found.append(
-            Finding(
-                code="CW174",
-                message=(
-                    f"Pipeline stage {prev.index} ({ranks_text(prev.ranks)}) sends {out} to stage {nxt.index} "
-                    f"({ranks_text(nxt.ranks)}), whose receive buffer is {want[0]} (PipelineStage input_args): "
-                    + (
-                        f"with input_args and output_args given nothing exchanges metadata and the send/recv "
-                        f"moves bytes, so stage {nxt.index} computes on the bits of another tensor, silently."
-                        if nxt.static
-                        else f"stage {nxt.index} raises PipeliningMetadataError ('{what} mismatch') at its first "
-                        "step, on its ranks only, while the other stages wait on it."
-                    )
-                ),
-                module=first,
-                origin=Origin(first or None, None, f"input of stage {nxt.index} (recv from stage {prev.index})"),
-                modes=modes,
-                fix=(
-                    f"Declare stage {nxt.index}'s input_args as {out} (what stage {prev.index} computes), or cast "
-                    f"stage {prev.index}'s output to {want[0].dtype} before it returns (so both ends agree)."
-                ),
-                details=(
-                    ("collective", "send/recv"),
-                    ("send", str(out)),
-                    ("recv", str(want[0])),
-                    ("stages", [prev.index, nxt.index]),
-                    ("ranks", list(nxt.ranks)),
-                ),
-            )
-        )
+        for at, (out, buf) in enumerate(itertools.zip_longest(outs, want)):
+            if out != buf:
+                found.append(_cw174(prev, nxt, at, (out, buf), (len(outs), len(want)), receiver_module, modes))
     return found
+
+
+def _cw174(
+    prev: Program,
+    nxt: Program,
+    at: int,
+    pair: tuple[Spec | None, Spec | None],
+    counts: tuple[int, int],
+    receiver_module: dict[int, str],
+    modes: tuple[Any, ...],
+) -> Finding:
+    out, buf = pair
+    first = receiver_module.get(nxt.index, "")
+    many = max(counts) > 1
+    sends = f"{out} as output {at}" if many and out is not None else str(out)
+    into = f"input_args[{at}] {buf}" if many else f"{buf} (PipelineStage input_args)"
+    if out is None or buf is None:  # one end has more tensors than the other
+        what = "tensor count"
+        head = (
+            f"Pipeline stage {prev.index} ({ranks_text(prev.ranks)}) sends {counts[0]} tensors to stage "
+            f"{nxt.index} ({ranks_text(nxt.ranks)}), which declares {counts[1]} receive buffers "
+            f"(PipelineStage input_args): "
+        )
+    else:
+        what = "dtype" if out.dtype != buf.dtype else "shape"
+        head = (
+            f"Pipeline stage {prev.index} ({ranks_text(prev.ranks)}) sends {sends} to stage {nxt.index} "
+            f"({ranks_text(nxt.ranks)}), whose receive buffer is {into}: "
+        )
+    tail = (
+        f"with input_args and output_args given nothing exchanges metadata and the send/recv moves bytes, "
+        f"so stage {nxt.index} computes on the bits of another tensor, silently."
+        if nxt.static
+        else f"stage {nxt.index} raises PipeliningMetadataError ('{what} mismatch') at its first step, on its "
+        "ranks only, while the other stages wait on it."
+    )
+    fix = (
+        f"Declare stage {nxt.index}'s input_args as {out} (what stage {prev.index} computes), or cast stage "
+        f"{prev.index}'s output to {buf.dtype} before it returns (so both ends agree)."
+        if out is not None and buf is not None
+        else f"Declare one input_args tensor per tensor stage {prev.index} returns ({counts[0]})."
+    )
+    return Finding(
+        code="CW174",
+        message=head + tail,
+        module=first,
+        origin=Origin(
+            first or None, None, f"input{f' {at}' if many else ''} of stage {nxt.index} (recv from stage {prev.index})"
+        ),
+        modes=modes,
+        fix=fix,
+        details=(
+            ("collective", "send/recv"),
+            ("send", str(out)),
+            ("recv", str(buf)),
+            ("input", at),
+            ("stages", [prev.index, nxt.index]),
+            ("ranks", list(nxt.ranks)),
+        ),
+    )
 
 
 def collective_findings(

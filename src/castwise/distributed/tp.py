@@ -144,6 +144,20 @@ def _style_fn(values: list[Any]) -> tuple[str, str, tuple[Any, ...], Any] | None
     return None
 
 
+def user_style_hook(fn: Any) -> bool:
+    """Whether ``fn`` is a hook ``distribute_module`` put on a module to call a style's own
+    input_fn / output_fn that is not torch's (an expert-parallel style's token dispatch and
+    combine): the view keeps it and runs it on the local tensors, as each rank runs it, where
+    torch's styles are replaced by the layout hooks below."""
+    if "distribute_module" not in getattr(fn, "__qualname__", ""):
+        return False
+    for v in _closure(fn):
+        func = v.func if isinstance(v, functools.partial) else getattr(v, "__func__", v)
+        if callable(func) and _mesh_in([v]) is None and not str(getattr(func, "__module__", "")).startswith("torch."):
+            return True
+    return False
+
+
 def _is_style(obj: Any) -> bool:
     style = getattr(sys.modules.get("torch.distributed.tensor.parallel.style"), "ParallelStyle", None)
     return style is not None and isinstance(obj, style)

@@ -28,10 +28,13 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 from castwise import devices
+from castwise._dtypes import short_of
+from castwise.distributed.programs import Spec, signature
 from castwise.errors import RunStopped
 from castwise.integrations._steps import audit_or_skip, random_streams_kept
 from castwise.integrations.frameworks import Framed, framed, framework_backward, preset_note
 from castwise.integrations.imports import imported_as_on, imported_note
+from castwise.integrations.ranks import Meeting
 from castwise.ledger.runtime import StepProbe, watch_steps
 from castwise.ledger.values import Ledger
 from castwise.report import Report
@@ -61,6 +64,7 @@ class Watcher:
     ledgers: list[Ledger] = field(default_factory=list)  # each optimizer's, from its first steps
     _names: dict[int, str] = field(default_factory=dict)  # the script's models' parameters, by id
     _roots: list[nn.Module] = field(default_factory=list)  # the script's models (the ledger reads FSDP2's dtypes)
+    meeting: Meeting | None = None  # torchrun / accelerate launch: the ranks' programs meet on rank 0
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Watcher]:
@@ -108,29 +112,43 @@ class Watcher:
         model = framework.audited(self.policy) if framework is not None else module
         policy = self.policy if self.policy is not None else self._policy_of(model, framework)
         self._note_presets()
+        name = type(model).__name__
+
+        def run_audit() -> Report | None:
+            report = audit_or_skip(
+                lambda: audit(model, inputs, policy=policy, device=self.device, mode=self.mode),
+                f"{name} (castwise run)",
+            )
+            if report is not None and framework is not None:  # the precision the run used, and whence
+                report.title = f"{report.title[:-1]}{framework.describe(self.policy)})"
+                report.extra["framework"] = framework.to_dict(self.policy)
+            return report
+
         self._busy = True  # the audit calls modules too: none of those is the script's first call
         try:
             # the script's random streams stay as they were, and its own dispatch modes do not see
             # the audit's ops (litgpt's measure_flops counts a meta model's FLOPs in a FlopCounterMode)
             with random_streams_kept(), framework_backward(framework), _disable_current_modes():
-                report = audit_or_skip(
-                    lambda: audit(model, inputs, policy=policy, device=self.device, mode=self.mode),
-                    f"{type(model).__name__} (castwise run)",
-                )
+                if self.meeting is None:
+                    report = run_audit()
+                else:  # torchrun: audited once per distinct program, joined and printed by rank 0
+                    report = self.meeting.audit(name, self._program(model, inputs, policy), run_audit)
         finally:
             self._busy = False
         if report is None:
             return
-        if framework is not None:  # the report names the precision the run used, and where it is from
-            report.title = f"{report.title[:-1]}{framework.describe(self.policy)})"
-            report.extra["framework"] = framework.to_dict(self.policy)
-        name = type(model).__name__
-        self.reports.append((name, report))
-        if self.on_report is not None:
-            self.on_report(name, report)
+        if self.meeting is None:
+            self.reports.append((name, report))
+            if self.on_report is not None:
+                self.on_report(name, report)
         if self.stop and report.errors:
             first = report.errors[0]
             raise RunStopped(f"castwise run --stop: {name}: {first.code} at `{first.module}`: {first.message}")
+
+    def _program(self, model: nn.Module, inputs: Inputs, policy: str | None) -> str:
+        """What makes two ranks' models the same program to audit (the meeting's fingerprint)."""
+        handed = tuple(Spec(short_of(t.dtype), tuple(t.shape)) for t in inputs.tensors())
+        return repr((signature(model, handed), policy, self.device, self.mode))
 
     def _ledger(self, ledger: Ledger) -> None:
         """An optimizer's ledger from the script's own first steps; shown as a report when it
