@@ -81,7 +81,7 @@ def audit(
     parts = compiled_parts(model)
     if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
         model = parts[0]
-    blocks = compiled_blocks(model)
+    blocks = compiled_blocks(model) if isinstance(model, nn.Module) else ()
     if blocks:  # modules compiled on their own inside (block by block, Fabric's): the same, per block
         model = user_view(model)
         if parts is None:

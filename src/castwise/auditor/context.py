@@ -149,7 +149,7 @@ def make_ctx(
         odd = [i for i in floats if dtypes[i] not in usual]
         if odd:
             culprits = odd
-        elif autocast is not None:
+        elif autocast is not None and not is_fast:  # a fused kernel blames its activation itself
             culprits = _not_autocasts(culprits, floats, dtypes, provs)
     culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray), autocast)
     return Ctx(
