@@ -417,3 +417,56 @@ def test_cw141_sizes_an_arange_by_its_last_position() -> None:
     # controls: a table of 256 positions (0-255) is exact in bf16; 257 reach 256, a step of 2
     assert _codes(castwise.audit(_GridInBf16(), torch.randn(1, 256, 8), policy="bf16-true", mode="eval"), "CW141") == []
     assert _codes(castwise.audit(_GridInBf16(), torch.randn(1, 257, 8), policy="bf16-true", mode="eval"), "CW141")
+
+
+class _LitgptRouter(nn.Module):
+    """litgpt's LLaMAMoE router: top-k on the gate's logits, then the softmax of the k chosen."""
+
+    def __init__(self, argmax: bool = False) -> None:
+        super().__init__()
+        self.argmax = argmax
+        self.gate = nn.Linear(16, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        router = self.gate(x)
+        if self.argmax:  # a look-alike: one prediction per row, no routing
+            return x * router.argmax(-1, keepdim=True)
+        probs, indices = torch.topk(router, 2)
+        probs = probs.softmax(dim=1, dtype=torch.float).to(dtype=x.dtype)
+        return x * probs.sum(-1, keepdim=True) + indices.sum() * 0
+
+
+class _LitgptMoe(nn.Module):
+    def __init__(self, argmax: bool = False) -> None:
+        super().__init__()
+        self.moe = _LitgptRouter(argmax)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x)
+
+
+@pytest.mark.parametrize("policy", ["bf16-true", "bf16-mixed"])
+def test_cw142_top_k_on_bf16_router_logits_and_the_measured_flips(policy: str) -> None:
+    torch.manual_seed(0)
+    report = castwise.audit(_LitgptMoe(), (torch.randn(32, 16),), policy=policy, mode="eval", device="cuda")
+    hits = [f for f in report.findings if f.code == "CW142"]
+    assert [(f.module, f.op) for f in hits] == [("moe", "aten.topk")], str(report)
+    assert "logits" in hits[0].message and "keep[moe]=f32" in (hits[0].fix or "")
+    # measured: top-k on the bf16 logits against top-k on the same product in float32 (the bf16
+    # gate, 4096 tokens): the bf16 router sends some tokens to another pair of experts, about as
+    # often as top-k on bf16 probabilities does (test above)
+    gate = _LitgptRouter().gate.to(torch.bfloat16)
+    x = torch.randn(4096, 16, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.no_grad():
+        low = gate(x).topk(2, -1).indices.sort(-1).values
+        exact = (x.float() @ gate.weight.float().T).topk(2, -1).indices.sort(-1).values
+    assert (low != exact).any(-1).float().mean().item() > 0.0005
+
+
+def test_cw142_controls_a_float32_router_and_an_argmax_on_logits_are_clean() -> None:
+    x = (torch.randn(32, 16),)
+    for policy in ("fp32", "bf16-true,keep[moe]=f32", "bf16-mixed,keep[moe]=f32"):
+        report = castwise.audit(_LitgptMoe(), x, policy=policy, mode="eval", device="cuda")
+        assert _codes(report, "CW142") == [], (policy, str(report))
+    report = castwise.audit(_LitgptMoe(argmax=True), x, policy="bf16-true", mode="eval", device="cuda")
+    assert _codes(report, "CW142") == [], str(report)

@@ -77,6 +77,10 @@ class Narrowed:
     rounding: Rounding
 
 
+# what made the values of a Decision taken on a matmul's 16-bit output itself (router logits)
+LOGITS = "a matmul (logits)"
+
+
 @dataclass(frozen=True)
 class Decision:
     """A choice (top-k, argmax, sort, a comparison) taken on 16-bit probabilities or scores."""
