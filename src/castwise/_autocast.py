@@ -49,6 +49,23 @@ class AutocastState:
         return None
 
 
+# the autocast blocks castwise has entered and not left, innermost last: (device type, the dtype
+# autocast casts to, None when the block turns it off). A module's forward wrapper (a policy's
+# root, an island) enters its block after the module's forward pre-hooks ran, where the tracer
+# reads autocast, and torch's state cannot be read from inside dispatch (an autocast kernel
+# excludes its key, which reads as "off"): the tracer reads this log instead.
+ENTERED: list[tuple[str, torch.dtype | None]] = []
+
+
+def entered_since(depth: int, device_type: str) -> tuple[bool, torch.dtype | None]:
+    """Whether a block for ``device_type`` was entered after the log had ``depth`` entries, and
+    the innermost one's dtype (None: autocast off in it)."""
+    for device, dtype in reversed(ENTERED[depth:]):
+        if device == device_type:
+            return True, dtype
+    return False, None
+
+
 @contextmanager
 def autocast(device_type: str, dtype: torch.dtype | None, enabled: bool = True) -> Iterator[None]:
     """Like ``torch.autocast(device_type, dtype)``, but sets the state directly so it also works
@@ -61,12 +78,15 @@ def autocast(device_type: str, dtype: torch.dtype | None, enabled: bool = True) 
         return
     before = AutocastState.capture()
     torch.autocast_increment_nesting()
+    depth = len(ENTERED)
     try:
         torch.set_autocast_enabled(device_type, enabled)
         if enabled and dtype is not None:
             torch.set_autocast_dtype(device_type, dtype)
+        ENTERED.append((device_type, torch.get_autocast_dtype(device_type) if enabled else None))
         yield
     finally:
+        del ENTERED[depth:]
         if torch.autocast_decrement_nesting() == 0:
             torch.clear_autocast_cache()
         # restored here, not by a call: under torch.compile, after a graph break inside the block

@@ -8,6 +8,7 @@ importing ``torch._dynamo`` (seconds to import).
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 from torch import nn
@@ -21,6 +22,9 @@ class CompileOptions:
     dynamic: bool | None = None
     # the backend's name ("inductor", "aot_eager", a function's name); None: not known
     backend: str | None = "inductor"
+    # the modules compiled on their own (``block.compile()``, ``layers[i] = torch.compile(b)``), by
+    # the user's names; empty: the whole model
+    blocks: tuple[str, ...] = ()
 
     @property
     def inductor(self) -> bool:
@@ -38,11 +42,77 @@ def compiled_parts(model: nn.Module) -> tuple[nn.Module, CompileOptions] | None:
     orig = getattr(model, "_orig_mod", None)
     if not isinstance(orig, nn.Module):
         return None
-    ctx = getattr(model, "dynamo_ctx", None)
+    return orig, _options(getattr(model, "dynamo_ctx", None))
+
+
+def _options(ctx: object) -> CompileOptions:
+    """The options of one ``torch.compile`` call, read off its context (Dynamo's OptimizeContext)."""
     dynamic = getattr(ctx, "_dynamic", None)
-    return orig, CompileOptions(
+    return CompileOptions(
         bool(getattr(ctx, "fullgraph", False)), dynamic if isinstance(dynamic, bool) else None, _backend_name(ctx)
     )
+
+
+def _in_place(module: nn.Module) -> CompileOptions | None:
+    """The options of ``module.compile()`` (nn.Module.compile: ``torch.compile(self._call_impl)``
+    kept as ``_compiled_call_impl``), None when it was not compiled in place. The compiled function
+    holds its context in its closure (torch/_dynamo/eval_frame.py, ``_TorchDynamoContext.__call__``)."""
+    fn = module.__dict__.get("_compiled_call_impl")
+    if fn is None:
+        return None
+    cells = getattr(fn, "__closure__", None) or ()
+    ctx = next((c.cell_contents for c in cells if type(c.cell_contents).__name__.endswith("OptimizeContext")), None)
+    return _options(ctx)
+
+
+def compiled_blocks(model: nn.Module) -> tuple[tuple[str, CompileOptions], ...]:
+    """The modules of ``model`` compiled on their own, by the user's names (``_orig_mod`` left
+    out), outermost first, none inside another: ``""`` when the root was compiled in place."""
+    found: list[tuple[str, CompileOptions]] = []
+
+    def walk(module: nn.Module, name: str) -> None:
+        parts = compiled_parts(module)
+        options = parts[1] if parts is not None else _in_place(module)
+        if options is not None:
+            found.append((name, options))
+            return
+        for child_name, child in module._modules.items():
+            if child is not None:
+                walk(child, f"{name}.{child_name}" if name else child_name)
+
+    walk(model, "")
+    return tuple(found)
+
+
+def user_view(model: nn.Module) -> nn.Module:
+    """``model`` without the compile wrappers inside it: an ``OptimizedModule`` child replaced by
+    the module it compiled, a module compiled in place without its compiled call. Modules on the
+    way to one are new objects sharing every tensor and untouched child; ``model`` is unchanged
+    (its copy would otherwise call the user's own modules through the compiled functions)."""
+    model = uncompiled(model)
+    inner = {id(c): _viewed(c) for c in model._modules.values() if c is not None}
+    changed = any(inner[id(c)] is not c for c in model._modules.values() if c is not None)
+    if not changed and _in_place(model) is None:
+        return model
+    view: nn.Module = object.__new__(type(model))
+    state = dict(model.__dict__)
+    children = model._modules.items()
+    state["_modules"] = type(model._modules)((n, None if c is None else inner[id(c)]) for n, c in children)
+    if "_compiled_call_impl" in state:
+        state["_compiled_call_impl"] = None
+    for key, value in state.items():
+        if isinstance(value, types.MethodType) and value.__self__ is model:
+            state[key] = types.MethodType(value.__func__, view)  # an instance's own forward: the view's
+    view.__dict__.update(state)
+    return view
+
+
+def _viewed(module: nn.Module) -> nn.Module:
+    return user_view(module) if compiled_parts(module) is not None or _has_compiled(module) else module
+
+
+def _has_compiled(module: nn.Module) -> bool:
+    return any(compiled_parts(m) is not None or _in_place(m) is not None for m in module.modules())
 
 
 def _backend_name(ctx: object) -> str | None:
@@ -64,4 +134,4 @@ def uncompiled(model: nn.Module) -> nn.Module:
     return uncompiled(parts[0]) if parts is not None else model
 
 
-__all__ = ["CompileOptions", "compiled_parts", "uncompiled"]
+__all__ = ["CompileOptions", "compiled_blocks", "compiled_parts", "uncompiled", "user_view"]

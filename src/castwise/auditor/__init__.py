@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from castwise._compiled import compiled_parts
+from castwise._compiled import compiled_blocks, compiled_parts, user_view
 from castwise._state import preserved_state
 from castwise.auditor.entry import audited
 from castwise.auditor.session import MODES
@@ -81,6 +81,12 @@ def audit(
     parts = compiled_parts(model)
     if parts is not None:  # torch.compile'd: the module it compiled, run eagerly and compiled
         model = parts[0]
+    blocks = compiled_blocks(model) if isinstance(model, nn.Module) else ()
+    if blocks:  # modules compiled on their own inside (block by block, Fabric's): the same, per block
+        model = user_view(model)
+        if parts is None:
+            whole = blocks[0][0] == ""  # the root compiled in place (model.compile())
+            parts = (model, replace(blocks[0][1], blocks=() if whole else tuple(b for b, _o in blocks)))
     request = check("audit", model, inputs, policy=policy, device=device, mode=mode, fake=fake, torch_release=torch)
     if optimizer is not None or optimizer_kwargs is not None:
         request = replace(request, step=step_spec(model, optimizer, optimizer_kwargs, mode))

@@ -78,6 +78,9 @@ def _blame(
             and dtypes[i].is_floating_point
             and dtypes[i] != wrong
             and not _own(p, module)
+            # autocast's dtype is the run's, not a cause (in an op autocast leaves alone the
+            # module's own f32 tensor is what meets it: a buffer, as a mixed policy keeps it)
+            and not (autocast is not None and p.kind == "autocast")
         ]
         # under autocast its dtype is what the policy makes: a bf16 activation meeting an f64
         # weight autocast leaves alone (it casts f32 only) is the run's, the weight the user's
@@ -92,6 +95,19 @@ def _usual(compute: torch.dtype, autocast: torch.dtype | None) -> set[torch.dtyp
     """The dtypes the run itself makes: the compute dtype, and under autocast also autocast's and
     the f32 it casts from (a mixed policy's weights are stored f32)."""
     return {compute} if autocast is None else {compute, autocast, torch.float32}
+
+
+def _not_autocasts(
+    culprits: list[int], floats: list[int], dtypes: tuple[torch.dtype, ...], provs: tuple[Prov | None, ...]
+) -> list[int]:
+    """Under autocast, where every dtype is one the run makes and the table blames operands whose
+    dtype autocast chose: the operands of another dtype autocast did not make instead (a model's
+    f32 buffer meeting a bf16 activation in an op autocast leaves alone: autocast's is the run's)."""
+    if not all(i < len(provs) and (p := provs[i]) is not None and p.kind == "autocast" for i in culprits):
+        return culprits
+    made = {dtypes[i] for i in culprits}
+    other = [i for i in floats if (p := provs[i]) is not None and p.kind != "autocast" and dtypes[i] not in made]
+    return other or culprits
 
 
 def make_ctx(
@@ -133,6 +149,8 @@ def make_ctx(
         odd = [i for i in floats if dtypes[i] not in usual]
         if odd:
             culprits = odd
+        elif autocast is not None and not is_fast:  # a fused kernel blames its activation itself
+            culprits = _not_autocasts(culprits, floats, dtypes, provs)
     culprits, culprit_provs = _blame(module, dtypes, provs, culprits, compute, bool(stray), autocast)
     return Ctx(
         phase,

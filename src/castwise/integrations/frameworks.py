@@ -26,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from castwise._compiled import compiled_parts
 from castwise._dtypes import short_of
 from castwise.errors import PolicyError
 from castwise.policy import Policy
@@ -164,7 +165,14 @@ def _fabric(module: nn.Module) -> Framed | None:
     # _FabricModule.module is the user's module (wrappers.py: original_module, else forward_module);
     # the wrapper's forward is convert_input, the plugin's forward_context and convert_output,
     # which the policy models, plus a backward hook that only guards fabric.backward (below)
-    return Framed(module.module, module, "Lightning Fabric", f"precision={setting!r}", policy, why)
+    user = module.module
+    forward = module._forward_module
+    parts = compiled_parts(forward)
+    if parts is not None and parts[0] is user:
+        # setup took the user's torch.compile off, converted the module and compiled it again
+        # (fabric.py: _unwrap_compiled, _to_compiled): the compiled module is what the script runs
+        user = forward
+    return Framed(user, module, "Lightning Fabric", f"precision={setting!r}", policy, why)
 
 
 def _accelerate(module: nn.Module) -> Framed | None:

@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
+from castwise import _autocast
 from castwise.trace.attrmap import AttrMap
 from castwise.trace.events import Frame, Phase
 
@@ -56,6 +57,7 @@ class Attribution:
         self.stack: list[Frame] = []
         self.phase: Phase = "forward"
         self.root_autocast: torch.dtype | None = None
+        self.root_entered = 0  # castwise's autocast blocks open when the run began
         self.current_node: Any = None  # set by the Python backward walker (trace/backward.py)
         self.use_engine_node = True
         self.hook_stack: list[str] = []  # the user forward hooks running now (innermost last)
@@ -100,7 +102,8 @@ class Attribution:
             return
         enabled = torch.is_autocast_enabled(self.device_type)
         dtype = torch.get_autocast_dtype(self.device_type) if enabled else None
-        self.stack.append(Frame(name, module, dtype, [a for a in args if isinstance(a, torch.Tensor)]))
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        self.stack.append(Frame(name, module, dtype, tensors, len(_autocast.ENTERED)))
 
     def _post_hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if id(module) not in self.names:
@@ -141,7 +144,12 @@ class Attribution:
     def autocast_here(self) -> torch.dtype | None:
         if self.phase != "forward":
             return None
-        return self.stack[-1].autocast if self.stack else self.root_autocast
+        frame = self.stack[-1] if self.stack else None
+        # a block castwise entered inside this module's forward (a policy's root, an island) wins
+        inside, dtype = _autocast.entered_since(frame.entered if frame else self.root_entered, self.device_type)
+        if inside:
+            return dtype
+        return frame.autocast if frame else self.root_autocast
 
     # -- autograd node tags -------------------------------------------------------------------------
 

@@ -74,7 +74,16 @@ class CompiledProducer:
     def prov_of(self, t: torch.Tensor) -> Prov | None:
         return self._provs.get(id(t))
 
-    def backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    def backend_for(self, block: str) -> Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]:
+        """The backend for the graphs of module ``block`` compiled on its own (their module paths
+        start at it); ``""``: the whole model's."""
+
+        def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+            return self.backend(gm, example_inputs, block)
+
+        return backend
+
+    def backend(self, gm: fx.GraphModule, example_inputs: list[Any], block: str = "") -> Callable[..., Any]:
         """The Dynamo backend: AOTAutograd with walking compilers (``aot_eager`` that records)."""
         from torch._dynamo.backends.common import aot_autograd
 
@@ -91,6 +100,7 @@ class CompiledProducer:
         def fw(fgm: fx.GraphModule, _inputs: list[Any]) -> Callable[..., Any]:
             names = [n.name for n in fgm.graph.nodes if n.op == "placeholder"]
             self.walk.regions = regions
+            self.walk.prefix = block
             forward.update(self.walk.walk(fgm, "forward", dict(zip(names, seeds, strict=False))))
             return self._runner(fgm, forward)
 
@@ -98,6 +108,7 @@ class CompiledProducer:
             self.backward_graphs += 1
             # saved values keep their forward names; the rest are gradients flowing in
             seeded = {n.name: forward.get(n.name) for n in bgm.graph.nodes if n.op == "placeholder"}
+            self.walk.prefix = block
             self.walk.walk(bgm, "backward", seeded)
             return self._runner(bgm, {})
 
@@ -218,15 +229,17 @@ class _Entries:
     Best effort through Dynamo's internals: where they differ, the entries stay, and fail their
     guards on anything but the run's fake tensors."""
 
-    def __init__(self, region: int) -> None:
-        self.region = region
+    def __init__(self, *regions: int) -> None:
+        # one region per compile call (a model compiled block by block makes several); -1: none
+        self.regions = list(regions) if regions and all(r >= 0 for r in regions) else []
+        self.region = 0 if self.regions else -1
         self.before: dict[Any, set[int]] = {}
 
     def _of(self, code: Any) -> list[Any]:
         from torch._C._dynamo import eval_frame
 
-        if self.region >= 0:
-            return list(eval_frame._get_cache_entries_for_region(code, self.region))
+        if self.regions:
+            return [e for r in self.regions for e in eval_frame._get_cache_entries_for_region(code, r)]
         return list(eval_frame._debug_get_cache_entry_list(code))
 
     def hook(self, code: types.CodeType, new_code: types.CodeType) -> types.CodeType | None:
@@ -311,10 +324,14 @@ def run_compiled(
     isolate: dict[str, Any] = (
         {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(compile_fn).parameters else {}
     )
-    compiled = compile_fn(
-        model, backend=producer.backend, fullgraph=options.fullgraph, dynamic=options.dynamic, **isolate
-    )
-    entries = _Entries(getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1))
+    kw: dict[str, Any] = {"fullgraph": options.fullgraph, "dynamic": options.dynamic, **isolate}
+    if options.blocks:  # compiled block by block: the rest of the model runs eagerly between them
+        compiled = model
+        regions = [_compile_block(compile_fn, model, b, producer.backend_for(b), kw) for b in options.blocks]
+    else:
+        compiled = compile_fn(model, backend=producer.backend, **kw)
+        regions = [getattr(getattr(compiled, "dynamo_ctx", None), "_isolate_recompiles_id", -1)]
+    entries = _Entries(*regions)
     handle = register_bytecode_hook(entries.hook)
     model.train(mode == "train")
     simulated = producer.walk.device.kernels == "cuda" and not torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
@@ -345,6 +362,20 @@ def run_compiled(
         )
     )
     return trace
+
+
+def _compile_block(
+    compile_fn: Callable[..., Any], model: nn.Module, name: str, backend: Callable[..., Any], kw: dict[str, Any]
+) -> int:
+    """Compile the copy's module ``name`` in place, as ``nn.Module.compile`` does (its call
+    compiled, its name and place in the tree kept); the compile's region id (-1: not isolated)."""
+    block = model.get_submodule(name)
+    fn = compile_fn(block._call_impl, backend=backend, **kw)
+    block._compiled_call_impl = fn
+    cells = getattr(fn, "__closure__", None) or ()
+    ctx = next((c.cell_contents for c in cells if hasattr(c.cell_contents, "_isolate_recompiles_id")), None)
+    region: int = getattr(ctx, "_isolate_recompiles_id", -1)
+    return region
 
 
 @contextlib.contextmanager

@@ -124,6 +124,7 @@ class Frame:
     module: nn.Module
     autocast: torch.dtype | None
     inputs: list[torch.Tensor]
+    entered: int = 0  # castwise's autocast blocks open at the pre-hook (``_autocast.ENTERED``)
 
 
 @dataclass(frozen=True)

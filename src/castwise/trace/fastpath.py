@@ -141,24 +141,21 @@ def needs_fake_run(func: Any, args: tuple[Any, ...], stand: Stand) -> bool:
     return func in HANDLED
 
 
-def check_rnn_cell(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Violation | None:
-    """cuDNN's (and the fused cell's) RNN contract: every floating operand in one dtype."""
+def check_rnn_cell(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: Any, autocast_cast: bool
+) -> Violation | None:
+    """cuDNN's (and the fused cell's) RNN contract: every floating operand in one dtype; and for
+    oneDNN's CPU LSTM, which 16-bit primitives the ``device`` class has (:func:`_onednn_rnn`).
+    ``autocast_cast``: autocast cast the input to its dtype (it was another dtype before)."""
     tensors = tensor_args(args, kwargs)
     floats = [i for i, t in enumerate(tensors) if t.is_floating_point()]
     if not floats:
         return None
     want = tensors[floats[0]].dtype
     bad = tuple(i for i in floats if tensors[i].dtype != want)
-    if not bad and func._opname == "mkldnn_rnn_layer" and want == torch.float16:
-        # measured: oneDNN's CPU LSTM (which CPU autocast picks) has no float16 primitive
-        return Violation(
-            op_name(func),
-            "unsupported",
-            "could not create a primitive descriptor for the LSTM "
-            "forward propagation primitive (oneDNN has no float16 LSTM on CPU)",
-            tuple(floats),
-            None,
-        )
+    if not bad and func._opname == "mkldnn_rnn_layer":
+        text = _onednn_rnn(want, device, autocast_cast, torch.is_grad_enabled())
+        return None if text is None else Violation(op_name(func), "unsupported", text, tuple(floats), None)
     if not bad:
         return None
     other = tensors[bad[0]].dtype
@@ -167,6 +164,37 @@ def check_rnn_cell(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         f"{short_of(want)} and {short_of(other)}"
     )
     return Violation(op_name(func), "mismatch", message, bad, name_of(want))
+
+
+_NO_PRIMITIVE = "could not create a primitive descriptor for the LSTM forward propagation primitive"
+
+
+def _onednn_rnn(dtype: torch.dtype, device: Any, autocast_cast: bool, grad: bool) -> str | None:
+    """Why oneDNN's CPU LSTM (``mkldnn_rnn_layer``) refuses ``dtype`` on ``device``, or None.
+
+    Measured with real torch 2.14 on a Sapphire Rapids-class Xeon (avx512_fp16, amx_bf16, no
+    amx_fp16: ``cpu:amx``) and on its kernels capped to ``cpu:avx512`` / ``cpu:avx2``
+    (``ATEN_CPU_CAPABILITY`` + ``ONEDNN_MAX_CPU_ISA``):
+    - torch picks oneDNN by the *input's* dtype (aten/src/ATen/native/RNN.cpp ``use_mkldnn``):
+      f32 always, bf16/f16 only where the CPU's oneDNN takes them (f16 only under no_grad). Under
+      CPU autocast the input is still f32 when torch picks, and autocast casts it for
+      ``mkldnn_rnn_layer`` afterwards: the 16-bit oneDNN LSTM is reached whatever the class.
+    - a class whose oneDNN lacks the dtype (bf16 on AVX2; f16 on AVX-512 and AVX2) then has no
+      primitive, under no_grad too; an input that already had the dtype never gets here there
+      (the native kernels run it).
+    - the AMX class has bf16 and f16 LSTMs, but its f16 one for inference only: with grad enabled
+      (forward training) it has no primitive, under no_grad it runs.
+    """
+    if dtype not in (torch.float16, torch.bfloat16) or device.kernels == "cuda":
+        return None
+    short = short_of(dtype)
+    if device.path(name_of(dtype)) != "cpu.onednn":
+        if not autocast_cast:
+            return None
+        return f"{_NO_PRIMITIVE} (this CPU's oneDNN has no {short} LSTM; autocast casts its f32 input to {short})"
+    if dtype == torch.float16 and grad:
+        return f"{_NO_PRIMITIVE} (oneDNN's f16 LSTM on CPU is for inference only: it runs under no_grad)"
+    return None
 
 
 def run_rnn_cell(func: Any, args: tuple[Any, ...]) -> Any:

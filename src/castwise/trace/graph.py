@@ -31,13 +31,14 @@ _INDEX = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")  # [0] / ['layers'] -> .0 / 
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def module_name(fqn: str, known: Container[str]) -> str:
+def module_name(fqn: str, known: Container[str], prefix: str = "") -> str:
     """The user's module name (as ``named_modules()`` gives it) of a Dynamo module path:
     ``L['self'].layers[0].attn`` or ``L['self']._modules['layers']._modules['0']`` give
     ``layers.0.attn`` / ``layers.0``. ``_orig_mod`` (a compiled submodule's wrapper) is never
     part of a name the user sees."""
     path = _INDEX.sub(r".\1", _HEAD.sub("", fqn))
-    parts = [p for p in path.split(".") if p and p not in ("_modules", "_orig_mod")]
+    # ``prefix``: the compiled block's own name, where its graph's paths start (a block compiled alone)
+    parts = [p for p in f"{prefix}.{path}".split(".") if p and p not in ("_modules", "_orig_mod")]
     while parts and ".".join(parts) not in known:
         parts.pop()  # a path into a non-module attribute: its module
     return ".".join(parts)
@@ -94,12 +95,12 @@ def _source_name(node: fx.Node) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _module_of(node: fx.Node, known: Container[str]) -> str:
+def _module_of(node: fx.Node, known: Container[str], prefix: str = "") -> str:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
         return ""
     fqn = list(stack.values())[-1][0]
-    return module_name(str(fqn), known)
+    return module_name(str(fqn), known, prefix)
 
 
 def _val(node: Any) -> Any:
@@ -119,6 +120,7 @@ class GraphWalk:
     on_op: list[Callable[[str, Phase, fx.Node], None]] = field(default_factory=list)
     # per Dynamo node, the autocast it ran under (``autocast_regions`` of the graph being compiled)
     regions: dict[str, torch.dtype | None] | None = None
+    prefix: str = ""  # the name of the block whose graphs are walked (a block compiled on its own)
 
     def autocast_of(self, node: fx.Node) -> torch.dtype | None:
         """The autocast a forward node ran under: its Dynamo node's region where the graph says,
@@ -145,7 +147,7 @@ class GraphWalk:
             return provs.get(ins[0].name) if ins else None
         func = node.target
         name = info_of(func).name
-        module = _module_of(node, self.known)
+        module = _module_of(node, self.known, self.prefix)
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), _val)
         tensors = [_val(a) for a in ins]
         found = contracts.lookup(func, self.device)

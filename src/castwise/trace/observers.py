@@ -223,7 +223,10 @@ class ContractObserver(Observer):
                 return v
             return None
         if info.rnn:
-            return fastpath.check_rnn_cell(func, call.args, call.kwargs)
+            first = call.args[0] if call.args else None
+            origin = call.prov_of(first) if isinstance(first, torch.Tensor) else None
+            cast = origin is not None and origin.kind == "autocast"
+            return fastpath.check_rnn_cell(func, call.args, call.kwargs, call.device, cast)
         # one lookup (cached per op and device) answers both coverage and the check
         found = contracts.lookup(func, call.device)
         if not found.covered:

@@ -33,7 +33,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from castwise import _autocast
 from castwise._dtypes import LOW, name_of
-from castwise.rules.audit._precision import NAME, Decision, LowOp, Narrowed, PrecisionRecord, Rounding, spacing
+from castwise.rules.audit._precision import (
+    LOGITS,
+    NAME,
+    Decision,
+    LowOp,
+    Narrowed,
+    PrecisionRecord,
+    Rounding,
+    spacing,
+)
 from castwise.trace import accumulation, fake, simcuda
 from castwise.trace.attribution import tensors_of
 from castwise.trace.observers import Observer, OpCall
@@ -110,6 +119,11 @@ _DECISIONS = frozenset(
 _ADDED_BUFFER = "an added 16-bit buffer"
 # what makes router probabilities, by the name a finding gives it
 _PROBS = {"aten._softmax": "softmax", "aten.sigmoid": "sigmoid"}
+# what makes router logits (a gate's matmul): top-k taken on them in 16-bit is a choice too (litgpt's
+# Mixtral router: topk on the logits, softmax of the k chosen). Measured (bf16 gates of 8 to 128
+# experts, 16384 tokens, against the same product in float32): 0.17-2.6% of tokens get another
+# expert set, as often as top-k on bf16 probabilities (0.4-1.9%)
+_LOGITS = frozenset({"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"})
 
 
 # CW141: where positions start (a grid made in forward, a running count) and the casts that may round them
@@ -215,6 +229,10 @@ def _grid_size(call: OpCall, src: torch.Tensor | None, out: torch.Tensor) -> flo
     """How large positions get: known values (a running count summed in float64, not in the 16-bit
     it ran in), else the length of the positions axis."""
     dim = int(call.args[1]) if call.info.name == "aten.cumsum" and len(call.args) > 1 else -1
+    if call.info.name == "aten.arange":
+        exact = _arange_largest(call.args)
+        if exact is not None:  # the positions it means, not their 16-bit values (1023 is bf16 1024)
+            return exact
     if src is not None and call.info.name == "aten.cumsum":
         v = call.run.values.known(src, assume=False)
         if v is not None and v.numel():
@@ -229,7 +247,52 @@ def _grid_size(call: OpCall, src: torch.Tensor | None, out: torch.Tensor) -> flo
     known = _largest(call, out)
     if known is not None:
         return known
-    return float(out.shape[dim]) if out.dim() else 1.0
+    if not out.dim():
+        return 1.0
+    # a running count of n ones reaches n; positions along an axis of n (an arange) reach n - 1
+    n = float(out.shape[dim])
+    return n if call.info.name == "aten.cumsum" else max(n - 1.0, 1.0)
+
+
+def _arange_largest(args: tuple[Any, ...]) -> float | None:
+    """The largest |value| ``arange(end)`` / ``arange(start, end[, step])`` means, computed exactly."""
+    numbers: list[float] = []
+    for a in args[:3]:
+        if not isinstance(a, int | float) or isinstance(a, bool):
+            break
+        numbers.append(float(a))
+    if not numbers:
+        return None
+    start, end, step = (0.0, numbers[0], 1.0) if len(numbers) == 1 else (numbers[0], numbers[1], 1.0)
+    if len(numbers) == 3:
+        step = numbers[2]
+    count = math.ceil((end - start) / step) if step else 0
+    if count <= 0:
+        return None
+    return max(abs(start), abs(start + step * (count - 1)))
+
+
+def _rounds(mark: Rounding | None) -> bool:
+    """Whether ``mark`` is positions rounded to a step neighbouring positions share."""
+    return mark is not None and mark.magnitude > 0 and mark.step >= _ROUNDS_AT
+
+
+def _unrounded(mark: Rounding | None) -> bool:
+    """Positions not (yet) rounded to such a step: exact, or rounded finer than it (a pending mark)."""
+    return mark is _EXACT or (mark is not None and mark.magnitude > 0 and not _rounds(mark))
+
+
+def _scaled(mark: Rounding, op: str, args: tuple[Any, ...], low: bool) -> Rounding:
+    """``mark`` after positions are multiplied (divided) by a constant: a rounding's step scales
+    with them, and a product made in 16-bit (``low``) is rounded again at its own size. Exact
+    positions stay exact (a later cast rounds them at their new size)."""
+    if mark is _EXACT or op not in ("aten.mul", "aten.div"):
+        return mark
+    number = next((a for a in args if isinstance(a, int | float) and not isinstance(a, bool)), None)
+    if number is None or number == 0 or not math.isfinite(number):
+        return mark
+    factor = abs(float(number)) if op == "aten.mul" else 1.0 / abs(float(number))
+    return dataclasses.replace(mark, scale=mark.scale * factor, again=mark.again or low)
 
 
 class _Positions:
@@ -262,10 +325,9 @@ class _Positions:
         if size is None:
             self.marks[t] = _PLAIN
             return None
-        if _is_low(t) and spacing(size, t.dtype) >= _ROUNDS_AT:
-            found = Rounding(None, "", t.dtype, prov, size)  # the engine's input cast rounded it
-        else:
-            found = _EXACT
+        # the engine's input cast rounded it: to a step that matters now, or once the model scales
+        # it (a timestep in [0, 1] times 1000); an input left wide is exact
+        found = Rounding(None, "", t.dtype, prov, size) if _is_low(t) else _EXACT
         self.marks[t] = found
         return found
 
@@ -288,7 +350,7 @@ class _Positions:
                 marks.append(m)
         if not marks:
             return
-        rounded = next((m for m in marks if m is not _EXACT), None)
+        rounded = next((m for m in marks if _rounds(m)), None)
         if name in _PHASE_OPS and (others or len(marks) > 1) and all(t.numel() > 1 for t in call.tensors):
             made = rounded or self._computed(call, outputs)
             if made is not None:
@@ -299,7 +361,9 @@ class _Positions:
         if others:
             return
         if call.info.is_view or name in _CARRY or name in _CASTS or name in _GRIDS or _pointwise(call.func):
-            self._mark(call, outputs, rounded or _EXACT, next(iter(call.tensors), None))
+            mark = rounded or next((m for m in marks if m is not _EXACT), _EXACT)
+            low = any(o.is_floating_point() and _is_low(o) for o in outputs)
+            self._mark(call, outputs, _scaled(mark, name, call.args, low), next(iter(call.tensors), None))
 
     def _mark(self, call: OpCall, outputs: list[torch.Tensor], mark: Rounding, src: torch.Tensor | None) -> None:
         name = call.info.name
@@ -308,11 +372,10 @@ class _Positions:
             for o in outputs:
                 self.inputs[o] = dataclasses.replace(given, dtype=o.dtype)
         for o in outputs:
-            if mark is _EXACT and o.is_floating_point() and _is_low(o) and (name in _CASTS or name in _GRIDS):
-                size = _grid_size(call, src, o)
-                if spacing(size, o.dtype) >= _ROUNDS_AT:
-                    self.marks[o] = self._rounding(call, name, src, o, size)
-                    continue
+            if _unrounded(mark) and o.is_floating_point() and _is_low(o) and (name in _CASTS or name in _GRIDS):
+                # rounded: to a step that matters now, or once the model scales them (pending)
+                self.marks[o] = self._rounding(call, name, src, o, _grid_size(call, src, o))
+                continue
             self.marks[o] = mark
 
     def _rounding(self, call: OpCall, name: str, src: torch.Tensor | None, out: torch.Tensor, size: float) -> Rounding:
@@ -329,7 +392,7 @@ class _Positions:
     def _computed(self, call: OpCall, outputs: list[torch.Tensor]) -> Rounding | None:
         """Exact positions times a 16-bit table, the phase computed in 16-bit (int64 x bf16 is bf16)."""
         out = next((o for o in outputs if o.is_floating_point() and _is_low(o)), None)
-        pos = next((t for t in call.tensors if self.marks.get(t) is _EXACT), None)  # type: ignore[no-untyped-call]
+        pos = next((t for t in call.tensors if _unrounded(self.marks.get(t))), None)  # type: ignore[no-untyped-call]
         if out is None or pos is None:
             return None
         size = _largest(call, pos)
@@ -368,6 +431,7 @@ class PrecisionObserver(Observer):
         self.low_ops: dict[tuple[str, str], LowOp] = {}
         self.decisions: dict[tuple[str, str], Decision] = {}
         self.probs: WeakIdKeyDictionary = WeakIdKeyDictionary()  # probabilities -> what made them
+        self.logits: WeakIdKeyDictionary = WeakIdKeyDictionary()  # 16-bit matmul outputs (and their views)
         # scores that hold a rounded 16-bit buffer (an expert bias) -> its dtype, whatever their own
         self.rounded: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.positions = _Positions()
@@ -401,6 +465,8 @@ class PrecisionObserver(Observer):
             self._low_op(call, name, outputs)
         if name in _PROBS or self.probs or name == "aten.add":
             self._decide(call, name, outputs)
+        if name in _LOGITS or self.logits:
+            self._logits(call, name, outputs)
         self.positions.after(call, outputs)
         if name in accumulation.OPS:
             self.accumulations.after(call, outputs)
@@ -476,6 +542,26 @@ class PrecisionObserver(Observer):
                 self.probs[o] = found
                 if kept is not None:
                     self.rounded[o] = kept
+
+    def _logits(self, call: OpCall, name: str, outputs: list[torch.Tensor]) -> None:
+        """Top-k taken on 16-bit logits as a matmul made them (through views only: an activation
+        or a float32 copy of them is not what top-k chose on in 16-bit)."""
+        if name in _LOGITS:
+            for o in outputs:
+                if o.is_floating_point() and _is_low(o):
+                    self.logits[o] = True
+            return
+        x = next((t for t in call.tensors if t in self.logits), None)
+        if x is None:
+            return
+        if name == "aten.topk" and x.dim() and (name, call.module) not in self.decisions:
+            self.decisions[(name, call.module)] = Decision(
+                name, call.module, x.dtype, LOGITS, call.prov_of(x), int(x.shape[-1])
+            )
+        elif call.info.is_view:
+            for o in outputs:
+                if o.is_floating_point():
+                    self.logits[o] = True
 
     def finish(self, trace: Trace) -> None:
         trace.observed[NAME] = PrecisionRecord(

@@ -418,6 +418,7 @@ def run(
     at = tracer.at
     enabled = torch.is_autocast_enabled(at.device_type)
     at.root_autocast = torch.get_autocast_dtype(at.device_type) if enabled else None
+    at.root_entered = len(_autocast.ENTERED)
     model.train(mode != "eval")
     with traced(tracer, engine_backward=engine_backward):
         if mode == "eval":

@@ -4,6 +4,8 @@ model raises the error the finding quotes; the look-alikes run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -60,3 +62,35 @@ def test_look_alikes_are_clean(policy: str, upcast: bool) -> None:
         assert _real_error(_converted_then_head(upcast), x) is None
     report = castwise.audit(_converted_then_head(upcast), x, policy=policy, mode="eval")
     assert not report.errors, str(report)
+
+
+def _cw122_names(report: castwise.Report) -> list[str]:
+    return [f.message for f in report.findings if f.code == "CW122"]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [lambda: nn.Linear(8, 2), lambda: nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))],
+    ids=["one-layer", "a-subtree"],
+)
+def test_cw122_stands_down_where_cw118_explains_the_same_tensors(head: Callable[[], nn.Module]) -> None:
+    # one fact (the head was made after the conversion), one finding: not also "probably cast by hand"
+    model = _Net().to(torch.bfloat16)
+    model.head = head()
+    report = castwise.audit(model, torch.randn(4, 8), policy="lightning:bf16-true,converted=on", mode="eval")
+    assert [f.code for f in report.findings] == ["CW118"], str(report)
+
+
+def test_cw122_still_reports_what_cw118_does_not_explain() -> None:
+    # look-alikes: a tensor left off the policy elsewhere in the same model, and a late f32 head
+    # fed f32 on purpose (nothing refuses it, so no CW118 claims it)
+    model = _converted_then_head()
+    model.body.register_buffer("scale", torch.ones(8))  # made after the conversion too, never refused
+    report = castwise.audit(model, torch.randn(4, 8), policy="lightning:bf16-true,converted=on", mode="eval")
+    assert [f.code for f in report.findings] == ["CW118", "CW122"], str(report)
+    (text,) = _cw122_names(report)
+    assert "`body.scale`" in text and "head" not in text
+    upcast = castwise.audit(
+        _converted_then_head(upcast=True), torch.randn(4, 8), policy="lightning:bf16-true,converted=on", mode="eval"
+    )
+    assert [f.code for f in upcast.findings] == ["CW122"] and "`head.weight`" in _cw122_names(upcast)[0]

@@ -341,3 +341,132 @@ def test_cw140_sizes_log_probabilities_by_the_axis_log_softmax_reduces() -> None
     (f,) = [f for f in report.findings if f.code == "CW140"]
     assert f.op == "aten._log_softmax"
     assert dict(f.details)["magnitude"] == pytest.approx(math.log(256))
+
+
+class _FluxTimestep(nn.Module):
+    """torchtitan's FLUX ``timestep_embedding``: timesteps in [0, 1] times ``time_factor`` 1000, then
+    the sinusoidal phases, into the ``time_in`` MLP."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.dim = dim
+        self.time_in = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def phases(self, timesteps: torch.Tensor) -> torch.Tensor:
+        t = 1000.0 * timesteps
+        half = self.dim // 2
+        freqs = torch.exp(-math.log(10000) * torch.arange(0, half, dtype=torch.float32, device=t.device) / half)
+        return t[:, None].float() * freqs[None]
+
+    def forward(self, timesteps: torch.Tensor) -> torch.Tensor:
+        args = self.phases(timesteps)
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        if torch.is_floating_point(timesteps):
+            emb = emb.to(timesteps)
+        return self.time_in(emb)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_cw141_a_timestep_rounded_by_the_fsdp2_input_cast_then_scaled_by_the_model(device: str) -> None:
+    timesteps = torch.tensor([0.9382, 0.32176])
+    report = castwise.audit(_FluxTimestep(), (timesteps,), policy="fsdp2:bf16", mode="eval", device=device)
+    hits = [f for f in report.findings if f.code == "CW141"]
+    assert [(f.module, f.op) for f in hits] == [("", "aten.mul")], str(report)
+    f = hits[0]
+    assert f.origin is not None and "`timesteps`" in (f.origin.tensor or "")
+    assert "multiplied by" in f.message and "steps of 4 " in f.message, f.message
+    # measured: the phases of the bf16-cast timesteps against float32 ones, at the highest frequency
+    # (1 rad per unit): 0.9382 is bf16 0.9375, and x1000 in bf16 rounds 937.5 again (steps of 4)
+    model = _FluxTimestep()
+    moved = (model.phases(timesteps.to(torch.bfloat16)) - model.phases(timesteps)).abs().max().item()
+    assert 0.5 < moved <= dict(f.details)["step"], (moved, f.details)
+
+
+def test_cw141_controls_integer_and_small_timesteps_and_no_input_cast() -> None:
+    cases = [
+        (torch.tensor([937, 322]), "fsdp2:bf16"),  # integer timesteps: never cast
+        (torch.tensor([0.001, 0.002]), "fsdp2:bf16"),  # x1000 still far below one unit of rounding
+        (torch.tensor([0.9382, 0.32176]), "bf16-mixed"),  # the timesteps stay float32
+    ]
+    for timesteps, policy in cases:
+        report = castwise.audit(_FluxTimestep(), (timesteps,), policy=policy, mode="eval", device="cuda")
+        assert _codes(report, "CW141") == [], (timesteps, policy, str(report))
+
+
+class _GridInBf16(nn.Module):
+    """Rotary positions made by an arange in the table's (bf16) dtype: their size is the last
+    position, n - 1, not the axis length n."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)))
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device, dtype=self.inv_freq.dtype)
+        return self.proj(x) * torch.outer(pos, self.inv_freq).cos().sum()
+
+
+def test_cw141_sizes_an_arange_by_its_last_position() -> None:
+    report = castwise.audit(_GridInBf16(), torch.randn(1, 1024, 8), policy="bf16-true", mode="eval")
+    (f,) = [f for f in report.findings if f.code == "CW141"]
+    assert dict(f.details)["step"] == 4.0 and "steps of 4 " in f.message, f.message
+    # measured: positions 0-1023 made in bf16 are off by at most 2 (half of 4), not 4 (half of 8)
+    made = torch.arange(1024, dtype=torch.bfloat16).double()
+    assert (made - torch.arange(1024).double()).abs().max().item() == 2.0
+    # controls: a table of 256 positions (0-255) is exact in bf16; 257 reach 256, a step of 2
+    assert _codes(castwise.audit(_GridInBf16(), torch.randn(1, 256, 8), policy="bf16-true", mode="eval"), "CW141") == []
+    assert _codes(castwise.audit(_GridInBf16(), torch.randn(1, 257, 8), policy="bf16-true", mode="eval"), "CW141")
+
+
+class _LitgptRouter(nn.Module):
+    """litgpt's LLaMAMoE router: top-k on the gate's logits, then the softmax of the k chosen."""
+
+    def __init__(self, argmax: bool = False) -> None:
+        super().__init__()
+        self.argmax = argmax
+        self.gate = nn.Linear(16, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        router = self.gate(x)
+        if self.argmax:  # a look-alike: one prediction per row, no routing
+            return x * router.argmax(-1, keepdim=True)
+        probs, indices = torch.topk(router, 2)
+        probs = probs.softmax(dim=1, dtype=torch.float).to(dtype=x.dtype)
+        return x * probs.sum(-1, keepdim=True) + indices.sum() * 0
+
+
+class _LitgptMoe(nn.Module):
+    def __init__(self, argmax: bool = False) -> None:
+        super().__init__()
+        self.moe = _LitgptRouter(argmax)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x)
+
+
+@pytest.mark.parametrize("policy", ["bf16-true", "bf16-mixed"])
+def test_cw142_top_k_on_bf16_router_logits_and_the_measured_flips(policy: str) -> None:
+    torch.manual_seed(0)
+    report = castwise.audit(_LitgptMoe(), (torch.randn(32, 16),), policy=policy, mode="eval", device="cuda")
+    hits = [f for f in report.findings if f.code == "CW142"]
+    assert [(f.module, f.op) for f in hits] == [("moe", "aten.topk")], str(report)
+    assert "logits" in hits[0].message and "keep[moe]=f32" in (hits[0].fix or "")
+    # measured: top-k on the bf16 logits against top-k on the same product in float32 (the bf16
+    # gate, 4096 tokens): the bf16 router sends some tokens to another pair of experts, about as
+    # often as top-k on bf16 probabilities does (test above)
+    gate = _LitgptRouter().gate.to(torch.bfloat16)
+    x = torch.randn(4096, 16, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.no_grad():
+        low = gate(x).topk(2, -1).indices.sort(-1).values
+        exact = (x.float() @ gate.weight.float().T).topk(2, -1).indices.sort(-1).values
+    assert (low != exact).any(-1).float().mean().item() > 0.0005
+
+
+def test_cw142_controls_a_float32_router_and_an_argmax_on_logits_are_clean() -> None:
+    x = (torch.randn(32, 16),)
+    for policy in ("fp32", "bf16-true,keep[moe]=f32", "bf16-mixed,keep[moe]=f32"):
+        report = castwise.audit(_LitgptMoe(), x, policy=policy, mode="eval", device="cuda")
+        assert _codes(report, "CW142") == [], (policy, str(report))
+    report = castwise.audit(_LitgptMoe(argmax=True), x, policy="bf16-true", mode="eval", device="cuda")
+    assert _codes(report, "CW142") == [], str(report)

@@ -48,7 +48,22 @@ class Rounding:
     module: str  # where that happened
     dtype: torch.dtype
     prov: ProvLike | None  # the cast, the input cast, or the 16-bit operand of the computing op
-    magnitude: float  # the largest |position| (known values on fake tensors, else the axis length)
+    magnitude: float  # the largest |position| where rounded (known values, else the largest index)
+    # the factor the positions were multiplied by after the rounding (a timestep in [0, 1] times
+    # FLUX's time_factor 1000): the rounding error grows with it
+    scale: float = 1.0
+    again: bool = False  # the scaled positions were computed in 16-bit too: rounded at their new size
+
+    @property
+    def step(self) -> float:
+        """The distance between neighbouring positions the phases can still tell apart."""
+        step = spacing(self.magnitude, self.dtype) * self.scale
+        return max(step, spacing(self.largest, self.dtype)) if self.again else step
+
+    @property
+    def largest(self) -> float:
+        """The largest |position| the phases are made of (after the scale)."""
+        return self.magnitude * self.scale
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,10 @@ class Narrowed:
     module: str  # where the phase was computed
     reads: str  # what reads the phase: "aten.cos"
     rounding: Rounding
+
+
+# what made the values of a Decision taken on a matmul's 16-bit output itself (router logits)
+LOGITS = "a matmul (logits)"
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,27 @@ def _reported_elsewhere(session: Session) -> set[str]:
     return frozen | scaled
 
 
+def _built_after_conversion(session: Session) -> set[str]:
+    """Modules made after the framework converted the model: those CW118 found, each widened to
+    the largest module around it whose every floating parameter kept its dtype too (a head built
+    late is a whole subtree; CW118 names the layer that met the rest). Every tensor in them kept
+    its dtype for that one reason, which CW118 already says."""
+    found = {f.origin.module for f in session.findings if f.code == "CW118" and f.origin and f.origin.module}
+    if not found:
+        return set()
+    stale = {f"{m}.{n}" if m else n for m, n, kind, _d, _w in session.runs[0].unexpected if kind == "param"}
+    floats = [n for n, p in session.runs[0].copy.named_parameters() if p.is_floating_point()]
+    out = set()
+    for module in found:
+        while "." in module:
+            parent = module.rsplit(".", 1)[0]
+            if not all(n in stale for n in floats if n.startswith(f"{parent}.")):
+                break
+            module = parent
+        out.add(module)
+    return out
+
+
 def _scan(session: Session) -> list[Finding]:
     # tensors the policy leaves off the dtype it gives them (apply casts the rest)
     policy, runs = session.policy, session.runs
@@ -95,9 +116,12 @@ def _scan(session: Session) -> list[Finding]:
         return []
     groups: dict[tuple[str, Any, Any], list[str]] = {}
     skip = _reported_elsewhere(session)
+    late = _built_after_conversion(session)
     for m, n, kind, dtype, want in runs[0].unexpected:
         if kind == "param" and (f"{m}.{n}" if m else n) in skip:
             continue
+        if any(m == x or m.startswith(f"{x}.") for x in late):
+            continue  # CW118 explains it: the module was made after the framework's conversion
         groups.setdefault((kind, dtype, want), []).append(f"{m}.{n}" if m else n)
     out: list[Finding] = []
     built_in = _config_dtype(runs[0].copy)

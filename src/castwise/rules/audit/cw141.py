@@ -16,7 +16,6 @@ from castwise.rules.audit._precision import (
     origin_of,
     records,
     short_op,
-    spacing,
     where_from,
 )
 from castwise.rules.audit._text import generalize, where
@@ -61,7 +60,7 @@ def _scan(session: Session) -> list[Finding]:
 def _finding(n: Narrowed, modes: list[str]) -> Finding:
     r = n.rounding
     low = short_of(r.dtype)
-    step = spacing(r.magnitude, r.dtype)
+    step = r.step
     # computed in 16-bit (a bf16 cumsum): that op loses the positions; else the phase op reads them
     op, module = (r.op, r.module) if r.op else (n.op, n.module)
     how = f"computed in {low} by {short_op(r.op)} in {where(r.module)}" if r.op else f"made {low}"
@@ -73,7 +72,7 @@ def _finding(n: Narrowed, modes: list[str]) -> Finding:
         modes=modes_of(modes),
         message=(
             f"{where(n.module)} makes phases with {short_op(n.op)} (read by {short_op(n.reads)}) from positions "
-            f"{how} ({where_from(r.prov, r.dtype)}). Positions up to {fmt(r.magnitude)} are kept to steps of "
+            f"{how} ({where_from(r.prov, r.dtype)}){_scaled(r)}. Positions up to {fmt(r.largest)} are kept to steps of "
             f"{fmt(step)} in {low}: neighbouring positions share one value, so the phases are those of "
             f"other positions."
         ),
@@ -83,8 +82,15 @@ def _finding(n: Narrowed, modes: list[str]) -> Finding:
             "frequencies, and `type_as` only on the cos/sin result."
         ),
         source=r.prov.source if r.prov is not None else None,
-        details=(("magnitude", r.magnitude), ("step", step), ("reads", n.reads), ("fix_policy", _clause(r))),
+        details=(("magnitude", r.largest), ("step", step), ("reads", n.reads), ("fix_policy", _clause(r))),
     )
+
+
+def _scaled(r: Rounding) -> str:
+    """Where the positions were scaled after the rounding: by what, and from which size."""
+    if r.scale == 1.0:
+        return ""
+    return f", then multiplied by {fmt(r.scale)} (rounded at up to {fmt(r.magnitude)})"
 
 
 def _clause(r: Rounding) -> str:

@@ -7,6 +7,7 @@ from castwise.rules._rule import Rule
 from castwise.rules.api import Finding, Session
 from castwise.rules.audit._base import AuditRule
 from castwise.rules.audit._precision import (
+    LOGITS,
     Decision,
     declared,
     fmt,
@@ -24,9 +25,10 @@ META = Rule(
     name="low-precision-decision",
     category="LOWPREC_ROUNDING",
     severity="warning",
-    summary="A choice (top-k, argmax, sort) is taken on 16-bit probabilities.",
+    summary="A choice (top-k, argmax, sort) is taken on 16-bit probabilities or router logits.",
     detects="top-k, argmax, sort or a comparison on the bf16/f16 output of a softmax or sigmoid "
-    "(an MoE router), or on scores to which a 16-bit buffer (an expert bias) was added.",
+    "(an MoE router), or on scores to which a 16-bit buffer (an expert bias) was added; and top-k "
+    "on the bf16/f16 logits a gate's matmul made (litgpt's router: top-k first, softmax of the k).",
     why="Nothing fails, but probabilities near 1/experts are kept to a few significant bits: "
     "experts closer than the 16-bit spacing tie or swap, so tokens go to other experts than the "
     "float32 router would choose, and the load balance and the loss drift.",
@@ -50,9 +52,24 @@ def _scan(session: Session) -> list[Finding]:
 
 def _finding(d: Decision, modes: list[str]) -> Finding:
     low = short_of(d.dtype)
-    typical = 1.0 / max(d.width, 1)  # a probability among `width` choices
+    logits = d.made_by == LOGITS
+    # a probability among `width` choices; logits of a router are about 1 (measured: mean |logit|
+    # 0.46 for bf16 gates at init, the spacing of 0.25-0.5 to 1-2 in bf16)
+    typical = 1.0 if logits else 1.0 / max(d.width, 1)
     step = spacing(typical, d.dtype)
     router = generalize(d.module) or "MODULE"
+    if logits:
+        near = f"Logits near {fmt(typical)}"
+        fix = (
+            f"Run the router in float32: `keep[{router}]=f32` (its gate's matmul makes the logits: a "
+            "`.float()` after it keeps them rounded)."
+        )
+    else:
+        near = f"Probabilities near 1/{d.width} = {fmt(typical)}"
+        fix = (
+            f"Run the router in float32: `keep[{router}]=f32`, or `.float()` on its logits before the "
+            f"{d.made_by}; keep an expert-bias buffer float32."
+        )
     return Finding(
         code="CW142",
         module=d.module,
@@ -61,13 +78,10 @@ def _finding(d: Decision, modes: list[str]) -> Finding:
         modes=modes_of(modes),
         message=(
             f"{where(d.module)} takes {short_op(d.op)} over {d.width} choices on {low} values made by "
-            f"{d.made_by} ({where_from(d.prov, d.dtype)}). Probabilities near 1/{d.width} = {fmt(typical)} "
+            f"{d.made_by} ({where_from(d.prov, d.dtype)}). {near} "
             f"are kept to steps of {fmt(step)} in {low}: choices closer than that tie or swap."
         ),
-        fix=(
-            f"Run the router in float32: `keep[{router}]=f32`, or `.float()` on its logits before the "
-            f"{d.made_by}; keep an expert-bias buffer float32."
-        ),
+        fix=fix,
         source=d.prov.source if d.prov is not None else None,
         details=(("width", d.width), ("step", step), ("made_by", d.made_by), ("fix_policy", f"keep[{router}]=f32")),
     )
