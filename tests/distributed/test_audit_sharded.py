@@ -394,3 +394,12 @@ def test_a_sharded_audit_runs_the_units_as_the_given_torch_release() -> None:
     assert outputs == {before[-1]: ["bf16[2, 8]"], releases.recorded()[-1]: ["f32[2, 8]"]}
     with pytest.raises(releases.TorchReleaseError, match="valid: "):
         audit_sharded(QKNorm(), torch.randn(2, 8), policy="bf16-mixed", torch="2.9")
+
+
+def test_an_optimizer_given_with_a_sharded_model_is_refused_with_what_to_do_instead() -> None:
+    # the step's storage and reduce dtypes are FSDP2's per parameter: a ledger from the unsharded step would be wrong
+    model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+    torch_fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    with pytest.raises(AuditError, match="castwise run"):
+        castwise.audit(model, torch.randn(2, 16), mode="train", optimizer=torch.optim.AdamW)
+    assert not castwise.audit(model, torch.randn(2, 16), mode="train").errors

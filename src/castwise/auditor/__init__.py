@@ -25,6 +25,7 @@ from castwise._state import preserved_state
 from castwise.auditor.entry import audited
 from castwise.auditor.session import MODES
 from castwise.auditor.suggest import suggest_policy
+from castwise.errors import AuditError
 from castwise.ledger.runtime import step_spec
 from castwise.policy import Policy
 from castwise.report import Report
@@ -70,6 +71,15 @@ def audit(
     from castwise.distributed.audit import is_sharded
     from castwise.distributed.programs import is_programs
 
+    if (optimizer is not None or optimizer_kwargs is not None) and (
+        is_programs(model) or is_sharded(model, real=not fake)
+    ):
+        # the step's storage and reduce dtypes live in each engine's per-parameter state: not modelled here
+        raise AuditError(
+            "audit(optimizer=...) steps an unsharded model only: for sharded or pipeline/expert-parallel models "
+            "the optimizer step is not modelled. Audit without optimizer=, or run the script under "
+            "`castwise run`, whose ledger reads FSDP2's real compute and reduce dtypes per parameter."
+        )
     if is_programs(model):  # pipeline / expert parallel: one audit per distinct rank program
         from castwise.auditor.programs import audit_programs
 
