@@ -211,7 +211,10 @@ class RangeObserver(Observer):
         output dtype is not the target's (an upcast, a ``dtype=`` reduction accumulating and
         returning float32), or, a new tensor, one of its non-scalar inputs is wider (type
         promotion: float16 with float32 gives float32; a 0-d tensor does not promote). A cast
-        (``_to_copy``) and an in-place op keep the dtype they write: judged by their output."""
+        (``_to_copy``) and an in-place op keep the dtype they write: judged by their output.
+        Reductions need no list: torch's kernels accumulate 16-bit inputs in float
+        (``ATen/AccumulateType.h``: ``CPU_ACC_TYPE(Half, float)``, ``CUDA_ACC_TYPE(Half, float)``)
+        and only store the result in the output dtype, which is what is judged."""
         if not self.low:
             return False
         if any(o.dtype not in self.low for o in outs):
