@@ -154,8 +154,11 @@ def stand_in(model: nn.Module, inputs: Inputs, t: Target, policy: Any, layerwise
     ``upcast_attention``), every ``dtype=torch.float32`` reduction and every tensor it makes in the
     default dtype is then a float32 tensor of the run, as it is in a real float16 run, where a
     float32 model's run makes those casts no-ops nobody can see. Not for float8 targets (scaled
-    per tensor), under a policy (its own dtypes), layerwise (memory) or on MPS (no float64)."""
-    if t.float8 or policy is not None or layerwise or device.startswith("mps"):
+    per tensor), under a policy (its own dtypes), layerwise or where float64 weights would not fit
+    (memory), or on MPS (no float64)."""
+    from castwise.numerics import layerwise as lw
+
+    if t.float8 or policy is not None or layerwise or device.startswith("mps") or lw.too_large(model, 8):
         return False
     states = [x for x in (*model.parameters(), *model.buffers()) if x.is_floating_point()]
     given = [x for x in inputs.tensors() if x.is_floating_point()]
