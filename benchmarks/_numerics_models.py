@@ -80,6 +80,50 @@ class LargeProjection(Plant):
         return (h * k) * (1.0 / k)
 
 
+def _tiny_eps_rms(h: torch.Tensor) -> torch.Tensor:
+    g = h * 1e-4
+    return g / torch.sqrt(g.pow(2).mean(-1, keepdim=True) + 1e-12) * h.detach().std()
+
+
+def plant_inline(model: nn.Module, name: str) -> None:
+    """``inline-rmsnorm-tiny-eps``: the module ``name`` (one with children: an attention, an MLP,
+    a block) normalises its output inline, in its own forward, with an RMSNorm of epsilon 1e-12
+    (zero in float16) on small activations: the fault is the module's own ops, not a child's."""
+    module = model.get_submodule(name)
+    cls = type(module)
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        out = cls.forward(self, *args, **kwargs)
+        return _tiny_eps_rms(out) if isinstance(out, torch.Tensor) else (_tiny_eps_rms(out[0]), *out[1:])
+
+    module.__class__ = type(f"InlineNorm{cls.__name__}", (cls,), {"forward": forward})
+
+
+def inline_parents(model: nn.Module, inputs: Any) -> list[str]:
+    """Modules with children (not containers) whose output is a floating tensor or a tuple led by one."""
+    from castwise.run import Inputs
+
+    outs: dict[str, Any] = {}
+    names = [
+        n
+        for n, m in model.named_modules()
+        if n and any(True for _ in m.children()) and not isinstance(m, (nn.ModuleList, nn.Sequential, nn.ModuleDict))
+    ]
+    hooks = [model.get_submodule(n).register_forward_hook(lambda m, a, o, n=n: outs.__setitem__(n, o)) for n in names]
+    try:
+        with torch.no_grad():
+            Inputs.of(inputs).call(model)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def led(o: Any) -> bool:
+        first = o[0] if isinstance(o, tuple) and o else o
+        return isinstance(first, torch.Tensor) and first.is_floating_point()
+
+    return [n for n in names if led(outs.get(n))]
+
+
 PLANTS: dict[str, tuple[type[Plant], ...]] = {
     "bf16-mixed": (Cancel, OnePassNorm),
     "16-true": (Cancel, OnePassNorm, TinyEpsNorm, LargeProjection),

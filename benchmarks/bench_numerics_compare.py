@@ -13,6 +13,8 @@ ResNet-18 and MobileNetV3; a torch.nn encoder; all from configs, no weights):
 - cost: compare's wall time over the two plain runs it replaces (the reference and the policy,
   forward and backward), interleaved, median of 3, on batches of 8 x 64 tokens or 8 images of
   64x64 (target: <= 3x).
+``--inline``: only ``inline-rmsnorm-tiny-eps`` under 16-true, the norm written in the forward of
+a module with children (an attention, an MLP, a block), so the module's own ops are the fault.
 ``--seed`` changes the planted modules, kinds and inputs (a held-out set is another seed).
 """
 
@@ -32,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _numerics_models import MODELS, build, choose, plant
+from _numerics_models import MODELS, build, choose, inline_parents, plant, plant_inline
 
 import castwise
 from castwise.numerics._compare_run import call_model, loss_of, projection
@@ -60,21 +62,26 @@ def cost(model: torch.nn.Module, inputs: Any, policy: str) -> tuple[float, float
     return statistics.median(full), statistics.median(plain)
 
 
-def planted_cases(name: str, seed: int, cases: int) -> list[dict[str, Any]]:
-    rng = random.Random(f"{name}-{seed}")
+def planted_cases(name: str, seed: int, cases: int, inline: bool = False) -> list[dict[str, Any]]:
+    rng = random.Random(f"{name}-{seed}{'-inline' if inline else ''}")
     out = []
     for i in range(cases):
         model, inputs = build(name, seed * 1000 + i)
-        policy = POLICIES[i % 2]
-        where, cls = choose(model, policy, rng)
-        plant(model, where, cls)
+        policy = "16-true" if inline else POLICIES[i % 2]
+        if inline:  # the fault in a module's own forward, among its children
+            where, kind = rng.choice(inline_parents(model, inputs)), "inline-rmsnorm-tiny-eps"
+            plant_inline(model, where)
+        else:
+            where, cls = choose(model, policy, rng)
+            kind = cls.kind
+            plant(model, where, cls)
         report = castwise.compare(model, inputs, policy=policy)
         ranked = report.summary["ranked"]
         out.append(
             {
                 "model": name,
                 "policy": policy,
-                "kind": cls.kind,
+                "kind": kind,
                 "planted": where,
                 "first": ranked[0] if ranked else None,
                 "hit": bool(ranked) and ranked[0] == where,
@@ -90,6 +97,9 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=12)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--no-cost", action="store_true")
+    parser.add_argument(
+        "--inline", action="store_true", help="only inline-rmsnorm-tiny-eps: a norm in a module's own forward"
+    )
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)  # steadier timings on a shared machine
@@ -106,7 +116,7 @@ def main() -> int:
         if not args.no_cost:
             full, plain = cost(*build(name, args.seed, big=True), "bf16-mixed")
             ratio = full / plain
-        cases = planted_cases(name, args.seed, args.cases)
+        cases = planted_cases(name, args.seed, args.cases, args.inline)
         all_cases += cases
         hits = sum(c["hit"] for c in cases)
         misses = "; ".join(f"{c['kind']}@{c['planted']} ({c['policy']}) -> {c['first']}" for c in cases if not c["hit"])

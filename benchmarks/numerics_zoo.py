@@ -187,6 +187,26 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, Any]]] = {
     "nn_transformer": nn_transformer,
     "nn_lstm": nn_lstm,
 }
+# held out: never tuned on; a benchmark's --held-out scores them (with other seeds) too. Built
+# by the audit zoo's own builders (benchmarks/zoo/models.py): more libraries and norms
+HELD_OUT_ZOO = ("mistral", "gemma", "phi", "bart", "swin", "diffusers_vae", "diffusers_dit", "timm_nfnet")
+
+
+def held_out() -> dict[str, Callable[[], tuple[nn.Module, Any]]]:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the audit zoo imports benchmarks.zoo
+    from benchmarks.zoo import models as zoo
+
+    def builder(name: str) -> Callable[[], tuple[nn.Module, Any]]:
+        def build() -> tuple[nn.Module, Any]:
+            model, inputs = zoo.REGISTRY[name].build()
+            return model, inputs if isinstance(inputs, (dict, tuple)) else (inputs,)
+
+        return build
+
+    return {name: builder(name) for name in HELD_OUT_ZOO if zoo.REGISTRY[name].available()}
 
 
 def half_inputs(obj: Any) -> Any:

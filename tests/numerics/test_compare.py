@@ -151,3 +151,34 @@ def test_the_metric_is_the_models_own_loss_where_it_returns_one_and_output_other
     assert report.summary["loss_reference"] is None and report.summary["loss_err"] is None
     assert "loss" not in str(report).split("\n\n")[1].split("(")[0]
     assert castwise.tune(model, inputs, policy="bf16-mixed", budget=1e-1).metric == "output"
+
+
+def _gpt2_with_inline_norm() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """GPT-2 (from a config, cache on as it ships) whose second attention module normalises its
+    output inline with an RMSNorm of epsilon 1e-12 (zero in float16) on small activations."""
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    model = GPT2Model(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32))
+    attn = model.h[1].attn
+    cls = type(attn)
+
+    def forward(self: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        out, *rest = cls.forward(self, *args, **kwargs)
+        g = out * 1e-4
+        return (g / torch.sqrt(g.pow(2).mean(-1, keepdim=True) + 1e-12), *rest)
+
+    attn.__class__ = type("InlineNormAttention", (cls,), {"forward": forward})
+    return model, {"input_ids": torch.randint(0, 100, (2, 12))}
+
+
+def test_an_attention_module_that_fills_a_cache_runs_alone() -> None:
+    pytest.importorskip("transformers")
+    model, inputs = _gpt2_with_inline_norm()
+    assert model.config.use_cache
+    report = castwise.compare(model, inputs, policy="16-true")
+    # the attention's own inline ops are the fault: it is run alone (its KV cache would hold the
+    # whole reference run's keys, in float32) and ranked first
+    assert report.summary["ranked"][0] == "h.1.attn"
+    assert _rows(report)["h.1.attn"]["added_err"] is not None
+    assert model.config.use_cache  # the copies' caches are off, not the user's

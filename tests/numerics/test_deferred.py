@@ -7,7 +7,7 @@ import math
 import torch
 
 from castwise.numerics._deferred import Magnitudes, nan_max
-from castwise.numerics.observe import _SENTINEL, HIST_BINS, HIST_LO, HIST_SAMPLE, absmax, log2_hist
+from castwise.numerics.ranges import _SENTINEL, HIST_BINS, HIST_LO, HIST_SAMPLE, absmax, log2_hist
 
 
 class _Sink:

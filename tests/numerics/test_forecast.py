@@ -3,6 +3,8 @@ real run in the target dtype does."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -182,3 +184,92 @@ def test_float8_scores_every_gemm_operand_per_recipe_and_the_token_dim() -> None
     # 10 tokens: the weight gradient's reduction dim is not a multiple of 16
     assert layer["tokens"] == 10 and "2" in report.summary["float8"]["leave_out"]
     assert any("10 tokens" in f.message for f in report.findings if f.code == "CW313" and f.module == "2")
+
+
+class _UpcastRMSNorm(nn.Module):
+    """A user's RMSNorm as transformers and diffusers write theirs: the square in float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(torch.float32)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class _SumNorm(nn.Module):
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.abs().sum((-2, -1), keepdim=True, dtype=self.dtype)  # float32: accumulated and returned wide
+        return (x / (total + 1.0)).to(x.dtype)
+
+
+class _Scores(nn.Module):
+    def __init__(self, upcast: bool) -> None:
+        super().__init__()
+        self.upcast = upcast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float() if self.upcast else x  # diffusers' upcast_attention
+        scores = h @ h.transpose(-1, -2)
+        return (torch.softmax(scores.float(), -1).to(h.dtype) @ h).to(x.dtype)
+
+
+def test_reductions_and_norms_are_judged_by_the_dtype_the_model_computes_them_in() -> None:
+    # the same magnitudes into look-alike ops: only those a real float16 run computes in float16
+    # make Inf (the model's own upcasts, a dtype=float32 sum and torch's kernels do not)
+    for op, site in (
+        (_HandRMSNorm(), True),
+        (_UpcastRMSNorm(), False),
+        (_SumNorm(None), True),
+        (_SumNorm(torch.float32), False),
+        (_Scores(upcast=False), True),
+        (_Scores(upcast=True), False),
+    ):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 16), _Scaled(3000.0), op, nn.Linear(16, 4))
+        x = torch.randn(2, 8, 16)
+        report = forecast(model, (x,), target="f16", mode="eval", verify=False)
+        assert ("2" in _sites(report)) is site, op
+        made = locate_nonfinite(copy.deepcopy(model).half(), (x.half(),), mode="eval").findings
+        assert bool(made and made[0].module == "2") is site, op
+
+
+def test_forecast_leaves_a_float32_model_as_it_was() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), _UpcastRMSNorm(), nn.BatchNorm1d(16), nn.Linear(16, 4))
+    before = {k: (v.dtype, v.clone(), v.data_ptr()) for k, v in model.state_dict().items()}
+    forecast(model, (torch.randn(4, 16),), target="f16")
+    after = model.state_dict()
+    for k, (dtype, value, ptr) in before.items():
+        assert after[k].dtype == dtype and after[k].data_ptr() == ptr and torch.equal(after[k], value), k
+    assert all(p.grad is None for p in model.parameters())
+
+
+class _Float32Only(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            raise TypeError(f"expected float32, got {x.dtype}")
+        return x
+
+
+def test_a_model_that_refuses_float64_is_forecast_from_its_own_run() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Float32Only(), nn.Linear(16, 16), _Scaled(2e5), nn.LayerNorm(16))
+    report = forecast(model, (torch.randn(4, 16),), target="f16", mode="eval", verify=False)
+    assert _sites(report) == {"2"} and "error" not in report.summary["numerics"]
+
+
+def test_forecast_verifies_the_islands_it_suggests() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    model = nn.Sequential(nn.Linear(16, 16), _Scaled(2e5), nn.LayerNorm(16), nn.Linear(16, 4))
+    (found,) = [f for f in forecast(model, (x,), target="f16").findings if f.code == "CW310"]
+    assert "Verified: a real 16-true run with `keep[1]=f32` ends finite" in str(found.fix)
+    assert dict(found.details)["verified_islands"] == ["1"]
+    # the island's output saturates at 65504 and the next op doubles it: a real run still makes Inf
+    # there, which a float32 run cannot show (its input is past the range already)
+    model = nn.Sequential(nn.Linear(16, 16), _Scaled(2e5), _Scaled(2.0), nn.LayerNorm(16))
+    (found,) = [f for f in forecast(model, (x,), target="f16").findings if f.code == "CW310"]
+    assert "Not verified alone" in str(found.fix) and "`keep[1]=f32,keep[2]=f32`" in str(found.fix)
+    assert dict(found.details)["verified_islands"] == ["1", "2"]

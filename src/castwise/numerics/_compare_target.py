@@ -102,4 +102,16 @@ def prepared(model: nn.Module, target: Target, mode: str) -> nn.Module:
         emulate.install(twin, target.recipe, applied.islands)
     twin.train(mode == "train")
     _no_dropout(twin)
+    _no_cache(twin)
     return twin
+
+
+def _no_cache(model: nn.Module) -> None:
+    """The copy keeps no key/value cache (transformers' ``config.use_cache``): a cache is state each
+    attention call appends to, so the call run alone on its recorded inputs would find the whole
+    run's keys in it (and the reference's dtype: GPT-2's attention cannot run alone then). Both
+    sides run without one, so the numbers compared are the same computation."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False) is True:
+            setattr(config, "use_cache", False)  # noqa: B010 (any config object: not a typed attribute)

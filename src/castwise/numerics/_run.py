@@ -81,19 +81,24 @@ def kept_as_is(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def widened(model: nn.Module) -> Iterator[None]:
-    """Low-precision parameters and buffers as float32 for the duration (the originals are put
-    back as they were: no round trip through a cast)."""
+def recast(model: nn.Module, which: Callable[[torch.dtype], bool], to: torch.dtype) -> Iterator[None]:
+    """Floating parameters and buffers whose dtype ``which`` picks held in ``to`` for the duration
+    (the originals are put back as they were: no round trip through a cast)."""
     saved: list[tuple[Any, torch.Tensor]] = []
     for t in (*model.parameters(), *model.buffers()):
-        if is_low(t.dtype):
+        if t.is_floating_point() and which(t.dtype):
             saved.append((t, t.data))
-            t.data = t.data.float()  # the rerun's question: is it finite in float32?
+            t.data = t.data.to(to)
     try:
         yield
     finally:
         for t, data in saved:
             t.data = data
+
+
+def widened(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Low-precision parameters and buffers as float32 (the rerun's question: is it finite in float32?)."""
+    return recast(model, is_low, torch.float32)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -31,14 +31,14 @@ from castwise.errors import AuditError, PolicyError
 from castwise.float8 import convert, score
 from castwise.numerics import _run
 from castwise.numerics import float8_leaveout as f8l
-from castwise.numerics.locate import real_run
-from castwise.numerics.observe import HIST_LO, RangeObserver, RangeRecord
+from castwise.numerics.locate import MOST_ISLANDS, finite_with, keeps, real_run
+from castwise.numerics.ranges import HIST_LO, RangeObserver, RangeRecord
 from castwise.numerics.rows import forecast_rows
 from castwise.policy import Policy
 from castwise.policy.float8 import Float8Recipe
 from castwise.report import Finding, Report
 from castwise.rules.audit._text import where
-from castwise.run import Inputs
+from castwise.run import Inputs, RunRequest
 from castwise.trace.events import as_mode
 from castwise.trace.fake import on_meta
 
@@ -141,6 +141,28 @@ def computes_in_float32(module: nn.Module) -> bool:
     internal intermediates are not stored in the target dtype. A user's own norm is not assumed to."""
     cls = type(module)
     return _NORM.search(cls.__name__) is not None and cls.__module__.split(".")[0] in _LIBRARIES
+
+
+# float16 and bfloat16 targets: a float32 model runs as float64, which stands for the target
+STAND_IN = torch.float64
+
+
+def stand_in(model: nn.Module, inputs: Inputs, t: Target, policy: Any, layerwise: bool, device: str) -> bool:
+    """Whether forecast runs a float32 model with ``STAND_IN`` standing for the 16-bit target: its
+    float32 parameters, buffers and inputs held in float64 for the run, so that the model's own
+    dtype flow is the target run's. Every cast the model makes to float32 (``x.float()`` in a norm,
+    ``upcast_attention``), every ``dtype=torch.float32`` reduction and every tensor it makes in the
+    default dtype is then a float32 tensor of the run, as it is in a real float16 run, where a
+    float32 model's run makes those casts no-ops nobody can see. Not for float8 targets (scaled
+    per tensor), under a policy (its own dtypes), layerwise or where float64 weights would not fit
+    (memory), or on MPS (no float64)."""
+    from castwise.numerics import layerwise as lw
+
+    if t.float8 or policy is not None or layerwise or device.startswith("mps") or lw.too_large(model, 8):
+        return False
+    states = [x for x in (*model.parameters(), *model.buffers()) if x.is_floating_point()]
+    given = [x for x in inputs.tensors() if x.is_floating_point()]
+    return bool(states) and all(x.dtype == torch.float32 for x in (*states, *given))
 
 
 def _origins(rec: RangeRecord, tmax: float) -> dict[tuple[str, str], list[tuple[str, float]]]:
@@ -361,6 +383,7 @@ def forecast(
     device: str | None = None,
     layerwise: bool | None = None,
     weights: Any = None,
+    verify: bool = True,
 ) -> Report:
     """Run ``model`` once on real tensors in its current precision (or under ``policy``) and report
     where ``target`` would overflow (any precision ``Policy.parse`` reads, forecast in its narrowest
@@ -378,6 +401,10 @@ def forecast(
     ``.safetensors`` file or a state dict; None: its own deterministic initialisation). None
     (default): layerwise when the model is on the meta device or its weights do not fit this
     machine. ``summary["numerics"]["layerwise"]`` says how it ran.
+
+    ``verify``: the float32 islands the forward overflow findings suggest are re-run for real in
+    the target (``locate_nonfinite`` under the target with them): each such fix says "Verified",
+    "Not verified alone" with the smallest set the run ends finite with, or "Not verified".
     """
     t = parse_target(target)
     from castwise.numerics import layerwise as lw
@@ -399,9 +426,57 @@ def forecast(
             "run it in the precision to forecast from (its own dtypes), or materialise it first"
         )
     plan = lw.Plan(layerwise, weights)
-    return _run.reported(
+    report = _run.reported(
         request, "forecast", lambda m: _forecast(m, request.inputs, t, pol, mode, dev, plan), copy_ok=not meta
     )
+    if verify and not meta and not layerwise and not t.float8:
+        return _verified(report, request, _base_policy(target, t))
+    return report
+
+
+def _base_policy(target: Any, t: Target) -> str:
+    """The precision forecast's islands are verified under: the target when it names one
+    ("16-mixed"), else the model cast whole to the format (a bare "f16": 16-true)."""
+    key = str(target).strip()
+    if canonical(key) in FORMATS:
+        return "16-true" if t.dtype == torch.float16 else "bf16-true"
+    return key
+
+
+def _verified(report: Report, request: RunRequest, base: str) -> Report:
+    """The forward overflow findings' islands (``keep[module]=f32``, all of them: forecast names
+    every site) re-run under ``base`` by ``locate``: verified when the run ends finite; else the
+    module of the next op that makes NaN/Inf is added, one at a time (the smallest set this greedy
+    search finds), as ``locate`` does for its own. Said in each finding's fix."""
+    at = [
+        i
+        for i, f in enumerate(report.findings)
+        if f.code == "CW310" and f.module and dict(f.details).get("phase") == "forward"
+    ]
+    if not at:
+        return report
+    ours = list(dict.fromkeys(str(report.findings[i].module) for i in at))
+    islands, finite = finite_with(request, base, ours, MOST_ISLANDS)
+    keep = keeps(islands)
+    if finite and islands == ours:
+        note = f" Verified: a real {base} run with `{keep}` ends finite."
+    elif finite:
+        note = (
+            f" Not verified alone: with forecast's island(s) a real {base} run still makes NaN/Inf in "
+            f"{', '.join(islands[len(ours) :])}; with `{keep}` (the smallest set found, one producer at a "
+            "time) it ends finite."
+        )
+    else:
+        note = (
+            f" Not verified: a real {base} run with `{keep}` still makes NaN/Inf; no set of up to {MOST_ISLANDS} "
+            "more float32 islands made it finite (`castwise numerics --locate` names the op)."
+        )
+    for i in at:
+        f = report.findings[i]
+        report.findings[i] = replace(
+            f, fix=(f.fix or "") + note, details=(*f.details, ("verified_islands", islands if finite else None))
+        )
+    return report
 
 
 def _forecast(
@@ -417,14 +492,24 @@ def _forecast(
             if x.is_floating_point() and x.numel() and x.device.type != "meta"
         }
     scaled = (name_of(t.dtype), t.flush_log2) if t.float8 else None
-    wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
     recipe = (t.recipe or Float8Recipe()) if t.float8 else None
     gemm = None if recipe is None else (f8l.SCORE[recipe.scaling], recipe.forward_dtype, recipe.gradient_dtype)
-    observer = RangeObserver(fixed, scaled, wide, gemm)
-    if plan.layerwise:
-        error, how = lw.run(model, inputs, mode, device, observer, plan.weights)
-    else:
-        error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
+    error: BaseException | None = None
+    if stand_in(model, inputs, t, policy, plan.layerwise, device):
+        # the model's own casts are the target run's: no list of modules assumed to compute wide
+        observer = RangeObserver(fixed, scaled, frozenset(), gemm, frozenset({STAND_IN, t.dtype}))
+        wide_inputs = inputs.map(lambda x: x.to(STAND_IN) if x.dtype == torch.float32 else x)
+        with _run.recast(model, lambda d: d == torch.float32, STAND_IN):
+            error = _run.traced(model, _run.Capture(model), wide_inputs, mode, device, [observer]).error
+        how = None
+    if error is not None or not stand_in(model, inputs, t, policy, plan.layerwise, device):
+        # float64 unsupported somewhere (or not a float32 model): the run in its own precision
+        wide = frozenset(name for name, m in model.named_modules() if computes_in_float32(m))
+        observer = RangeObserver(fixed, scaled, wide, gemm)
+        if plan.layerwise:
+            error, how = lw.run(model, inputs, mode, device, observer, plan.weights)
+        else:
+            error, how = _run.traced(model, _run.Capture(model), inputs, mode, device, [observer]).error, None
     rec = observer.rec
     # per-tensor float8 scaling does not overflow
     origins = {} if t.float8 else {**_origins(rec, t.max), **_state_sites(model, fixed, t.max)}

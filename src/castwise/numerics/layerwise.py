@@ -347,11 +347,11 @@ class Plan:
     weights: Any
 
 
-def too_large(model: nn.Module) -> bool:
-    """Whether the model's float32 weights pass what this machine takes (see ``shrink``)."""
+def too_large(model: nn.Module, width: int = 4) -> bool:
+    """Whether the model's float32 weights (``width`` bytes each) pass what this machine takes (see ``shrink``)."""
     from castwise.numerics.shrink import _budget
 
-    return sum(p.numel() for p in model.parameters()) * 4 > _budget()
+    return sum(p.numel() for p in model.parameters()) * width > _budget()
 
 
 def run(

@@ -163,7 +163,28 @@ def locate_in(request: RunRequest, fn: Callable[..., Any] | None = None, *, veri
 
 
 # how many float32 islands the search adds, one producer at a time, before it gives up
-_MOST_ISLANDS = 4
+MOST_ISLANDS = 4
+
+
+def keeps(islands: list[str]) -> str:
+    return ",".join(f"keep[{m}]=f32" for m in islands)
+
+
+def finite_with(
+    request: RunRequest, base: str, islands: list[str], more: int, fn: Callable[..., Any] | None = None
+) -> tuple[list[str], bool]:
+    """``islands`` (``keep[module]=f32``) added to ``base`` and the run re-done for real; while it
+    still makes NaN/Inf, the module of the op that makes it is added, one at a time, up to ``more``
+    of them: (the islands, whether the run ended finite)."""
+    islands = list(islands)
+    most = len(islands) + more
+    while True:
+        again = locate_in(request.under(Policy.parse(f"{base},{keeps(islands)}")), fn, verify=False)
+        finite = not again.summary["numerics"]["final_nonfinite"] and not again.findings
+        nxt = next((f.module for f in again.findings if f.code == "CW301"), None)
+        if finite or nxt is None or nxt in islands or len(islands) >= most:
+            return islands, finite
+        islands.append(nxt)
 
 
 def _verified(report: Report, request: RunRequest, fn: Callable[..., Any] | None) -> Report:
@@ -176,15 +197,8 @@ def _verified(report: Report, request: RunRequest, fn: Callable[..., Any] | None
     first = report.findings[at]
     if first.module is None or first.module == "" or dict(first.details).get("phase") != "forward":
         return report
-    islands = [first.module]
-    while True:
-        keep = ",".join(f"keep[{m}]=f32" for m in islands)
-        again = locate_in(request.under(Policy.parse(f"{request.policy},{keep}")), fn, verify=False)
-        finite = not again.summary["numerics"]["final_nonfinite"] and not again.findings
-        nxt = next((f.module for f in again.findings if f.code == "CW301"), None)
-        if finite or nxt is None or nxt in islands or len(islands) == _MOST_ISLANDS:
-            break
-        islands.append(nxt)
+    islands, finite = finite_with(request, str(request.policy), [first.module], MOST_ISLANDS - 1, fn)
+    keep = keeps(islands)
     if finite and len(islands) == 1:
         note = f" Verified: re-run with `{keep}`, the run ends finite."
     elif finite:
@@ -194,7 +208,7 @@ def _verified(report: Report, request: RunRequest, fn: Callable[..., Any] | None
         )
     else:
         note = (
-            f" Not verified: re-run with `{keep}` the run still makes NaN/Inf; no set of up to {_MOST_ISLANDS} "
+            f" Not verified: re-run with `{keep}` the run still makes NaN/Inf; no set of up to {MOST_ISLANDS} "
             "float32 islands made it finite: look at the code of these modules (a bug, or a scale that overflows "
             "float32's own range)."
         )
