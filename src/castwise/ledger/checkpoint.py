@@ -25,7 +25,7 @@ from typing import Any
 
 from castwise._dtypes import short
 from castwise.errors import CastwiseError
-from castwise.ledger.values import UNKNOWN, Entry, Ledger, group_rows
+from castwise.ledger.values import UNKNOWN, Entry, Ledger, group_rows, listed
 from castwise.rules.api import Finding
 
 __all__ = ["CHECKPOINT_SUFFIXES", "ledger_from_checkpoint", "read_checkpoint", "resume_findings"]
@@ -225,7 +225,7 @@ def resume_findings(ckpt: Ledger, target: Ledger) -> list[Finding]:
             have = r.entries()[field]
             want = _values(target.rows, field, names)
             if have.known and want and have.value not in want:
-                who = ", ".join(r.params[:3]) + (f" (+{len(r.params) - 3} more)" if len(r.params) > 3 else "")
+                who = listed(r.params)
                 changes.append(f"{field} {short(have.value)} -> {'/'.join(short(v) for v in sorted(want))} ({who})")
     if not changes:
         return []

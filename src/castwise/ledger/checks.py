@@ -36,7 +36,7 @@ from castwise.ledger.model import (
     ledger_of,
     step_copy,
 )
-from castwise.ledger.values import Ledger
+from castwise.ledger.values import Ledger, listed
 from castwise.rules.api import Finding
 
 __all__ = [
@@ -162,7 +162,7 @@ def _group_text(spec: OptimizerSpec, lost: list[tuple[str, float]]) -> str:
         by_group.setdefault(spec.group_of(n), []).append(f"{n} ({frac:.0%})")
     parts = []
     for g, names in by_group.items():
-        shown = ", ".join(names[:_SHOWN]) + (f" (+{len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
+        shown = listed(names, _SHOWN)
         if g is None:
             parts.append(shown)
             continue
@@ -239,7 +239,7 @@ def resume_findings(result: StepResult) -> list[Finding]:
                 changed.append(f"{names.get(id(p), '?')}.{key} {short_of(t.dtype)} -> {short_of(u.dtype)}")
     if not changed:
         return []
-    shown = ", ".join(changed[:6]) + (f" (+{len(changed) - 6} more)" if len(changed) > 6 else "")
+    shown = listed(changed, 6)
     return [
         Finding(
             code="CW151",

@@ -23,7 +23,7 @@ from torch import nn
 
 from castwise._dtypes import name_of, short_of
 from castwise.ledger.model import OptimizerSpec
-from castwise.ledger.values import FIELDS, UNKNOWN, Entry, Ledger, group_rows
+from castwise.ledger.values import FIELDS, UNKNOWN, Entry, Ledger, group_rows, listed
 from castwise.rules.api import Finding
 
 __all__ = ["FIXES", "Fix", "contract_findings", "mixes_dtypes", "raised_ledger"]
@@ -151,7 +151,7 @@ def contract_findings(
         n0 = mixed[0]
         p0, gdt = params[n0], grad_dtypes.get(n0, params[n0].dtype)
         lr = spec.groups[g][1].get("lr")
-        shown = ", ".join(mixed[:4]) + (f" (+{len(mixed) - 4} more)" if len(mixed) > 4 else "")
+        shown = listed(mixed, 4)
         origin = _grad_origin(p0, gdt, (declared or {}).get(n0))
         parts.append(
             f"param group {g}{f' (lr={lr:g})' if isinstance(lr, float | int) else ''}: {shown}: "

@@ -9,7 +9,7 @@ share one row.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -91,10 +91,11 @@ def group_rows(per_param: Iterable[tuple[str, Mapping[str, Entry]]]) -> tuple[Ro
     return tuple(Row(tuple(names), **dict(key)) for key, names in groups.items())
 
 
-def _params_text(params: tuple[str, ...], limit: int = 3) -> str:
-    if len(params) <= limit:
-        return ", ".join(params)
-    return ", ".join(params[:limit]) + f" (+{len(params) - limit} more)"
+def listed(names: Sequence[str], limit: int = 3) -> str:
+    """The first ``limit`` names, and how many more (every ledger message and table shortens alike)."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return ", ".join(names[:limit]) + f" (+{len(names) - limit} more)"
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Ledger:
     def render(self, width: int = 100) -> str:
         """A table: one line per group, then where each known value comes from."""
         head = ["params", *FIELDS.values()]
-        body = [[_params_text(r.params), *(r.entries()[k].show() for k in FIELDS)] for r in self.rows]
+        body = [[listed(r.params), *(r.entries()[k].show() for k in FIELDS)] for r in self.rows]
         widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
         widths[0] = min(widths[0], max(32, width - sum(widths[1:]) - 2 * len(widths)))
         lines = [f"castwise ledger {self.source}", ""]
@@ -128,7 +129,7 @@ class Ledger:
             cut = [c if len(c) <= w else c[: w - 1] + "~" for c, w in zip(cells, widths, strict=True)]
             lines.append("  ".join(c.ljust(w) for c, w in zip(cut, widths, strict=True)).rstrip())
         for i, r in enumerate(self.rows, 1):
-            lines += ["", f"group {i}: {_params_text(r.params, 8)}"]
+            lines += ["", f"group {i}: {listed(r.params, 8)}"]
             for k, e in r.entries().items():
                 why = "; ".join(x for x in (e.source, e.note) if x)
                 lines.append(f"  {k:<16} {e.show():<10} {why}".rstrip())
